@@ -1,0 +1,67 @@
+"""Reading request bodies: size-limited, strict JSON (no NaN, no duplicate members)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Request
+
+from ledger.errors import InvalidInput, TooLarge
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise InvalidInput(f"duplicate JSON member {key!r}", code="invalid_json")
+        out[key] = value
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise InvalidInput(f"{name} is not valid JSON", code="invalid_json")
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError as exc:
+        raise InvalidInput("body is nested too deeply", code="invalid_json") from exc
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Read the body, refusing it (413) as soon as it passes ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(
+            f"body of {declared} bytes exceeds the limit of {limit} bytes",
+            code="body_too_large",
+            details={"limit": limit},
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(
+                f"body exceeds the limit of {limit} bytes",
+                code="body_too_large",
+                details={"limit": limit},
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if ctype not in ("application/json", ""):
+        raise InvalidInput(
+            f"content type must be application/json, got {ctype!r}", code="invalid_json"
+        )
+    raw = await read_body(request, limit)
+    if not raw:
+        raise InvalidInput("body is empty; a JSON document is required", code="invalid_json")
+    return parse_json(raw)

@@ -1,0 +1,98 @@
+"""The one place where errors become HTTP responses: ``{"error": {"code", "message"}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ledger.errors import (
+    AuthenticationError,
+    Conflict,
+    InvalidInput,
+    LedgerError,
+    NotFound,
+    PermissionDenied,
+    Pushback,
+    StorageError,
+    TooLarge,
+    VerificationError,
+)
+
+# Most specific first.
+STATUS: list[tuple[type[LedgerError], int]] = [
+    (TooLarge, 413),
+    (InvalidInput, 422),
+    (VerificationError, 422),
+    (AuthenticationError, 401),
+    (PermissionDenied, 403),
+    (NotFound, 404),
+    (Conflict, 409),
+    (Pushback, 503),
+    (StorageError, 503),
+]
+# Input errors that mean "this is not JSON at all" rather than "this JSON is wrong".
+BAD_REQUEST_CODES = {"invalid_json"}
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+}
+
+
+def status_for(exc: LedgerError) -> int:
+    if exc.code in BAD_REQUEST_CODES:
+        return 400
+    for cls, status in STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if extra.get("details"):
+        body["details"] = extra["details"]
+    headers = extra.get("headers")
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(LedgerError)
+    async def _ledger_error(request: Request, exc: LedgerError) -> JSONResponse:
+        status = status_for(exc)
+        request.state.error_code = exc.code
+        headers: dict[str, str] = {}
+        if status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        if isinstance(exc, Pushback):
+            headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+        elif isinstance(exc, StorageError):
+            headers["Retry-After"] = "1"
+        return error_response(
+            status, exc.code, exc.message, details=exc.details, headers=headers or None
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        msg = f"{where}: {first.get('msg', 'invalid')}" if where else "request is invalid"
+        request.state.error_code = "schema_violation"
+        details = {"errors": [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors]}
+        return error_response(422, "schema_violation", msg, details=details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        request.state.error_code = code
+        return error_response(exc.status_code, code, str(exc.detail))

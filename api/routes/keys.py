@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from starlette.concurrency import run_in_threadpool
+
+from api.auth import Admin, ReadRecords
+from api.schemas import ERRORS, KeyCreate, KeyList, KeyPublic, KeyRevoke
+from api.state import StateDep
+from ledger.storage import keystore
+
+router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=ERRORS)
+
+
+@router.post("", response_model=KeyPublic, status_code=201, summary="Register a signing key")
+async def register_key(
+    payload: KeyCreate, state: StateDep, _: Admin, response: Response
+) -> dict[str, object]:
+    info, created = await run_in_threadpool(
+        keystore.register_key,
+        state.db,
+        state.log_key,
+        name=payload.name,
+        role=payload.role,
+        public_key=payload.public_key,
+    )
+    if not created:
+        response.status_code = 200
+    return info.to_dict()
+
+
+@router.get("", response_model=KeyList, summary="List registered keys")
+async def list_keys(state: StateDep, _: ReadRecords) -> dict[str, object]:
+    keys = await run_in_threadpool(keystore.list_keys, state.db)
+    return {"items": [k.to_dict() for k in keys]}
+
+
+@router.get("/{key_id}", response_model=KeyPublic, summary="One registered key")
+async def get_key(key_id: str, state: StateDep, _: ReadRecords) -> dict[str, object]:
+    info = await run_in_threadpool(keystore.get_key, state.db, key_id)
+    return info.to_dict()
+
+
+@router.post(
+    "/{key_id}/revoke", response_model=KeyPublic, summary="Revoke a key (appends a log event)"
+)
+async def revoke_key(
+    key_id: str, payload: KeyRevoke, state: StateDep, _: Admin
+) -> dict[str, object]:
+    info, _changed = await run_in_threadpool(
+        keystore.revoke_key, state.db, state.log_key, key_id, payload.reason
+    )
+    return info.to_dict()

@@ -1,0 +1,124 @@
+"""Record ingest (atomic batches of signed envelopes), retrieval and search."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from api.auth import ReadRecords, WriteRecords
+from api.body import read_json
+from api.schemas import ERRORS, RECORD_BATCH_SCHEMA, IngestResponse
+from api.state import StateDep
+from ledger.errors import InvalidInput, TooLarge
+from ledger.storage import ingest, queries
+
+router = APIRouter(prefix="/v1/records", tags=["records"], responses=ERRORS)
+
+
+@router.post(
+    "",
+    response_model=IngestResponse,
+    status_code=201,
+    summary="Ingest a batch of signed inference records (atomic)",
+    description=(
+        "The batch is atomic: if any envelope is malformed, fails verification or conflicts "
+        "with a held record, nothing is written and the error names the item index. A request "
+        "ID already held with identical content is reported as `duplicate` (idempotent)."
+    ),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": RECORD_BATCH_SCHEMA}},
+        }
+    },
+)
+async def ingest_records(
+    request: Request, state: StateDep, _: WriteRecords, response: Response
+) -> dict[str, object]:
+    data = await read_json(request, state.settings.max_body_bytes)
+    if not isinstance(data, dict) or set(data) != {"envelopes"}:
+        raise InvalidInput(
+            'body must be {"envelopes": [<signed envelope>, ...]}', code="schema_violation"
+        )
+    envelopes = data["envelopes"]
+    if not isinstance(envelopes, list):
+        raise InvalidInput("envelopes must be a list", code="schema_violation")
+    limit = state.settings.max_batch_records
+    if len(envelopes) > limit:
+        raise TooLarge(
+            f"batch of {len(envelopes)} envelopes exceeds the limit of {limit}",
+            code="batch_too_large",
+            details={"limit": limit},
+        )
+    results = await run_in_threadpool(ingest.ingest_records, state.db, envelopes)
+    created = sum(r.status == "created" for r in results)
+    state.metrics.batch_size.observe(len(results))
+    state.metrics.records.labels("created").inc(created)
+    state.metrics.records.labels("duplicate").inc(len(results) - created)
+    if not created:
+        response.status_code = 200
+    return {
+        "created": created,
+        "duplicates": len(results) - created,
+        "results": [r.to_dict() for r in results],
+    }
+
+
+def _render(item: queries.StoredRecord, with_envelope: bool) -> bytes:
+    meta = json.dumps(item.meta()).encode()
+    if not with_envelope:
+        return meta
+    # The stored canonical envelope is spliced in unchanged: the logprob bits are the signed ones.
+    return meta[:-1] + b',"envelope":' + item.envelope + b"}"
+
+
+@router.get("/{request_id}", summary="One record and its signed envelope, by request ID")
+async def get_record(request_id: str, state: StateDep, _: ReadRecords) -> Response:
+    item = await run_in_threadpool(queries.get_record, state.db, request_id)
+    return Response(_render(item, True), media_type="application/json")
+
+
+def _aware(value: datetime | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise InvalidInput(f"{name} must carry a time zone (e.g. Z)", code="invalid_time_range")
+    return value.astimezone(UTC)
+
+
+@router.get(
+    "",
+    summary="Search records (log order, cursor pagination)",
+    description="Filters combine with AND. `since`/`until` apply to the ledger's receive time.",
+)
+async def search_records(
+    state: StateDep,
+    _: ReadRecords,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    model: str | None = None,
+    fingerprint_id: str | None = None,
+    tier: Annotated[int | None, Query(ge=0, le=2)] = None,
+    pool: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 100,
+    cursor: str | None = None,
+    fields: Literal["full", "meta"] = "full",
+) -> Response:
+    flt = queries.RecordFilter(
+        since=_aware(since, "since"),
+        until=_aware(until, "until"),
+        model=model,
+        fingerprint_id=fingerprint_id,
+        tier=tier,
+        pool=pool,
+    )
+    page = await run_in_threadpool(
+        queries.search_records, state.db, flt, limit=limit, cursor=cursor
+    )
+    items = b",".join(_render(i, fields == "full") for i in page.items)
+    tail = json.dumps({"next_cursor": page.next_cursor, "count": len(page.items)}).encode()
+    return Response(b'{"items":[' + items + b"]," + tail[1:], media_type="application/json")

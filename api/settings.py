@@ -1,0 +1,54 @@
+"""Service settings, from ``LEDGER_*`` environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """All settings; nothing is read until a Settings() is built (never at import time)."""
+
+    model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
+
+    environment: Literal["development", "production"] = "development"
+    data_dir: Path = Path("ledger-data")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default: SQLite file in data_dir"
+    )
+    log_key_file: Path | None = Field(
+        default=None, description="the ledger's Ed25519 key (PEM); default data_dir/log-key.pem"
+    )
+    admin_token_file: Path | None = Field(
+        default=None, description="where the first-start admin token is written"
+    )
+    host: str = "127.0.0.1"
+    port: int = 8700
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    max_batch_records: int = Field(default=1000, ge=1)
+
+    @model_validator(mode="after")
+    def _production_is_explicit(self) -> Settings:
+        if self.environment == "production":
+            if not self.database_url or self.database_url.startswith("sqlite"):
+                raise ValueError(
+                    "LEDGER_ENVIRONMENT=production needs LEDGER_DATABASE_URL set to Postgres"
+                )
+            if self.log_key_file is None:
+                raise ValueError("LEDGER_ENVIRONMENT=production needs LEDGER_LOG_KEY_FILE set")
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'ledger.db').resolve()}"
+
+    @property
+    def resolved_log_key_file(self) -> Path:
+        return self.log_key_file or self.data_dir / "log-key.pem"
+
+    @property
+    def resolved_admin_token_file(self) -> Path:
+        return self.admin_token_file or self.data_dir / "admin.token"

@@ -1,0 +1,1 @@
+"""The ``ledger`` command: the composition root. Each sub-command is its own module."""

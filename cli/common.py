@@ -1,0 +1,82 @@
+"""Shared CLI plumbing: settings, database, error printing, JSON output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+import migrations
+from api.settings import Settings
+from ledger.errors import LedgerError
+from ledger.storage.database import Database
+
+console = Console()
+err_console = Console(stderr=True)
+T = TypeVar("T")
+
+DbOption = typer.Option(
+    None, "--db", help="database URL (default: LEDGER_DATABASE_URL, else the embedded SQLite)"
+)
+JsonOption = typer.Option(False, "--json", help="print JSON for scripts")
+ApiOption = typer.Option(
+    "http://127.0.0.1:8700", "--api", envvar="LEDGER_API_URL", help="ledger API base URL"
+)
+TokenFileOption = typer.Option(
+    None,
+    "--token-file",
+    envvar="LEDGER_TOKEN_FILE",
+    help="file holding a bearer token (default: the admin token file)",
+)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fail(f"invalid settings: {first.get('msg')}")
+
+
+def open_database(url: str | None, *, migrate: bool = False) -> tuple[Settings, Database]:
+    """Open the configured database; with ``migrate`` bring its schema up to date first."""
+    settings = load_settings(database_url=url)
+    db = Database(settings.resolved_database_url)
+    if migrate:
+        migrations.upgrade(db)
+    return settings, db
+
+
+def token_file_or_default(path: Path | None) -> Path:
+    return path or load_settings().resolved_admin_token_file
+
+
+def fail(message: str, code: int = 1) -> Any:
+    err_console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+@contextmanager
+def ledger_errors() -> Iterator[None]:
+    """Print a LedgerError as a one-line message and exit non-zero."""
+    try:
+        yield
+    except LedgerError as exc:
+        fail(f"{exc.message} [{exc.code}]")
+
+
+def run(fn: Callable[[], T]) -> T:
+    with ledger_errors():
+        return fn()
+    raise AssertionError("unreachable")
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,24 @@
+"""``ledger``: one Typer app; each sub-command lives in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from cli import db, demo, keys, serve, tokens
+
+app = typer.Typer(
+    name="ledger",
+    help="Fingerprint and audit-trail ledger for self-hosted LLM inference.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("serve")(serve.serve)
+app.command("demo")(demo.demo)
+app.add_typer(db.app, name="db")
+app.add_typer(keys.app, name="keys")
+app.add_typer(tokens.app, name="tokens")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,32 @@
+"""``ledger serve``: migrate, bootstrap and run the API."""
+
+from __future__ import annotations
+
+import typer
+import uvicorn
+
+import migrations
+from api.app import create_app
+from api.bootstrap import bootstrap
+from cli.common import console, ledger_errors, load_settings
+from ledger.storage.database import Database
+
+
+def serve(
+    host: str | None = typer.Option(None, help="bind address (LEDGER_HOST, default 127.0.0.1)"),
+    port: int | None = typer.Option(None, help="port (LEDGER_PORT, default 8700)"),
+    db_url: str | None = typer.Option(None, "--db", help="database URL (LEDGER_DATABASE_URL)"),
+    log_level: str = typer.Option("info", help="uvicorn log level"),
+) -> None:
+    """Run the ledger API (SQLite in LEDGER_DATA_DIR unless LEDGER_DATABASE_URL is set)."""
+    settings = load_settings(host=host, port=port, database_url=db_url)
+    with ledger_errors():
+        db = Database(settings.resolved_database_url)
+        migrations.upgrade(db)
+        boot = bootstrap(settings, db)
+    console.print(f"ledger: database {db.describe()}")
+    console.print(f"ledger: log key {boot.log_key.key_id}")
+    if boot.admin_token_file is not None:
+        console.print(f"ledger: first start: admin token written to {boot.admin_token_file}")
+    app = create_app(settings, db, boot.log_key)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level)

@@ -1,0 +1,128 @@
+"""HTTP client for the ledger API, used by collectors, the CLI and the demo.
+
+Errors are translated where they enter: an ``{"error": {...}}`` answer becomes the matching
+:class:`ledger.errors.LedgerError` subclass with the server's code and message; a network
+failure becomes :class:`ledger.errors.Pushback` (retryable).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ledger.errors import (
+    AuthenticationError,
+    Conflict,
+    InvalidInput,
+    LedgerError,
+    NotFound,
+    PermissionDenied,
+    Pushback,
+    TooLarge,
+)
+from ledger.signing import Envelope
+
+_BY_STATUS: dict[int, type[LedgerError]] = {
+    400: InvalidInput,
+    401: AuthenticationError,
+    403: PermissionDenied,
+    404: NotFound,
+    409: Conflict,
+    413: TooLarge,
+    422: InvalidInput,
+    503: Pushback,
+}
+
+
+def read_token_file(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise InvalidInput(
+            f"cannot read token file {path}: {exc.strerror}", code="no_token"
+        ) from exc
+    if not token:
+        raise InvalidInput(f"token file {path} is empty", code="no_token")
+    return token
+
+
+class LedgerClient:
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> LedgerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            resp = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise Pushback(
+                f"cannot reach the ledger at {self.base_url}: {exc}", code="ledger_unreachable"
+            ) from exc
+        if resp.status_code >= 400:
+            try:
+                err = resp.json()["error"]
+                code, message, details = err["code"], err["message"], err.get("details")
+            except (ValueError, KeyError, TypeError):
+                code, message, details = f"http_{resp.status_code}", resp.text[:200], None
+            cls = _BY_STATUS.get(resp.status_code, LedgerError)
+            raise cls(f"{message} (HTTP {resp.status_code})", code=code, details=details)
+        return resp.json()
+
+    def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", "/healthz")
+        return result
+
+    def register_key(self, name: str, role: str, public_key_pem: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request(
+            "POST", "/v1/keys", json={"name": name, "role": role, "public_key": public_key_pem}
+        )
+        return result
+
+    def revoke_key(self, key_id: str, reason: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request(
+            "POST", f"/v1/keys/{key_id}/revoke", json={"reason": reason}
+        )
+        return result
+
+    def list_keys(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._request("GET", "/v1/keys")["items"]
+        return result
+
+    def register_fingerprint(self, envelope: Envelope) -> dict[str, Any]:
+        result: dict[str, Any] = self._request(
+            "POST", "/v1/fingerprints", content=envelope.canonical, headers=_JSON
+        )
+        return result
+
+    def get_fingerprint(self, fingerprint_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/v1/fingerprints/{fingerprint_id}")
+        return result
+
+    def post_records(self, envelopes: list[Envelope]) -> dict[str, Any]:
+        body = b'{"envelopes":[' + b",".join(e.canonical for e in envelopes) + b"]}"
+        result: dict[str, Any] = self._request("POST", "/v1/records", content=body, headers=_JSON)
+        return result
+
+    def get_record(self, request_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/v1/records/{request_id}")
+        return result
+
+    def search_records(self, **params: Any) -> dict[str, Any]:
+        clean = {k: v for k, v in params.items() if v is not None}
+        result: dict[str, Any] = self._request("GET", "/v1/records", params=clean)
+        return result
+
+
+_JSON = {"content-type": "application/json"}

@@ -1,0 +1,194 @@
+"""Ed25519 keys and signed envelopes.
+
+An envelope is ``{"kind", "body", "signature": {"alg": "ed25519", "key_id", "sig"}}``; the
+signature covers ``canonicalize(body)``. A key's ID is ``ed25519:`` + hex SHA-256 of its raw
+32-byte public key, so a verifier never guesses what produced it. Verification raises
+:class:`VerificationError`; it never returns a boolean.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from ledger.canonical import canonicalize, sha256_digest
+from ledger.errors import InvalidInput, VerificationError
+
+ALG = "ed25519"
+KEY_ID_PREFIX = "ed25519:"
+
+
+def key_id_for(public_key: Ed25519PublicKey) -> str:
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return KEY_ID_PREFIX + hashlib.sha256(raw).hexdigest()
+
+
+def public_key_raw(public_key: Ed25519PublicKey) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def public_key_pem(public_key: Ed25519PublicKey) -> str:
+    return public_key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode("ascii")
+
+
+def load_public_key(text: str | bytes) -> Ed25519PublicKey:
+    """Load an Ed25519 public key from PEM or from ``ed25519:<base64 raw 32 bytes>``."""
+    data = text.encode() if isinstance(text, str) else text
+    stripped = data.strip()
+    try:
+        if stripped.startswith(b"-----BEGIN"):
+            key = serialization.load_pem_public_key(stripped)
+        else:
+            raw = stripped[len(KEY_ID_PREFIX) :] if stripped.startswith(b"ed25519:") else stripped
+            key = Ed25519PublicKey.from_public_bytes(base64.b64decode(raw, validate=True))
+    except (ValueError, TypeError, binascii.Error) as exc:
+        raise InvalidInput(f"not an Ed25519 public key: {exc}", code="invalid_public_key") from exc
+    if not isinstance(key, Ed25519PublicKey):
+        raise InvalidInput("public key is not Ed25519", code="invalid_public_key")
+    return key
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """An Ed25519 private key with its derived key ID."""
+
+    private_key: Ed25519PrivateKey
+    key_id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key_id", key_id_for(self.private_key.public_key()))
+
+    @classmethod
+    def generate(cls) -> SigningKey:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_pem(cls, data: bytes) -> SigningKey:
+        try:
+            key = serialization.load_pem_private_key(data, password=None)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"not a PEM private key: {exc}", code="invalid_private_key") from exc
+        if not isinstance(key, Ed25519PrivateKey):
+            raise InvalidInput("private key is not Ed25519", code="invalid_private_key")
+        return cls(key)
+
+    @classmethod
+    def load(cls, path: Path) -> SigningKey:
+        return cls.from_pem(path.read_bytes())
+
+    @property
+    def public_key(self) -> Ed25519PublicKey:
+        return self.private_key.public_key()
+
+    def private_pem(self) -> bytes:
+        return self.private_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    def write(self, private_path: Path, public_path: Path | None = None) -> None:
+        """Write the private key (mode 0600, never overwriting) and optionally the public key."""
+        private_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(self.private_pem())
+        if public_path is not None:
+            public_path.write_text(public_key_pem(self.public_key))
+
+    def sign(self, data: bytes) -> str:
+        return base64.b64encode(self.private_key.sign(data)).decode("ascii")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A signed document. ``body_bytes`` and ``canonical`` are derived, never set by callers."""
+
+    kind: str
+    body: dict[str, Any]
+    key_id: str
+    sig: str
+    body_bytes: bytes = field(init=False, repr=False)
+    canonical: bytes = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        body_bytes = canonicalize(self.body)
+        object.__setattr__(self, "body_bytes", body_bytes)
+        # JCS sorts members ("body" < "kind" < "signature") and nests canonical forms, so
+        # the envelope's canonical bytes are assembled around the body's without re-encoding it.
+        head = canonicalize({"kind": self.kind, "signature": self.signature})
+        object.__setattr__(self, "canonical", b'{"body":' + body_bytes + b"," + head[1:])
+
+    @property
+    def signature(self) -> dict[str, str]:
+        return {"alg": ALG, "key_id": self.key_id, "sig": self.sig}
+
+    @property
+    def body_digest(self) -> str:
+        """``sha256:`` digest of the canonical body: the content identity of the document."""
+        return sha256_digest(self.body_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "body": self.body, "signature": self.signature}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Envelope:
+        """Parse the outer envelope shape; raises InvalidInput with the exact problem."""
+        if not isinstance(data, dict):
+            raise InvalidInput("envelope must be a JSON object", code="schema_violation")
+        extra = set(data) - {"kind", "body", "signature"}
+        if extra:
+            raise InvalidInput(
+                f"envelope has unknown members: {sorted(extra)}", code="schema_violation"
+            )
+        kind, body, sig = data.get("kind"), data.get("body"), data.get("signature")
+        if not isinstance(kind, str) or not kind:
+            raise InvalidInput("envelope.kind must be a non-empty string", code="schema_violation")
+        if not isinstance(body, dict):
+            raise InvalidInput("envelope.body must be a JSON object", code="schema_violation")
+        if not isinstance(sig, dict) or set(sig) != {"alg", "key_id", "sig"}:
+            raise InvalidInput(
+                'envelope.signature must be {"alg", "key_id", "sig"}', code="schema_violation"
+            )
+        if sig["alg"] != ALG:
+            raise InvalidInput(
+                f"unsupported signature algorithm {sig['alg']!r}; only {ALG!r}",
+                code="unsupported_algorithm",
+            )
+        if not isinstance(sig["key_id"], str) or not isinstance(sig["sig"], str):
+            raise InvalidInput("signature key_id and sig must be strings", code="schema_violation")
+        return cls(kind=kind, body=body, key_id=sig["key_id"], sig=sig["sig"])
+
+
+def sign_envelope(kind: str, body: dict[str, Any], key: SigningKey) -> Envelope:
+    """Sign ``canonicalize(body)`` and return the envelope."""
+    return Envelope(kind=kind, body=body, key_id=key.key_id, sig=key.sign(canonicalize(body)))
+
+
+def verify_envelope(envelope: Envelope, public_key: Ed25519PublicKey) -> None:
+    """Raise VerificationError unless the envelope's signature verifies under the key."""
+    if key_id_for(public_key) != envelope.key_id:
+        raise VerificationError(
+            "signature key_id does not match the verifying key", code="key_mismatch"
+        )
+    try:
+        sig = base64.b64decode(envelope.sig, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise VerificationError("signature is not valid base64", code="bad_signature") from exc
+    try:
+        public_key.verify(sig, envelope.body_bytes)
+    except InvalidSignature as exc:
+        raise VerificationError(
+            f"signature does not verify under key {envelope.key_id}", code="bad_signature"
+        ) from exc

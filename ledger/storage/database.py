@@ -1,0 +1,114 @@
+"""Database factory: one engine per URL, SQLite tuned for durability, writes serialized."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from ledger.errors import StorageError
+
+# Advisory lock key that serializes appends to the log on Postgres (one sequencer).
+APPEND_LOCK_KEY = 0x1ED6E12
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgresql://`` and ``postgres://`` URLs and select the psycopg 3 driver."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def as_utc(value: datetime) -> datetime:
+    """SQLite returns naive datetimes; every time the ledger hands out is aware UTC."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Database:
+    """Owns the engine. ``write()`` transactions are serialized across processes."""
+
+    def __init__(self, url: str, *, pool_size: int = 5) -> None:
+        self.url = normalize_url(url)
+        parsed = make_url(self.url)
+        self.dialect = parsed.get_backend_name()
+        kwargs: dict[str, Any] = {"future": True}
+        if self.dialect == "sqlite":
+            if parsed.database and parsed.database != ":memory:":
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        else:
+            kwargs.update(pool_size=pool_size, max_overflow=10, pool_pre_ping=True)
+        try:
+            self.engine: Engine = create_engine(self.url, **kwargs)
+        except (SQLAlchemyError, ImportError, ValueError) as exc:
+            raise StorageError(f"cannot open database {parsed!r}: {exc}") from exc
+        if self.dialect == "sqlite":
+            _tune_sqlite(self.engine)
+        self._writer = self.engine.execution_options(ledger_write=True)
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    def describe(self) -> str:
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with translated_errors(), Session(self.engine, expire_on_commit=False) as s, s.begin():
+            yield s
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A transaction that holds the ledger's append lock from its first statement."""
+        with translated_errors(), Session(self._writer, expire_on_commit=False) as s, s.begin():
+            if self.is_postgres:
+                s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": APPEND_LOCK_KEY})
+            yield s
+
+    def ping(self) -> None:
+        with translated_errors(), self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """Turn SQLAlchemy/driver errors into StorageError at the storage boundary."""
+    try:
+        yield
+    except SQLAlchemyError as exc:
+        detail = getattr(exc, "orig", None) or exc
+        raise StorageError(f"database error: {type(detail).__name__}: {detail}") from exc
+
+
+def _tune_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event emit BEGIN so writers can take the lock up front.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("ledger_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")

@@ -1,0 +1,241 @@
+"""The key registry: registration and revocation are log events signed by the ledger key."""
+
+from __future__ import annotations
+
+import base64
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
+from ledger.signing import (
+    Envelope,
+    SigningKey,
+    key_id_for,
+    load_public_key,
+    public_key_raw,
+    sign_envelope,
+    verify_envelope,
+)
+from ledger.storage import log
+from ledger.storage.database import Database, as_utc, utcnow
+from ledger.storage.models import KeyRevocation
+from ledger.storage.models import SigningKey as KeyRow
+
+REGISTRATION_KIND = "key_registration"
+REVOCATION_KIND = "key_revocation"
+LOG_ROLE = "log"
+ROLES = ("collector", "replayer")
+# What each role may sign.
+SIGNABLE = {"collector": ("fingerprint", "inference_record"), "replayer": ("replay_verdict",)}
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    key_id: str
+    name: str
+    role: str
+    public_key: str  # "ed25519:<base64 raw>"
+    registered_at: datetime
+    log_index: int
+    revoked_at: datetime | None = None
+    revocation_reason: str | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "key_id": self.key_id,
+            "name": self.name,
+            "role": self.role,
+            "public_key": self.public_key,
+            "registered_at": self.registered_at.isoformat(),
+            "log_index": self.log_index,
+            "revoked": self.revoked,
+            "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+            "revocation_reason": self.revocation_reason,
+        }
+
+
+def _encode_public(raw: bytes) -> str:
+    return "ed25519:" + base64.b64encode(raw).decode("ascii")
+
+
+def _info(row: KeyRow, rev: KeyRevocation | None) -> KeyInfo:
+    return KeyInfo(
+        key_id=row.key_id,
+        name=row.name,
+        role=row.role,
+        public_key=_encode_public(row.public_key),
+        registered_at=as_utc(row.registered_at),
+        log_index=row.log_index,
+        revoked_at=as_utc(rev.revoked_at) if rev else None,
+        revocation_reason=rev.reason if rev else None,
+    )
+
+
+def load_keys(session: Session, key_ids: Iterable[str]) -> dict[str, KeyInfo]:
+    ids = sorted(set(key_ids))
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(KeyRow, KeyRevocation)
+        .outerjoin(KeyRevocation, KeyRevocation.key_id == KeyRow.key_id)
+        .where(KeyRow.key_id.in_(ids))
+    ).all()
+    return {row.key_id: _info(row, rev) for row, rev in rows}
+
+
+def get_key(db: Database, key_id: str) -> KeyInfo:
+    with db.read() as s:
+        found = load_keys(s, [key_id])
+    if key_id not in found:
+        raise NotFound(f"no key {key_id}", code="key_not_found")
+    return found[key_id]
+
+
+def list_keys(db: Database) -> list[KeyInfo]:
+    with db.read() as s:
+        rows = s.execute(
+            select(KeyRow, KeyRevocation)
+            .outerjoin(KeyRevocation, KeyRevocation.key_id == KeyRow.key_id)
+            .order_by(KeyRow.log_index)
+        ).all()
+    return [_info(row, rev) for row, rev in rows]
+
+
+def _register(
+    s: Session, log_key: SigningKey, name: str, role: str, raw: bytes, key_id: str
+) -> KeyInfo:
+    at = utcnow()
+    body = {
+        "schema_version": 1,
+        "key_id": key_id,
+        "name": name,
+        "role": role,
+        "public_key": _encode_public(raw),
+        "registered_at": at.isoformat(),
+    }
+    (idx,) = log.append(s, [sign_envelope(REGISTRATION_KIND, body, log_key)], at)
+    s.execute(
+        insert(KeyRow),
+        [
+            {
+                "key_id": key_id,
+                "name": name,
+                "role": role,
+                "public_key": raw,
+                "log_index": idx,
+                "registered_at": at,
+            }
+        ],
+    )
+    return KeyInfo(key_id, name, role, _encode_public(raw), at, idx)
+
+
+def ensure_log_key(db: Database, log_key: SigningKey) -> KeyInfo:
+    """Register the ledger's own key (self-signed) on first start; idempotent."""
+    with db.write() as s:
+        found = load_keys(s, [log_key.key_id])
+        if log_key.key_id in found:
+            return found[log_key.key_id]
+        raw = public_key_raw(log_key.public_key)
+        return _register(s, log_key, "ledger", LOG_ROLE, raw, log_key.key_id)
+
+
+def register_key(
+    db: Database, log_key: SigningKey, *, name: str, role: str, public_key: str
+) -> tuple[KeyInfo, bool]:
+    """Register a public key; returns (info, created). Same key, same name and role: no-op."""
+    if role not in ROLES:
+        raise InvalidInput(f"role must be one of {list(ROLES)}, got {role!r}", code="invalid_role")
+    if not name or len(name) > 100:
+        raise InvalidInput("key name must be 1-100 characters", code="schema_violation")
+    pk = load_public_key(public_key)
+    key_id = key_id_for(pk)
+    with db.write() as s:
+        existing = load_keys(s, [key_id]).get(key_id)
+        if existing is not None:
+            if (existing.name, existing.role) != (name, role):
+                raise Conflict(
+                    f"key {key_id} is already registered as {existing.name!r} ({existing.role})",
+                    code="key_conflict",
+                    details={"key_id": key_id},
+                )
+            return existing, False
+        return _register(s, log_key, name, role, public_key_raw(pk), key_id), True
+
+
+def revoke_key(db: Database, log_key: SigningKey, key_id: str, reason: str) -> tuple[KeyInfo, bool]:
+    """Revoke a key from now on; records it signed before stay valid. Returns (info, changed)."""
+    if key_id == log_key.key_id:
+        raise InvalidInput("the ledger's own log key cannot be revoked here", code="invalid_role")
+    with db.write() as s:
+        existing = load_keys(s, [key_id]).get(key_id)
+        if existing is None:
+            raise NotFound(f"no key {key_id}", code="key_not_found")
+        if existing.revoked:
+            return existing, False
+        at = utcnow()
+        body = {
+            "schema_version": 1,
+            "key_id": key_id,
+            "reason": reason,
+            "revoked_at": at.isoformat(),
+        }
+        (idx,) = log.append(s, [sign_envelope(REVOCATION_KIND, body, log_key)], at)
+        s.execute(
+            insert(KeyRevocation),
+            [{"key_id": key_id, "reason": reason, "log_index": idx, "revoked_at": at}],
+        )
+        info = load_keys(s, [key_id])[key_id]
+    return info, True
+
+
+def check_signer(envelope: Envelope, keys: dict[str, KeyInfo]) -> KeyInfo:
+    """Verify an envelope against the registry: known, not revoked, allowed, valid signature."""
+    info = keys.get(envelope.key_id)
+    if info is None:
+        raise VerificationError(
+            f"envelope is signed by unknown key {envelope.key_id}",
+            code="unknown_key",
+            details={"key_id": envelope.key_id},
+        )
+    if info.revoked:
+        raise VerificationError(
+            f"envelope is signed by revoked key {envelope.key_id} ({info.name})",
+            code="revoked_key",
+            details={"key_id": envelope.key_id},
+        )
+    if envelope.kind not in SIGNABLE.get(info.role, ()):
+        raise VerificationError(
+            f"a {info.role!r} key may not sign {envelope.kind!r} documents",
+            code="key_role_not_allowed",
+            details={"key_id": envelope.key_id},
+        )
+    verify_envelope(envelope, _public_key(info.public_key))
+    return info
+
+
+@functools.lru_cache(maxsize=1024)
+def _public_key(encoded: str) -> Ed25519PublicKey:
+    return load_public_key(encoded)
+
+
+def require_unrevoked(keys: dict[str, KeyInfo], checked_key_ids: Iterable[str]) -> None:
+    """Re-check, under the append lock, that keys verified earlier were not revoked since."""
+    for key_id in checked_key_ids:
+        info = keys.get(key_id)
+        if info is None or info.revoked:
+            raise VerificationError(
+                f"key {key_id} was revoked while the request was being processed",
+                code="revoked_key",
+                details={"key_id": key_id},
+            )

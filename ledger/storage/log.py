@@ -1,0 +1,45 @@
+"""The append path: every accepted envelope becomes a log entry with a contiguous index.
+
+Appends run inside ``Database.write()`` transactions, which hold the append lock, so indexes
+are assigned in commit order and concurrent workers can never fork the sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+from ledger.merkle import leaf_hash
+from ledger.signing import Envelope
+from ledger.storage.models import LogEntry
+
+
+def log_size(session: Session) -> int:
+    top = session.execute(select(func.max(LogEntry.idx))).scalar_one_or_none()
+    return 0 if top is None else int(top) + 1
+
+
+def append(session: Session, envelopes: Sequence[Envelope], at: datetime) -> list[int]:
+    """Append envelopes as leaves; return their indexes. Caller holds the write lock."""
+    if not envelopes:
+        return []
+    start = log_size(session)
+    rows = [
+        {
+            "idx": start + i,
+            "kind": env.kind,
+            "leaf_hash": leaf_hash(env.canonical),
+            "envelope": env.canonical,
+            "appended_at": at,
+        }
+        for i, env in enumerate(envelopes)
+    ]
+    session.execute(insert(LogEntry), rows)
+    return list(range(start, start + len(rows)))
+
+
+def read_envelope(session: Session, idx: int) -> bytes | None:
+    return session.execute(select(LogEntry.envelope).where(LogEntry.idx == idx)).scalar()

@@ -1,0 +1,102 @@
+"""ORM models. Ledger tables are append-only (enforced by triggers; see migrations)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    SmallInteger,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Tables whose rows are never updated or deleted once written.
+APPEND_ONLY_TABLES = ("log_entries", "signing_keys", "key_revocations", "fingerprints", "records")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class LogEntry(Base):
+    """One leaf of the log: an accepted signed envelope, in commit order."""
+
+    __tablename__ = "log_entries"
+
+    idx: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    kind: Mapped[str] = mapped_column(String(40))
+    leaf_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+    # RFC 8785 canonical bytes of the whole envelope: exactly what the leaf hash covers.
+    envelope: Mapped[bytes] = mapped_column(LargeBinary)
+    appended_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SigningKey(Base):
+    __tablename__ = "signing_keys"
+
+    key_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    role: Mapped[str] = mapped_column(String(20))
+    public_key: Mapped[bytes] = mapped_column(LargeBinary(32))
+    log_index: Mapped[int] = mapped_column(ForeignKey("log_entries.idx"), unique=True)
+    registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class KeyRevocation(Base):
+    __tablename__ = "key_revocations"
+
+    key_id: Mapped[str] = mapped_column(ForeignKey("signing_keys.key_id"), primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    log_index: Mapped[int] = mapped_column(ForeignKey("log_entries.idx"), unique=True)
+    revoked_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Fingerprint(Base):
+    __tablename__ = "fingerprints"
+
+    fingerprint_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    key_id: Mapped[str] = mapped_column(ForeignKey("signing_keys.key_id"))
+    log_index: Mapped[int] = mapped_column(ForeignKey("log_entries.idx"), unique=True)
+    registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Record(Base):
+    """Index row of an inference record; its signed envelope lives in ``log_entries``."""
+
+    __tablename__ = "records"
+    __table_args__ = (
+        Index("ix_records_model_idx", "model", "log_index"),
+        Index("ix_records_fingerprint_idx", "fingerprint_id", "log_index"),
+        Index("ix_records_received_at", "received_at"),
+    )
+
+    request_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    log_index: Mapped[int] = mapped_column(ForeignKey("log_entries.idx"), unique=True)
+    content_hash: Mapped[str] = mapped_column(String(71))
+    fingerprint_id: Mapped[str] = mapped_column(ForeignKey("fingerprints.fingerprint_id"))
+    key_id: Mapped[str] = mapped_column(ForeignKey("signing_keys.key_id"))
+    model: Mapped[str] = mapped_column(String(300))
+    tier: Mapped[int] = mapped_column(SmallInteger)
+    pool: Mapped[str] = mapped_column(String(100))
+    worker_id: Mapped[str] = mapped_column(String(100))
+    endpoint: Mapped[str] = mapped_column(String(40))
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ApiToken(Base):
+    """A bearer token (hash only). Not a ledger table: tokens can be revoked in place."""
+
+    __tablename__ = "api_tokens"
+
+    token_id: Mapped[str] = mapped_column(String(20), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(71), unique=True)
+    name: Mapped[str] = mapped_column(String(100))
+    scopes: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
