@@ -1,0 +1,158 @@
+"""Storage on both backends: migrations, the append sequence, append-only enforcement."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import text
+
+import migrations
+from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
+from ledger.merkle import leaf_hash
+from ledger.signing import SigningKey, public_key_pem
+from ledger.storage import ingest, keystore, queries
+from ledger.storage.database import Database
+from ledger.storage.models import APPEND_ONLY_TABLES
+from tests.support.documents import fingerprint_envelope, record_envelope
+
+
+@pytest.fixture
+def ledger(db: Database):
+    log_key = SigningKey.generate()
+    keystore.ensure_log_key(db, log_key)
+    collector = SigningKey.generate()
+    keystore.register_key(
+        db, log_key, name="c1", role="collector", public_key=public_key_pem(collector.public_key)
+    )
+    fp = ingest.add_fingerprint(db, fingerprint_envelope(collector).to_dict())
+    return db, log_key, collector, fp.fingerprint_id
+
+
+def test_migrations_reach_head_and_are_idempotent(db):
+    assert migrations.current_revision(db) == migrations.head_revision(db)
+    migrations.upgrade(db)  # a second run is a no-op
+    assert migrations.current_revision(db) == migrations.head_revision(db)
+
+
+def test_every_accepted_envelope_is_a_leaf_in_commit_order(ledger):
+    db, _, collector, fp = ledger
+    envs = [record_envelope(collector, fp) for _ in range(5)]
+    results = ingest.ingest_records(db, [e.to_dict() for e in envs])
+    assert [r.log_index for r in results] == [3, 4, 5, 6, 7]  # 0 log key, 1 c1, 2 fingerprint
+    with db.read() as s:
+        rows = s.execute(
+            text("SELECT idx, kind, envelope, leaf_hash FROM log_entries ORDER BY idx")
+        ).all()
+    assert [r.idx for r in rows] == list(range(8))
+    assert [r.kind for r in rows[:3]] == ["key_registration", "key_registration", "fingerprint"]
+    for row, env in zip(rows[3:], envs, strict=True):
+        assert bytes(row.envelope) == env.canonical
+        assert bytes(row.leaf_hash) == leaf_hash(env.canonical)
+
+
+def test_concurrent_writers_never_fork_the_sequence(ledger):
+    db, _, collector, fp = ledger
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for _ in range(5):
+                batch = [record_envelope(collector, fp).to_dict() for _ in range(3)]
+                ingest.ingest_records(db, batch)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    with db.read() as s:
+        idx = [r[0] for r in s.execute(text("SELECT idx FROM log_entries ORDER BY idx"))]
+        n_records = s.execute(text("SELECT count(*) FROM records")).scalar_one()
+    assert idx == list(range(len(idx)))
+    assert n_records == 60 and len(idx) == 63
+
+
+@pytest.mark.parametrize("table", APPEND_ONLY_TABLES)
+def test_raw_sql_update_and_delete_are_refused(ledger, table):
+    db, _, collector, fp = ledger
+    ingest.ingest_records(db, [record_envelope(collector, fp).to_dict()])
+    column = {
+        "log_entries": "kind",
+        "records": "model",
+        "signing_keys": "name",
+        "key_revocations": "reason",
+        "fingerprints": "key_id",
+    }[table]
+    if table == "key_revocations":
+        keystore.revoke_key(db, ledger[1], collector.key_id, "test")
+    for statement in (f"UPDATE {table} SET {column} = {column}", f"DELETE FROM {table}"):
+        with pytest.raises(Exception, match="append-only"), db.engine.begin() as conn:
+            conn.execute(text(statement))
+    with db.engine.connect() as conn:
+        assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() > 0
+
+
+@pytest.mark.postgres
+def test_postgres_refuses_truncate_even_in_replica_mode(request):
+    pg = request.getfixturevalue("postgres_databases")
+    db = Database(pg.fresh())
+    keystore.ensure_log_key(db, SigningKey.generate())
+    try:
+        for table in APPEND_ONLY_TABLES:
+            with pytest.raises(Exception, match="append-only"), db.engine.begin() as conn:
+                conn.execute(text("SET session_replication_role = replica"))
+                conn.execute(text(f"TRUNCATE {table} CASCADE"))
+        with pytest.raises(Exception, match="append-only"), db.engine.begin() as conn:
+            conn.execute(text("SET session_replication_role = replica"))
+            conn.execute(text("UPDATE log_entries SET kind = 'forged'"))
+    finally:
+        db.dispose()
+
+
+def test_duplicates_and_conflicts(ledger):
+    db, _, collector, fp = ledger
+    env = record_envelope(collector, fp, request_id="req-dup", seed=1)
+    first = ingest.ingest_records(db, [env.to_dict()])
+    again = ingest.ingest_records(db, [env.to_dict()])
+    assert first[0].status == "created" and again[0].status == "duplicate"
+    assert again[0].log_index == first[0].log_index
+    other = record_envelope(collector, fp, request_id="req-dup", seed=2)
+    with pytest.raises(Conflict) as err:
+        ingest.ingest_records(db, [other.to_dict()])
+    assert err.value.details["request_id"] == "req-dup"
+    assert err.value.details["held_content_hash"] == first[0].content_hash
+
+
+def test_batches_are_atomic(ledger):
+    db, _, collector, fp = ledger
+    good = record_envelope(collector, fp)
+    bad = record_envelope(collector, fp).to_dict()
+    bad["body"]["tier"] = 1 - bad["body"]["tier"]  # signature no longer matches
+    with pytest.raises(VerificationError) as err:
+        ingest.ingest_records(db, [good.to_dict(), bad])
+    assert err.value.details["item"] == 1
+    with pytest.raises(NotFound):
+        queries.get_record(db, good.body["request_id"])
+
+
+def test_revoked_and_unknown_keys_are_refused(ledger):
+    db, log_key, collector, fp = ledger
+    stranger = SigningKey.generate()
+    with pytest.raises(VerificationError) as err:
+        ingest.ingest_records(db, [record_envelope(stranger, fp).to_dict()])
+    assert err.value.code == "unknown_key"
+    keystore.revoke_key(db, log_key, collector.key_id, "rotated")
+    with pytest.raises(VerificationError) as err:
+        ingest.ingest_records(db, [record_envelope(collector, fp).to_dict()])
+    assert err.value.code == "revoked_key"
+
+
+def test_unknown_fingerprint_is_refused(ledger):
+    db, _, collector, _ = ledger
+    with pytest.raises(InvalidInput) as err:
+        ingest.ingest_records(db, [record_envelope(collector, "sha256:" + "0" * 64).to_dict()])
+    assert err.value.code == "unknown_fingerprint"

@@ -1,0 +1,1 @@
+"""Test helpers: databases on both backends, a live API server, signed sample documents."""

@@ -1,0 +1,68 @@
+"""Signed sample documents for tests."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+from ledger.fingerprint import FINGERPRINT_KIND
+from ledger.records import RECORD_KIND, Choice, build_record_body
+from ledger.signing import Envelope, SigningKey, sign_envelope
+
+
+def fingerprint_body(name: str | None = None) -> dict[str, Any]:
+    return {
+        "schema_version": 1,
+        "model": {"name": name or f"model-{uuid.uuid4().hex[:8]}"},
+        "engine": {"name": "test"},
+    }
+
+
+def fingerprint_envelope(key: SigningKey, name: str | None = None) -> Envelope:
+    return sign_envelope(FINGERPRINT_KIND, fingerprint_body(name), key)
+
+
+def record_body(
+    fingerprint_id: str,
+    *,
+    request_id: str | None = None,
+    model: str = "test-model",
+    tier: int = 1,
+    pool: str = "p1",
+    prompt_len: int = 12,
+    out_len: int = 8,
+    top_k: int = 0,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    prompt = [rng.randrange(0, 50_000) for _ in range(prompt_len)]
+    out = [rng.randrange(0, 50_000) for _ in range(out_len)]
+    lps = [-rng.random() * 5 for _ in out]
+    top_ids = [[rng.randrange(0, 50_000) for _ in range(top_k)] for _ in out] if top_k else None
+    top_lps = [[-rng.random() * 9 for _ in range(top_k)] for _ in out] if top_k else None
+    return build_record_body(
+        request_id=request_id or f"req-{uuid.uuid4().hex}",
+        fingerprint_id=fingerprint_id,
+        worker_id="w1",
+        pool=pool,
+        tier=tier,
+        endpoint="/v1/completions",
+        model=model,
+        request={"model": model, "prompt": prompt, "max_tokens": out_len, "temperature": 0.7},
+        prompt_token_ids=prompt,
+        choices=[Choice(out, lps, top_ids, top_lps, finish_reason="length")],
+        started_at="2026-11-29T09:00:00.123456Z",
+        ttft_ns=1_000_000,
+        total_ns=9_000_000,
+        system_fingerprint="vllm-0.32.0-deadbeef",
+    )
+
+
+def record_envelope(key: SigningKey, fingerprint_id: str, **kw: Any) -> Envelope:
+    return sign_envelope(RECORD_KIND, record_body(fingerprint_id, **kw), key)
+
+
+def resign(key: SigningKey, body: dict[str, Any], kind: str = RECORD_KIND) -> dict[str, Any]:
+    """Sign a (possibly invalid) body and return the envelope as a plain dict."""
+    return sign_envelope(kind, body, key).to_dict()

@@ -1,0 +1,113 @@
+import base64
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.canonical import canonicalize
+from ledger.errors import InvalidInput, VerificationError
+from ledger.signing import (
+    Envelope,
+    SigningKey,
+    key_id_for,
+    load_public_key,
+    public_key_pem,
+    public_key_raw,
+    sign_envelope,
+    verify_envelope,
+)
+
+KEY = SigningKey.generate()
+
+
+def test_key_id_is_labelled_sha256_of_raw_public_key():
+    import hashlib
+
+    raw = public_key_raw(KEY.public_key)
+    assert KEY.key_id == "ed25519:" + hashlib.sha256(raw).hexdigest()
+
+
+def test_sign_and_verify():
+    env = sign_envelope("inference_record", {"a": 1, "b": "x"}, KEY)
+    assert env.signature["alg"] == "ed25519"
+    verify_envelope(env, KEY.public_key)  # raises on failure
+
+
+def test_signature_covers_the_canonical_body_only():
+    env = sign_envelope("k", {"b": 2, "a": 1}, KEY)
+    sig = base64.b64decode(env.sig)
+    KEY.public_key.verify(sig, b'{"a":1,"b":2}')
+
+
+def test_tampered_body_fails_verification():
+    env = sign_envelope("k", {"logprob": "AAAAAA=="}, KEY)
+    forged = Envelope(kind="k", body={"logprob": "AAAAAB=="}, key_id=env.key_id, sig=env.sig)
+    with pytest.raises(VerificationError) as err:
+        verify_envelope(forged, KEY.public_key)
+    assert err.value.code == "bad_signature"
+
+
+def test_other_key_fails_verification():
+    env = sign_envelope("k", {"a": 1}, KEY)
+    other = SigningKey.generate()
+    with pytest.raises(VerificationError) as err:
+        verify_envelope(env, other.public_key)
+    assert err.value.code == "key_mismatch"
+
+
+def test_garbage_signature_fails_verification():
+    env = sign_envelope("k", {"a": 1}, KEY)
+    bad = Envelope(kind="k", body=env.body, key_id=env.key_id, sig="!!!")
+    with pytest.raises(VerificationError):
+        verify_envelope(bad, KEY.public_key)
+
+
+json_bodies = st.dictionaries(
+    st.text(max_size=8),
+    st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+        max_leaves=10,
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=200)
+@given(json_bodies, st.text(min_size=1, max_size=20))
+def test_envelope_canonical_bytes_equal_jcs_of_the_whole_envelope(body, kind):
+    env = sign_envelope(kind, body, KEY)
+    assert env.canonical == canonicalize(env.to_dict())
+
+
+def test_envelope_parsing_is_strict():
+    env = sign_envelope("k", {"a": 1}, KEY).to_dict()
+    for broken, code in [
+        ([], "schema_violation"),
+        ({**env, "extra": 1}, "schema_violation"),
+        ({**env, "body": []}, "schema_violation"),
+        ({**env, "kind": ""}, "schema_violation"),
+        ({**env, "signature": {"alg": "ed25519"}}, "schema_violation"),
+        ({**env, "signature": {**env["signature"], "alg": "rsa"}}, "unsupported_algorithm"),
+    ]:
+        with pytest.raises(InvalidInput) as err:
+            Envelope.from_dict(copy.deepcopy(broken))
+        assert err.value.code == code
+
+
+def test_key_files_round_trip(tmp_path):
+    KEY.write(tmp_path / "k.pem", tmp_path / "k.pub.pem")
+    assert (tmp_path / "k.pem").stat().st_mode & 0o777 == 0o600
+    assert SigningKey.load(tmp_path / "k.pem").key_id == KEY.key_id
+    assert key_id_for(load_public_key((tmp_path / "k.pub.pem").read_text())) == KEY.key_id
+    with pytest.raises(FileExistsError):
+        KEY.write(tmp_path / "k.pem")
+
+
+def test_public_key_forms():
+    raw = base64.b64encode(public_key_raw(KEY.public_key)).decode()
+    assert key_id_for(load_public_key("ed25519:" + raw)) == KEY.key_id
+    assert key_id_for(load_public_key(public_key_pem(KEY.public_key))) == KEY.key_id
+    with pytest.raises(InvalidInput):
+        load_public_key("ed25519:AAAA")
