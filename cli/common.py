@@ -18,8 +18,8 @@ from api.settings import Settings
 from ledger.errors import LedgerError
 from ledger.storage.database import Database
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
 DbOption = typer.Option(

@@ -203,7 +203,13 @@ def ingest_records(db: Database, items: Sequence[Any]) -> list[IngestResult]:
         for c, idx in zip(new, indexes, strict=True):
             rid = c.summary.request_id
             results[rid] = IngestResult(rid, "created", idx, c.content_hash)
-    return [results[c.summary.request_id] for c in checked]
+    out = []
+    for i, c in enumerate(checked):
+        held = results[c.summary.request_id]
+        if first[c.summary.request_id] != i:  # a repeat inside this batch
+            held = IngestResult(held.request_id, "duplicate", held.log_index, held.content_hash)
+        out.append(held)
+    return out
 
 
 def _check_fingerprints(s: Session, checked: list[_Checked]) -> None:

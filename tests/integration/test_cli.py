@@ -1,0 +1,136 @@
+"""The `ledger` command, run as users run it: as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli.server_thread import free_port
+
+LEDGER = [sys.executable, "-m", "cli"]
+
+
+def ledger(*args: str, env: dict[str, str] | None = None, check: bool = True, timeout: int = 120):
+    proc = subprocess.run(
+        [*LEDGER, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_keys_new_writes_a_pair_and_never_overwrites(tmp_path: Path):
+    out = json.loads(ledger("keys", "new", "c1", "--dir", str(tmp_path), "--json").stdout)
+    assert out["key_id"].startswith("ed25519:")
+    assert (tmp_path / "c1.pem").stat().st_mode & 0o777 == 0o600
+    shown = ledger("keys", "show", str(tmp_path / "c1.pub.pem")).stdout
+    assert out["key_id"] in shown
+    again = ledger("keys", "new", "c1", "--dir", str(tmp_path), check=False)
+    assert again.returncode == 1 and "refusing to overwrite" in again.stderr
+
+
+def test_db_and_tokens_commands(tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    assert "at revision 0002" in ledger("db", "upgrade", "--db", url).stdout
+    assert "at 0002, latest 0002" in ledger("db", "current", "--db", url).stdout
+    created = json.loads(
+        ledger(
+            "tokens", "create", "--scope", "records:read", "--name", "r", "--db", url, "--json"
+        ).stdout
+    )
+    assert created["token"].startswith("lgr_") and created["scopes"] == ["records:read"]
+    listed = json.loads(ledger("tokens", "list", "--db", url, "--json").stdout)
+    assert [t["token_id"] for t in listed] == [created["token_id"]]
+    assert created["token"] not in json.dumps(listed)
+    bad = ledger("tokens", "create", "--scope", "root", "--db", url, check=False)
+    assert bad.returncode == 1 and "unknown scope" in bad.stderr
+    ledger("tokens", "revoke", created["token_id"], "--db", url)
+    assert json.loads(ledger("tokens", "list", "--db", url, "--json").stdout)[0]["revoked_at"]
+
+
+def test_demo_once(tmp_path: Path):
+    proc = ledger("demo", "--once", "--port", "0", "--data-dir", str(tmp_path))
+    assert "logprobs bit-exact" in proc.stdout and "signature verified" in proc.stdout
+    assert (tmp_path / "admin.token").read_text().startswith("lgr_")
+    # a second run on the same data reuses keys and the fingerprint
+    again = ledger("demo", "--once", "--port", "0", "--data-dir", str(tmp_path))
+    assert "(duplicate)" in again.stdout
+
+
+def serve(tmp_path: Path, extra_env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    port = free_port()
+    env = {**os.environ, "LEDGER_DATA_DIR": str(tmp_path), "LEDGER_PORT": str(port), **extra_env}
+    proc = subprocess.Popen(
+        [*LEDGER, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"ledger serve exited: {proc.stdout.read() if proc.stdout else ''}"
+            )
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("ledger serve did not answer within 60 s")
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_serve_writes_an_admin_token_and_keys_register(tmp_path: Path, backend: str, request):
+    env = {}
+    if backend == "postgres":
+        env["LEDGER_DATABASE_URL"] = request.getfixturevalue("postgres_databases").create()
+    proc, url = serve(tmp_path, env)
+    try:
+        token_file = tmp_path / "admin.token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        ledger("keys", "new", "col", "--dir", str(tmp_path))
+        common = ["--api", url, "--token-file", str(token_file)]
+        reg = json.loads(
+            ledger(
+                "keys",
+                "register",
+                str(tmp_path / "col.pub.pem"),
+                "--name",
+                "col",
+                *common,
+                "--json",
+            ).stdout
+        )
+        assert reg["role"] == "collector"
+        listed = json.loads(ledger("keys", "list", *common, "--json").stdout)
+        assert reg["key_id"] in {k["key_id"] for k in listed}
+        missing = ledger(
+            "keys", "list", "--api", url, "--token-file", str(tmp_path / "nope"), check=False
+        )
+        assert missing.returncode == 1 and "cannot read token file" in missing.stderr
+        down = ledger(
+            "keys",
+            "list",
+            "--api",
+            "http://127.0.0.1:1",
+            "--token-file",
+            str(token_file),
+            check=False,
+        )
+        assert down.returncode == 1 and "cannot reach the ledger" in down.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
