@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 import uvicorn
 
@@ -16,6 +18,7 @@ def serve(
     host: str | None = typer.Option(None, help="bind address (LEDGER_HOST, default 127.0.0.1)"),
     port: int | None = typer.Option(None, help="port (LEDGER_PORT, default 8700)"),
     db_url: str | None = typer.Option(None, "--db", help="database URL (LEDGER_DATABASE_URL)"),
+    workers: int = typer.Option(1, min=1, help="worker processes (appends stay serialized)"),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     """Run the ledger API (SQLite in LEDGER_DATA_DIR unless LEDGER_DATABASE_URL is set)."""
@@ -28,5 +31,20 @@ def serve(
     console.print(f"ledger: log key {boot.log_key.key_id}")
     if boot.admin_token_file is not None:
         console.print(f"ledger: first start: admin token written to {boot.admin_token_file}")
-    app = create_app(settings, db, boot.log_key)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level)
+    if workers == 1:
+        app = create_app(settings, db, boot.log_key)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level)
+        return
+    db.dispose()
+    # Worker processes rebuild the app from the environment (api.asgi).
+    os.environ["LEDGER_DATABASE_URL"] = settings.resolved_database_url
+    os.environ["LEDGER_LOG_KEY_FILE"] = str(settings.resolved_log_key_file.resolve())
+    os.environ["LEDGER_DATA_DIR"] = str(settings.data_dir.resolve())
+    uvicorn.run(
+        "api.asgi:app_from_env",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=workers,
+        log_level=log_level,
+    )

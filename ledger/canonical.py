@@ -1,30 +1,110 @@
 """Canonical JSON (RFC 8785, JCS): the one function that produces signed and hashed bytes.
 
 Nothing else in the project serializes JSON for a signature or a digest.
+
+``canonicalize`` walks the value itself and hands strings and integer arrays to the C JSON
+encoder, whose output for those types is exactly RFC 8785's (minimal escapes, lowercase
+``\\u00xx``); member names are ordered by UTF-16 code units and numbers that are floats are
+serialized by the ``rfc8785`` package (the ECMAScript algorithm). The result is tested
+byte for byte against ``rfc8785.dumps`` (tests/unit/test_canonical.py) and is about two
+orders of magnitude faster on records that carry long packed strings and token lists.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import rfc8785
 
 from ledger.errors import InvalidInput
 
+_MAX_SAFE = 2**53 - 1
+_INT_ONLY = {int}
+# printable ASCII except '"' and '\\': the characters JCS never escapes
+_PLAIN_ASCII = bytes(c for c in range(0x20, 0x7F) if c not in (0x22, 0x5C))
+_encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
 
 def canonicalize(value: Any) -> bytes:
     """Return the RFC 8785 canonical UTF-8 bytes of a JSON value.
 
     Raises InvalidInput for values JSON cannot carry exactly (NaN, infinities, integers
-    beyond the IEEE-754 safe range, lone surrogates, non-string keys).
+    beyond the IEEE-754 safe range, lone surrogates, non-string member names).
     """
+    out: list[str] = []
     try:
-        return rfc8785.dumps(value)
+        _emit(value, out)
+        return "".join(out).encode("utf-8")
     except (rfc8785.CanonicalizationError, TypeError, ValueError, UnicodeError) as exc:
         raise InvalidInput(
             f"value cannot be canonicalized (RFC 8785): {exc}", code="not_canonicalizable"
         ) from exc
+    except RecursionError as exc:
+        raise InvalidInput("value is nested too deeply", code="not_canonicalizable") from exc
+
+
+def _utf16(key: str) -> bytes:
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def _quote(text: str) -> str:
+    """Quote a string as RFC 8785 does (minimal escapes)."""
+    if len(text) <= 64:
+        plain = text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+    else:  # long strings (packed arrays): one C pass over the bytes
+        raw = text.encode("ascii", "ignore")
+        plain = len(raw) == len(text) and not raw.translate(None, _PLAIN_ASCII)
+    if plain:  # printable ASCII without '"' or '\\' needs no escapes at all
+        return '"' + text + '"'
+    quoted: str = _encode_str(text)
+    return quoted
+
+
+def _emit(value: Any, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(_quote(value))
+    elif value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, int):
+        if not -_MAX_SAFE <= value <= _MAX_SAFE:
+            raise ValueError(f"integer {value} is outside the IEEE-754 safe range")
+        out.append(str(int(value)))
+    elif isinstance(value, float):
+        out.append(rfc8785.dumps(value).decode("ascii"))
+    elif isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise TypeError(f"member name {key!r} is not a string")
+        out.append("{")
+        # Code-point order equals UTF-16 order unless a name holds a non-BMP character.
+        names = sorted(value) if "".join(value).isascii() else sorted(value, key=_utf16)
+        for i, key in enumerate(names):
+            if i:
+                out.append(",")
+            out.append(_quote(key))
+            out.append(":")
+            _emit(value[key], out)
+        out.append("}")
+    elif isinstance(value, list | tuple):
+        if value and set(map(type, value)) == _INT_ONLY:
+            if not -_MAX_SAFE <= min(value) <= max(value) <= _MAX_SAFE:
+                raise ValueError("an integer is outside the IEEE-754 safe range")
+            out.append("[" + ",".join(map(str, value)) + "]")
+            return
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _emit(item, out)
+        out.append("]")
+    else:
+        raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 
 def sha256_digest(data: bytes) -> str:

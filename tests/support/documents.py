@@ -34,6 +34,7 @@ def record_body(
     out_len: int = 8,
     top_k: int = 0,
     seed: int | None = None,
+    text_prompt: bool = False,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     prompt = [rng.randrange(0, 50_000) for _ in range(prompt_len)]
@@ -49,7 +50,12 @@ def record_body(
         tier=tier,
         endpoint="/v1/completions",
         model=model,
-        request={"model": model, "prompt": prompt, "max_tokens": out_len, "temperature": 0.7},
+        request={
+            "model": model,
+            "prompt": " ".join(f"w{t}" for t in prompt) if text_prompt else prompt,
+            "max_tokens": out_len,
+            "temperature": 0.7,
+        },
         prompt_token_ids=prompt,
         choices=[Choice(out, lps, top_ids, top_lps, finish_reason="length")],
         started_at="2026-11-29T09:00:00.123456Z",

@@ -1,7 +1,8 @@
 import math
 
 import pytest
-from hypothesis import given
+import rfc8785
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.canonical import canonicalize, digest_of, sha256_digest
@@ -44,3 +45,60 @@ def test_key_order_does_not_change_the_canonical_form(value):
     if isinstance(value, dict):
         reordered = dict(reversed(list(value.items())))
         assert canonicalize(reordered) == canonicalize(value)
+
+
+any_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=1000)
+@given(any_json)
+def test_byte_identical_to_the_rfc8785_reference(value):
+    assert canonicalize(value) == rfc8785.dumps(value)
+
+
+@given(st.lists(st.integers(-(2**53) + 1, 2**53 - 1), min_size=1, max_size=50))
+def test_integer_arrays_match_the_reference(values):
+    assert canonicalize({"ids": values}) == rfc8785.dumps({"ids": values})
+
+
+def test_member_names_sort_by_utf16_code_units():
+    # U+FFFD sorts after U+1F600 in UTF-16 (surrogates D83D..) but before it by code point
+    value = {"\ufffd": 1, "\U0001f600": 2, "a": 3}
+    assert canonicalize(value) == rfc8785.dumps(value)
+    assert canonicalize(value).index("😀".encode()) < canonicalize(value).index("\ufffd".encode())
+
+
+@pytest.mark.parametrize("bad", [[2**53], [1, -(2**53)], {"k": [True, 2**60]}, object()])
+def test_more_values_that_are_refused(bad):
+    with pytest.raises(InvalidInput):
+        canonicalize(bad)
+
+
+def test_control_characters_use_rfc8785_escapes():
+    s = "".join(chr(c) for c in range(0x20)) + '"\\\x7f'
+    assert canonicalize(s) == rfc8785.dumps(s)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "A" * 100,
+        "A" * 100 + '"',
+        "A" * 100 + "\\",
+        "A" * 100 + "\x1f",
+        "A" * 100 + "\x7f",
+        "A" * 100 + "é",
+        "A" * 100 + "\U0001f600",
+        "\n" + "A" * 100,
+    ],
+)
+def test_long_strings_take_the_fast_path_only_when_no_escape_is_needed(text):
+    assert canonicalize({text: text}) == rfc8785.dumps({text: text})

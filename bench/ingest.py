@@ -1,0 +1,269 @@
+"""Ingest benchmark: signed records/s through the API on Postgres, against raw COPY.
+
+Starts `ledger serve` on a scratch Postgres database (unless --api is given), registers a
+collector key and a fingerprint, pre-signs N records (512 prompt tokens, 256 output tokens,
+top-5 logprobs), then posts them in batches and reports records/s. In the same run it loads
+the same rows (log entry + index columns) with psycopg COPY into a scratch table and prints
+the ratio. Repeats --runs times and reports the median.
+
+    .venv/bin/python bench/ingest.py --records 10000 --batch 500 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cli.server_thread import free_port  # noqa: E402
+from ledger.merkle import leaf_hash  # noqa: E402
+from ledger.signing import Envelope, SigningKey, public_key_pem  # noqa: E402
+from tests.support.documents import fingerprint_envelope, record_envelope  # noqa: E402
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
+
+
+def start_server(
+    db_url: str, data_dir: Path, workers: int
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "LEDGER_DATABASE_URL": db_url,
+        "LEDGER_DATA_DIR": str(data_dir),
+        "LEDGER_PORT": str(port),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "serve", "--log-level", "warning", "--workers", str(workers)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return proc, url, (data_dir / "admin.token").read_text().strip()
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("ledger serve did not start")
+
+
+def post_all(url: str, token: str, bodies: list[bytes], concurrency: int) -> float:
+    queue = list(reversed(bodies))
+    lock = threading.Lock()
+    failures: list[str] = []
+
+    def worker() -> None:
+        with httpx.Client(
+            base_url=url,
+            timeout=120,
+            headers={"Authorization": f"Bearer {token}", "content-type": "application/json"},
+        ) as c:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    body = queue.pop()
+                r = c.post("/v1/records", content=body)
+                if r.status_code != 201:
+                    failures.append(r.text[:300])
+                    return
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise SystemExit(f"ingest failed: {failures[0]}")
+    return time.perf_counter() - start
+
+
+COPY_TYPES = [
+    "int8",
+    "text",
+    "bytea",
+    "bytea",
+    "text",
+    "text",
+    "text",
+    "text",
+    "text",
+    "int2",
+    "text",
+    "text",
+    "text",
+]
+
+
+def copy_rows(db_url: str, envs: list[Envelope], table: str) -> float:
+    rows = []
+    for i, e in enumerate(envs):
+        b = e.body
+        rows.append(
+            (
+                i,
+                e.kind,
+                leaf_hash(e.canonical),
+                e.canonical,
+                b["request_id"],
+                e.body_digest,
+                b["fingerprint_id"],
+                e.key_id,
+                b["model"],
+                b["tier"],
+                b["pool"],
+                b["worker_id"],
+                b["endpoint"],
+            )
+        )
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (idx bigint primary key, kind text, leaf_hash bytea,"
+                " envelope bytea,"
+                " request_id text unique, content_hash text, fingerprint_id text, key_id text,"
+                " model text, tier smallint, pool text, worker_id text, endpoint text,"
+                " received_at timestamptz default now())"
+            ).format(sql.Identifier(table))
+        )
+        conn.commit()
+        start = time.perf_counter()
+        with (
+            conn.cursor() as cur,
+            cur.copy(
+                sql.SQL(
+                    "COPY {} (idx, kind, leaf_hash, envelope, request_id, content_hash,"
+                    " fingerprint_id,"
+                    " key_id, model, tier, pool, worker_id, endpoint) FROM STDIN (FORMAT BINARY)"
+                ).format(sql.Identifier(table))
+            ) as cp,
+        ):
+            cp.set_types(COPY_TYPES)
+            for row in rows:
+                cp.write_row(row)
+        conn.commit()
+        return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--records", type=int, default=10_000)
+    ap.add_argument("--batch", type=int, default=500)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=1, help="API worker processes")
+    ap.add_argument(
+        "--prompt",
+        choices=["text", "ids"],
+        default="text",
+        help="request prompt as text (typical) or as a token-ID list",
+    )
+    ap.add_argument(
+        "--pg",
+        default=os.environ.get(
+            "LEDGER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+    )
+    args = ap.parse_args()
+
+    name = f"ledger_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(args.pg, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        pg_version = conn.execute("SHOW server_version").fetchone()[0]
+    db_url = args.pg.rpartition("/")[0] + "/" + name
+    tmp = Path(tempfile.mkdtemp(prefix="ledger-bench-"))
+    proc, url, token = start_server(db_url, tmp, args.workers)
+    try:
+        key = SigningKey.generate()
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as c:
+            c.post(
+                "/v1/keys",
+                json={
+                    "name": "bench",
+                    "role": "collector",
+                    "public_key": public_key_pem(key.public_key),
+                },
+            ).raise_for_status()
+            fp = c.post("/v1/fingerprints", content=fingerprint_envelope(key).canonical)
+            fp.raise_for_status()
+            fp_id = fp.json()["fingerprint_id"]
+        print(f"machine: {machine()}; PostgreSQL {pg_version}")
+        print(
+            f"{args.records} records/run, batches of {args.batch}, {args.concurrency} client(s), "
+            f"{args.workers} API worker(s), prompt as {args.prompt}"
+        )
+        api_rates, copy_rates = [], []
+        for run in range(args.runs):
+            envs = [
+                record_envelope(
+                    key,
+                    fp_id,
+                    prompt_len=512,
+                    out_len=256,
+                    top_k=5,
+                    model="bench-model",
+                    text_prompt=args.prompt == "text",
+                )
+                for _ in range(args.records)
+            ]
+            bodies = [
+                b'{"envelopes":[' + b",".join(e.canonical for e in envs[i : i + args.batch]) + b"]}"
+                for i in range(0, len(envs), args.batch)
+            ]
+            api_s = post_all(url, token, bodies, args.concurrency)
+            copy_s = copy_rows(db_url, envs, f"copy_scratch_{run}")
+            api_rates.append(args.records / api_s)
+            copy_rates.append(args.records / copy_s)
+            print(
+                f"run {run + 1}: API {api_rates[-1]:,.0f} records/s, COPY {copy_rates[-1]:,.0f} "
+                f"rows/s, ratio {api_rates[-1] / copy_rates[-1]:.2f} "
+                f"({sum(map(len, bodies)) / args.records / 1024:.1f} KiB/record on the wire)"
+            )
+        api_med, copy_med = statistics.median(api_rates), statistics.median(copy_rates)
+        print(
+            f"median: API {api_med:,.0f} records/s; COPY {copy_med:,.0f} rows/s; "
+            f"API/COPY {api_med / copy_med:.2f}"
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        with psycopg.connect(args.pg, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+if __name__ == "__main__":
+    main()
