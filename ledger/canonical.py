@@ -24,7 +24,7 @@ _MAX_SAFE = 2**53 - 1
 _INT_ONLY = {int}
 # printable ASCII except '"' and '\\': the characters JCS never escapes
 _PLAIN_ASCII = bytes(c for c in range(0x20, 0x7F) if c not in (0x22, 0x5C))
-_encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_encode_str = json.encoder.encode_basestring
 
 
 def canonicalize(value: Any) -> bytes:

@@ -203,12 +203,13 @@ def ingest_records(db: Database, items: Sequence[Any]) -> list[IngestResult]:
         for c, idx in zip(new, indexes, strict=True):
             rid = c.summary.request_id
             results[rid] = IngestResult(rid, "created", idx, c.content_hash)
-    out = []
+    out: list[IngestResult] = []
     for i, c in enumerate(checked):
-        held = results[c.summary.request_id]
-        if first[c.summary.request_id] != i:  # a repeat inside this batch
-            held = IngestResult(held.request_id, "duplicate", held.log_index, held.content_hash)
-        out.append(held)
+        rid = c.summary.request_id
+        result = results[rid]
+        if first[rid] != i:  # a repeat inside this batch
+            result = IngestResult(rid, "duplicate", result.log_index, result.content_hash)
+        out.append(result)
     return out
 
 
