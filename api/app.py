@@ -2,20 +2,59 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+
 from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 
 from api import errors
 from api.metrics import Metrics
-from api.routes import fingerprints, health, keys, records
+from api.routes import fingerprints, health, keys, log, records
 from api.settings import Settings
 from api.state import AppState
 from ledger import __version__
+from ledger.errors import LedgerError
 from ledger.signing import SigningKey
+from ledger.storage import checkpoints
 from ledger.storage.database import Database
+
+logger = logging.getLogger("ledger.api")
+
+
+async def _checkpointer(state: AppState, interval: float) -> None:
+    """Sign a checkpoint every ``interval`` seconds while the log grows."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await run_in_threadpool(checkpoints.sign_if_new, state.db, state.log_key, state.origin)
+        except LedgerError as exc:  # the database may be briefly away; try again next tick
+            logger.warning("checkpoint not signed: %s", exc.message)
 
 
 def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI:
     """Build the app around an already migrated database and the ledger's key."""
+    state = AppState(
+        settings=settings,
+        db=db,
+        log_key=log_key,
+        metrics=Metrics(),
+        origin=settings.log_origin or checkpoints.default_origin(log_key),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = None
+        if settings.checkpoint_interval > 0:
+            task = asyncio.create_task(_checkpointer(state, settings.checkpoint_interval))
+        yield
+        if task is not None:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+
     app = FastAPI(
         title="inference-ledger",
         version=__version__,
@@ -23,11 +62,11 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
             "Fingerprint and audit-trail ledger for self-hosted LLM inference. "
             'Errors are JSON: {"error": {"code", "message", "details"?}}.'
         ),
+        lifespan=lifespan,
     )
-    metrics = Metrics()
-    app.state.ledger = AppState(settings=settings, db=db, log_key=log_key, metrics=metrics)
-    app.middleware("http")(metrics.middleware)
+    app.state.ledger = state
+    app.middleware("http")(state.metrics.middleware)
     errors.install(app)
-    for module in (health, keys, fingerprints, records):
+    for module in (health, keys, fingerprints, records, log):
         app.include_router(module.router)
     return app

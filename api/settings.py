@@ -25,6 +25,12 @@ class Settings(BaseSettings):
     admin_token_file: Path | None = Field(
         default=None, description="where the first-start admin token is written"
     )
+    log_origin: str | None = Field(
+        default=None, description="checkpoint origin line; default derived from the log key"
+    )
+    checkpoint_interval: float = Field(
+        default=1.0, ge=0, description="seconds between checkpoints while the log grows; 0: off"
+    )
     host: str = "127.0.0.1"
     port: int = 8700
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)

@@ -19,6 +19,7 @@ class AppState:
     db: Database
     log_key: SigningKey
     metrics: Metrics
+    origin: str
 
 
 def get_state(request: Request) -> AppState:

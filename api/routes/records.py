@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -14,7 +14,7 @@ from api.body import read_json
 from api.schemas import ERRORS, RECORD_BATCH_SCHEMA, IngestResponse
 from api.state import StateDep
 from ledger.errors import InvalidInput, TooLarge
-from ledger.storage import ingest, queries
+from ledger.storage import ingest, proofs, queries
 
 router = APIRouter(prefix="/v1/records", tags=["records"], responses=ERRORS)
 
@@ -80,6 +80,18 @@ def _render(item: queries.StoredRecord, with_envelope: bool) -> bytes:
 async def get_record(request_id: str, state: StateDep, _: ReadRecords) -> Response:
     item = await run_in_threadpool(queries.get_record, state.db, request_id)
     return Response(_render(item, True), media_type="application/json")
+
+
+@router.get(
+    "/{request_id}/evidence",
+    summary="An offline-verifiable evidence bundle for a record",
+    description="Envelope, leaf index, inclusion proof, a signed checkpoint covering it, and "
+    "the collector and log public keys. Verify with `ledger verify BUNDLE --log-key FILE`.",
+)
+async def get_evidence(request_id: str, state: StateDep, _: ReadRecords) -> dict[str, Any]:
+    return await run_in_threadpool(
+        proofs.evidence, state.db, state.log_key, state.origin, request_id
+    )
 
 
 def _aware(value: datetime | None, name: str) -> datetime | None:

@@ -1,7 +1,8 @@
 """The append path: every accepted envelope becomes a log entry with a contiguous index.
 
 Appends run inside ``Database.write()`` transactions, which hold the append lock, so indexes
-are assigned in commit order and concurrent workers can never fork the sequence.
+are assigned in commit order and concurrent workers can never fork the sequence. The leaf and
+the Merkle nodes it completes are written in the same transaction as the entry.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from ledger.merkle import leaf_hash
 from ledger.signing import Envelope
+from ledger.storage import tree
 from ledger.storage.models import LogEntry
 
 
@@ -27,17 +29,19 @@ def append(session: Session, envelopes: Sequence[Envelope], at: datetime) -> lis
     if not envelopes:
         return []
     start = log_size(session)
+    hashes = [leaf_hash(env.canonical) for env in envelopes]
     rows = [
         {
             "idx": start + i,
             "kind": env.kind,
-            "leaf_hash": leaf_hash(env.canonical),
+            "leaf_hash": hashes[i],
             "envelope": env.canonical,
             "appended_at": at,
         }
         for i, env in enumerate(envelopes)
     ]
     session.execute(insert(LogEntry), rows)
+    tree.append_hashes(session, start, hashes)
     return list(range(start, start + len(rows)))
 
 

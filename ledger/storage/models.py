@@ -17,7 +17,15 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Tables whose rows are never updated or deleted once written.
-APPEND_ONLY_TABLES = ("log_entries", "signing_keys", "key_revocations", "fingerprints", "records")
+APPEND_ONLY_TABLES = (
+    "log_entries",
+    "signing_keys",
+    "key_revocations",
+    "fingerprints",
+    "records",
+    "merkle_nodes",
+    "checkpoints",
+)
 
 
 class Base(DeclarativeBase):
@@ -35,6 +43,27 @@ class LogEntry(Base):
     # RFC 8785 canonical bytes of the whole envelope: exactly what the leaf hash covers.
     envelope: Mapped[bytes] = mapped_column(LargeBinary)
     appended_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class MerkleNode(Base):
+    """Hash of the complete subtree of 2**level leaves starting at leaf idx * 2**level."""
+
+    __tablename__ = "merkle_nodes"
+
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    idx: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+
+
+class CheckpointRow(Base):
+    """A signed C2SP checkpoint note. Sizes only grow; every checkpoint is kept."""
+
+    __tablename__ = "checkpoints"
+
+    tree_size: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    root_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+    note: Mapped[str] = mapped_column(Text)
+    signed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class SigningKey(Base):

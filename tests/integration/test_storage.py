@@ -11,7 +11,7 @@ import migrations
 from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
 from ledger.merkle import leaf_hash
 from ledger.signing import SigningKey, public_key_pem
-from ledger.storage import ingest, keystore, queries
+from ledger.storage import checkpoints, ingest, keystore, queries
 from ledger.storage.database import Database
 from ledger.storage.models import APPEND_ONLY_TABLES
 from tests.support.documents import fingerprint_envelope, record_envelope
@@ -80,12 +80,15 @@ def test_concurrent_writers_never_fork_the_sequence(ledger):
 def test_raw_sql_update_and_delete_are_refused(ledger, table):
     db, _, collector, fp = ledger
     ingest.ingest_records(db, [record_envelope(collector, fp).to_dict()])
+    checkpoints.sign_if_new(db, ledger[1], "test/log")
     column = {
         "log_entries": "kind",
         "records": "model",
         "signing_keys": "name",
         "key_revocations": "reason",
         "fingerprints": "key_id",
+        "merkle_nodes": "hash",
+        "checkpoints": "note",
     }[table]
     if table == "key_revocations":
         keystore.revoke_key(db, ledger[1], collector.key_id, "test")

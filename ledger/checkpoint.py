@@ -1,0 +1,116 @@
+"""C2SP ``tlog-checkpoint`` signed notes (pure).
+
+A checkpoint body is three lines: the log's origin, the tree size in decimal, and the
+base64 root hash. It is wrapped in a C2SP ``signed-note``: the body, a blank line, and one
+signature line per signer, ``— <key name> <base64(4-byte key hash || signature)>``, where for
+Ed25519 the key hash is the first four bytes of SHA-256(key name || "\\n" || 0x01 || public key)
+and the signature covers the body text (every line, each ending in a newline).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from ledger.errors import VerificationError
+from ledger.signing import SigningKey, public_key_raw
+
+SIG_PREFIX = "\u2014 "  # em dash, space
+ED25519_TYPE = b"\x01"
+
+
+def note_key_hash(name: str, public_key: Ed25519PublicKey) -> bytes:
+    data = name.encode() + b"\n" + ED25519_TYPE + public_key_raw(public_key)
+    return hashlib.sha256(data).digest()[:4]
+
+
+def verifier_key(name: str, public_key: Ed25519PublicKey) -> str:
+    """The C2SP vkey string: ``<name>+<hex key hash>+<base64(0x01 || public key)>``."""
+    raw = base64.b64encode(ED25519_TYPE + public_key_raw(public_key)).decode()
+    return f"{name}+{note_key_hash(name, public_key).hex()}+{raw}"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    origin: str
+    tree_size: int
+    root_hash: bytes
+
+    def body(self) -> str:
+        root = base64.b64encode(self.root_hash).decode()
+        return f"{self.origin}\n{self.tree_size}\n{root}\n"
+
+
+def sign_checkpoint(cp: Checkpoint, key: SigningKey, name: str | None = None) -> str:
+    """The signed note text for a checkpoint, signed under key name ``name`` (origin)."""
+    if not cp.origin or "\n" in cp.origin or "+" in cp.origin or " " in cp.origin:
+        raise ValueError("origin must be one line without spaces or '+'")
+    name = name or cp.origin
+    body = cp.body()
+    sig = key.private_key.sign(body.encode())
+    blob = base64.b64encode(note_key_hash(name, key.public_key) + sig).decode()
+    return f"{body}\n{SIG_PREFIX}{name} {blob}\n"
+
+
+def _fail(message: str) -> VerificationError:
+    return VerificationError(message, code="bad_checkpoint")
+
+
+def parse_checkpoint(note: str) -> tuple[Checkpoint, list[tuple[str, bytes]]]:
+    """Split a signed note into its checkpoint and its (key name, signature blob) lines."""
+    body, sep, sigs = note.partition("\n\n")
+    if not sep or not note.endswith("\n"):
+        raise _fail("checkpoint note has no signature block")
+    lines = body.split("\n")
+    if len(lines) < 3:
+        raise _fail("checkpoint body must have origin, tree size and root hash lines")
+    origin, size_text, root_text = lines[:3]
+    if not size_text.isdigit() or (size_text != "0" and size_text.startswith("0")):
+        raise _fail(f"checkpoint tree size {size_text!r} is not a decimal number")
+    try:
+        root = base64.b64decode(root_text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _fail("checkpoint root hash is not base64") from exc
+    if len(root) != 32:
+        raise _fail("checkpoint root hash is not 32 bytes")
+    signatures = []
+    for line in sigs.rstrip("\n").split("\n"):
+        if not line.startswith(SIG_PREFIX):
+            raise _fail(f"malformed signature line {line[:40]!r}")
+        name, _, blob = line[len(SIG_PREFIX) :].rpartition(" ")
+        try:
+            raw = base64.b64decode(blob, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise _fail("signature line is not base64") from exc
+        signatures.append((name, raw))
+    return Checkpoint(origin, int(size_text), root), signatures
+
+
+def verify_checkpoint(
+    note: str, public_key: Ed25519PublicKey, name: str | None = None
+) -> Checkpoint:
+    """Verify that ``public_key`` (under key name ``name``, default the origin) signed the note."""
+    cp, signatures = parse_checkpoint(note)
+    name = name or cp.origin
+    want = note_key_hash(name, public_key)
+    body = note.partition("\n\n")[0] + "\n"
+    for sig_name, raw in signatures:
+        if sig_name != name or raw[:4] != want:
+            continue
+        try:
+            public_key.verify(raw[4:], body.encode())
+        except InvalidSignature as exc:
+            raise VerificationError(
+                "checkpoint signature does not verify under the log key",
+                code="bad_checkpoint_signature",
+            ) from exc
+        return cp
+    raise VerificationError(
+        f"checkpoint carries no signature by the log key {name!r}",
+        code="bad_checkpoint_signature",
+    )

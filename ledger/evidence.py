@@ -1,0 +1,178 @@
+"""Evidence bundles (pure): one JSON document that proves a record offline.
+
+Format ``inference-ledger/evidence/v1``::
+
+    {
+      "format": "inference-ledger/evidence/v1",
+      "request_id": "req-…",
+      "envelope": {"kind": "inference_record", "body": {…}, "signature": {…}},
+      "leaf_index": 41,
+      "leaf_hash": "<base64 SHA-256(0x00 || JCS(envelope))>",
+      "inclusion_proof": {"tree_size": 97, "hashes": ["<base64>", …]},
+      "checkpoint": "<C2SP signed note covering tree_size>",
+      "keys": {
+        "collector": {"key_id": "ed25519:…", "name": "…", "role": "collector",
+                      "public_key": "ed25519:<base64 raw>"},
+        "log": {"key_id": "ed25519:…", "public_key": "ed25519:<base64 raw>",
+                "origin": "…", "vkey": "<C2SP verifier key>"}
+      },
+      "exported_at": "2026-11-29T10:00:00+00:00"
+    }
+
+:func:`verify_bundle` runs the checks in order and raises :class:`VerificationError` whose
+``details["check"]`` names the first that failed: ``format``, ``jcs``, ``collector_signature``,
+``log_key_pin``, ``checkpoint_signature``, ``inclusion_proof``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from ledger import merkle
+from ledger.canonical import canonicalize
+from ledger.checkpoint import verify_checkpoint
+from ledger.errors import LedgerError, VerificationError
+from ledger.signing import Envelope, key_id_for, load_public_key, verify_envelope
+
+FORMAT = "inference-ledger/evidence/v1"
+CHECKS = (
+    "format",
+    "jcs",
+    "collector_signature",
+    "log_key_pin",
+    "checkpoint_signature",
+    "inclusion_proof",
+)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def build_bundle(
+    *,
+    envelope: dict[str, Any],
+    leaf_index: int,
+    tree_size: int,
+    proof: list[bytes],
+    checkpoint_note: str,
+    collector_key: dict[str, Any],
+    log_key: dict[str, Any],
+    exported_at: str,
+) -> dict[str, Any]:
+    request_id = envelope.get("body", {}).get("request_id")
+    return {
+        "format": FORMAT,
+        "request_id": request_id,
+        "envelope": envelope,
+        "leaf_index": leaf_index,
+        "leaf_hash": b64(merkle.leaf_hash(canonicalize(envelope))),
+        "inclusion_proof": {"tree_size": tree_size, "hashes": [b64(h) for h in proof]},
+        "checkpoint": checkpoint_note,
+        "keys": {"collector": collector_key, "log": log_key},
+        "exported_at": exported_at,
+    }
+
+
+@dataclass(frozen=True)
+class VerifiedBundle:
+    request_id: str | None
+    kind: str
+    leaf_index: int
+    tree_size: int
+    root_hash: bytes
+    collector_key_id: str
+    log_key_id: str
+    origin: str
+    log_key_pinned: bool
+
+
+def _fail(check: str, message: str, code: str = "bad_evidence") -> VerificationError:
+    return VerificationError(f"{check}: {message}", code=code, details={"check": check})
+
+
+def _get(obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(obj, dict) or not isinstance(obj.get(key), kind):
+        raise _fail("format", f"member {key!r} is missing or has the wrong type")
+    return obj[key]
+
+
+def _key(entry: Any, what: str) -> Ed25519PublicKey:
+    try:
+        key = load_public_key(_get(entry, "public_key", str))
+    except LedgerError as exc:
+        raise _fail("format", f"{what} public key is not valid: {exc.message}") from exc
+    if key_id_for(key) != _get(entry, "key_id", str):
+        raise _fail("format", f"{what} key_id does not match its public key")
+    return key
+
+
+def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -> VerifiedBundle:
+    """Verify a bundle fully offline; raises VerificationError naming the failed check."""
+    if _get(bundle, "format", str) != FORMAT:
+        raise _fail("format", f"unknown bundle format {bundle.get('format')!r}; reads {FORMAT}")
+    env_data = _get(bundle, "envelope", dict)
+    index = _get(bundle, "leaf_index", int)
+    proof_data = _get(bundle, "inclusion_proof", dict)
+    tree_size = _get(proof_data, "tree_size", int)
+    hashes = _get(proof_data, "hashes", list)
+    note = _get(bundle, "checkpoint", str)
+    keys = _get(bundle, "keys", dict)
+    collector_pub = _key(_get(keys, "collector", dict), "collector")
+    log_entry = _get(keys, "log", dict)
+    log_pub = _key(log_entry, "log")
+    try:
+        proof = [base64.b64decode(h, validate=True) for h in hashes]
+        claimed_leaf = base64.b64decode(_get(bundle, "leaf_hash", str), validate=True)
+        envelope = Envelope.from_dict(env_data)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise _fail("format", f"bad base64 in proof or leaf hash: {exc}") from exc
+    except LedgerError as exc:
+        raise _fail("format", exc.message) from exc
+
+    leaf = merkle.leaf_hash(envelope.canonical)
+    if leaf != claimed_leaf:
+        raise _fail("jcs", "the envelope's canonical bytes do not hash to the logged leaf")
+
+    try:
+        verify_envelope(envelope, collector_pub)
+    except VerificationError as exc:
+        raise _fail("collector_signature", exc.message, exc.code) from exc
+
+    if pinned_log_key is not None and key_id_for(pinned_log_key) != key_id_for(log_pub):
+        raise _fail(
+            "log_key_pin",
+            "the checkpoint is signed by a key other than the pinned log key",
+            "log_key_mismatch",
+        )
+    try:
+        cp = verify_checkpoint(note, pinned_log_key or log_pub)
+    except VerificationError as exc:
+        raise _fail("checkpoint_signature", exc.message, exc.code) from exc
+
+    if cp.tree_size != tree_size:
+        raise _fail(
+            "inclusion_proof",
+            f"proof is for tree size {tree_size}, the checkpoint for {cp.tree_size}",
+            "bad_inclusion_proof",
+        )
+    try:
+        merkle.verify_inclusion(leaf, index, tree_size, proof, cp.root_hash)
+    except VerificationError as exc:
+        raise _fail("inclusion_proof", exc.message, exc.code) from exc
+    return VerifiedBundle(
+        request_id=envelope.body.get("request_id"),
+        kind=envelope.kind,
+        leaf_index=index,
+        tree_size=tree_size,
+        root_hash=cp.root_hash,
+        collector_key_id=envelope.key_id,
+        log_key_id=key_id_for(log_pub),
+        origin=cp.origin,
+        log_key_pinned=pinned_log_key is not None,
+    )

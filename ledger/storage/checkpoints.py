@@ -1,0 +1,92 @@
+"""Signed checkpoints in storage: sign the current tree head, read the latest or a covering one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from ledger.checkpoint import Checkpoint, sign_checkpoint
+from ledger.errors import InvalidInput, NotFound
+from ledger.signing import SigningKey
+from ledger.storage import log, tree
+from ledger.storage.database import Database, as_utc, utcnow
+from ledger.storage.models import CheckpointRow
+
+
+def default_origin(log_key: SigningKey) -> str:
+    """A log origin unique to the ledger's key, used unless LEDGER_LOG_ORIGIN names one."""
+    return "inference-ledger/" + log_key.key_id.split(":", 1)[1][:16]
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    tree_size: int
+    root_hash: bytes
+    note: str
+    signed_at: datetime
+
+
+def _stored(row: CheckpointRow) -> StoredCheckpoint:
+    return StoredCheckpoint(row.tree_size, bytes(row.root_hash), row.note, as_utc(row.signed_at))
+
+
+def _latest(session: Session) -> StoredCheckpoint | None:
+    row = session.execute(
+        select(CheckpointRow).order_by(CheckpointRow.tree_size.desc()).limit(1)
+    ).scalar_one_or_none()
+    return _stored(row) if row is not None else None
+
+
+def latest(db: Database) -> StoredCheckpoint:
+    with db.read() as s:
+        cp = _latest(s)
+    if cp is None:
+        raise NotFound("no checkpoint has been signed yet", code="no_checkpoint")
+    return cp
+
+
+def sign_if_new(db: Database, log_key: SigningKey, origin: str) -> StoredCheckpoint | None:
+    """Sign a checkpoint of the current tree if it has grown; return the latest checkpoint."""
+    with db.write() as s:
+        size = log.log_size(s)
+        last = _latest(s)
+        if size == 0 or (last is not None and last.tree_size >= size):
+            return last
+        root = tree.root(s, size)
+        note = sign_checkpoint(Checkpoint(origin, size, root), log_key)
+        at = utcnow()
+        s.execute(
+            insert(CheckpointRow),
+            [{"tree_size": size, "root_hash": root, "note": note, "signed_at": at}],
+        )
+        return StoredCheckpoint(size, root, note, at)
+
+
+def covering(db: Database, log_key: SigningKey, origin: str, index: int) -> StoredCheckpoint:
+    """The latest checkpoint, signing a new one first if it does not yet cover ``index``."""
+    with db.read() as s:
+        cp = _latest(s)
+    if cp is None or cp.tree_size <= index:
+        cp = sign_if_new(db, log_key, origin)
+    if cp is None or cp.tree_size <= index:
+        raise NotFound(f"log entry {index} does not exist", code="entry_not_found")
+    return cp
+
+
+def get(db: Database, tree_size: int) -> StoredCheckpoint:
+    with db.read() as s:
+        row = s.get(CheckpointRow, tree_size)
+    if row is None:
+        raise NotFound(f"no checkpoint of tree size {tree_size}", code="no_checkpoint")
+    return _stored(row)
+
+
+def check_tree_size(session: Session, tree_size: int) -> None:
+    size = log.log_size(session)
+    if tree_size > size:
+        raise InvalidInput(
+            f"tree size {tree_size} exceeds the log's size {size}", code="invalid_tree_size"
+        )

@@ -1,0 +1,70 @@
+"""Proofs and evidence from storage: inclusion, consistency, and evidence bundles."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ledger import merkle
+from ledger.checkpoint import verifier_key
+from ledger.errors import StorageError
+from ledger.evidence import b64 as _b64
+from ledger.evidence import build_bundle
+from ledger.signing import SigningKey, public_key_raw
+from ledger.storage import checkpoints, keystore, queries, tree
+from ledger.storage.database import Database, utcnow
+
+
+def inclusion(db: Database, index: int, tree_size: int) -> dict[str, Any]:
+    with db.read() as s:
+        checkpoints.check_tree_size(s, tree_size)
+        hashes = merkle.inclusion_proof(index, tree_size, tree.node_reader(s))
+        leaf = tree.node_reader(s)([(0, index)])[(0, index)]
+    return {
+        "index": index,
+        "tree_size": tree_size,
+        "leaf_hash": _b64(leaf),
+        "hashes": [_b64(h) for h in hashes],
+    }
+
+
+def consistency(db: Database, first: int, second: int) -> dict[str, Any]:
+    with db.read() as s:
+        checkpoints.check_tree_size(s, second)
+        hashes = merkle.consistency_proof(first, second, tree.node_reader(s))
+    return {"first": first, "second": second, "hashes": [_b64(h) for h in hashes]}
+
+
+def log_key_entry(log_key: SigningKey, origin: str) -> dict[str, Any]:
+    return {
+        "key_id": log_key.key_id,
+        "public_key": "ed25519:" + _b64(public_key_raw(log_key.public_key)),
+        "origin": origin,
+        "vkey": verifier_key(origin, log_key.public_key),
+    }
+
+
+def evidence(db: Database, log_key: SigningKey, origin: str, request_id: str) -> dict[str, Any]:
+    """An evidence bundle for a record: envelope, inclusion proof, covering checkpoint, keys."""
+    record = queries.get_record(db, request_id)
+    cp = checkpoints.covering(db, log_key, origin, record.log_index)
+    with db.read() as s:
+        proof = merkle.inclusion_proof(record.log_index, cp.tree_size, tree.node_reader(s))
+        signer = keystore.load_keys(s, [record.key_id]).get(record.key_id)
+    if signer is None:
+        raise StorageError(f"signing key {record.key_id} missing from the registry")
+    return build_bundle(
+        envelope=json.loads(record.envelope),
+        leaf_index=record.log_index,
+        tree_size=cp.tree_size,
+        proof=proof,
+        checkpoint_note=cp.note,
+        collector_key={
+            "key_id": signer.key_id,
+            "name": signer.name,
+            "role": signer.role,
+            "public_key": signer.public_key,
+        },
+        log_key=log_key_entry(log_key, origin),
+        exported_at=utcnow().isoformat(),
+    )

@@ -1,0 +1,54 @@
+"""The Merkle tree in storage: node reads for proofs, node writes for appends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import insert, select, tuple_
+from sqlalchemy.orm import Session
+
+from ledger import merkle
+from ledger.errors import StorageError
+from ledger.storage.models import MerkleNode
+
+_CHUNK = 400
+
+
+def node_reader(session: Session) -> merkle.ReadNodes:
+    """A ``read_nodes`` callback over this session: one query per call (chunked)."""
+
+    def read(nodes: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
+        found: dict[merkle.Node, bytes] = {}
+        wanted = list(nodes)
+        for start in range(0, len(wanted), _CHUNK):
+            chunk = wanted[start : start + _CHUNK]
+            rows = session.execute(
+                select(MerkleNode.level, MerkleNode.idx, MerkleNode.hash).where(
+                    tuple_(MerkleNode.level, MerkleNode.idx).in_(chunk)
+                )
+            ).all()
+            found.update({(r.level, r.idx): bytes(r.hash) for r in rows})
+        missing = [n for n in wanted if n not in found]
+        if missing:
+            raise StorageError(
+                f"Merkle nodes missing from storage: {missing[:4]}", code="tree_corrupt"
+            )
+        return found
+
+    return read
+
+
+def append_hashes(session: Session, tree_size: int, leaf_hashes: Sequence[bytes]) -> None:
+    """Store the nodes that appending ``leaf_hashes`` to a tree of ``tree_size`` creates."""
+    if not leaf_hashes:
+        return
+    frontier = node_reader(session)(merkle.append_plan(tree_size)) if tree_size else {}
+    new = merkle.append_leaves(tree_size, leaf_hashes, frontier)
+    session.execute(
+        insert(MerkleNode),
+        [{"level": level, "idx": idx, "hash": h} for (level, idx), h in new.items()],
+    )
+
+
+def root(session: Session, tree_size: int) -> bytes:
+    return merkle.root(tree_size, node_reader(session))

@@ -1,0 +1,73 @@
+import base64
+import hashlib
+
+import pytest
+
+from ledger.checkpoint import (
+    Checkpoint,
+    note_key_hash,
+    parse_checkpoint,
+    sign_checkpoint,
+    verifier_key,
+    verify_checkpoint,
+)
+from ledger.errors import VerificationError
+from ledger.signing import SigningKey, public_key_raw
+
+KEY = SigningKey.generate()
+CP = Checkpoint("example.com/ledger", 1234, hashlib.sha256(b"root").digest())
+
+
+def test_note_layout_follows_c2sp():
+    note = sign_checkpoint(CP, KEY)
+    lines = note.split("\n")
+    assert lines[:3] == ["example.com/ledger", "1234", base64.b64encode(CP.root_hash).decode()]
+    assert lines[3] == ""
+    assert lines[4].startswith("\u2014 example.com/ledger ")
+    blob = base64.b64decode(lines[4].rsplit(" ", 1)[1])
+    assert blob[:4] == note_key_hash("example.com/ledger", KEY.public_key) and len(blob) == 68
+    KEY.public_key.verify(blob[4:], CP.body().encode())
+    assert note.endswith("\n")
+
+
+def test_key_hash_and_vkey():
+    expected = hashlib.sha256(
+        b"example.com/ledger\n\x01" + public_key_raw(KEY.public_key)
+    ).digest()[:4]
+    assert note_key_hash("example.com/ledger", KEY.public_key) == expected
+    vkey = verifier_key("example.com/ledger", KEY.public_key)
+    name, khash, raw = vkey.split("+", 2)
+    assert (name, khash) == ("example.com/ledger", expected.hex())
+    assert base64.b64decode(raw)[1:] == public_key_raw(KEY.public_key)
+
+
+def test_round_trip():
+    assert verify_checkpoint(sign_checkpoint(CP, KEY), KEY.public_key) == CP
+
+
+def test_other_key_is_refused():
+    with pytest.raises(VerificationError) as err:
+        verify_checkpoint(sign_checkpoint(CP, KEY), SigningKey.generate().public_key)
+    assert err.value.code == "bad_checkpoint_signature"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda n: n.replace("1234", "1235", 1),
+        lambda n: n.replace("example.com/ledger\n", "example.com/other\n", 1),
+        lambda n: n[:40] + ("A" if n[40] != "A" else "B") + n[41:],
+    ],
+)
+def test_edited_notes_are_refused(edit):
+    with pytest.raises(VerificationError):
+        verify_checkpoint(edit(sign_checkpoint(CP, KEY)), KEY.public_key)
+
+
+@pytest.mark.parametrize(
+    "note",
+    ["", "a\n1\nAAAA\n", "a\nx\n" + base64.b64encode(b"0" * 32).decode() + "\n\n\u2014 a AAAA\n"],
+)
+def test_malformed_notes(note):
+    with pytest.raises(VerificationError):
+        parse_checkpoint(note)
