@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import ValidationError
 from rich.console import Console
 
 import migrations
 from api.settings import Settings
 from ledger.errors import LedgerError
+from ledger.signing import SigningKey, load_public_key
 from ledger.storage.database import Database
 
 console = Console(soft_wrap=True)
@@ -80,3 +82,17 @@ def run(fn: Callable[[], T]) -> T:
 
 def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def read_public_key(path: Path) -> Ed25519PublicKey:
+    """A public key from a PEM file (a private key file yields its public half)."""
+    try:
+        data = path.read_bytes()
+        if b"PRIVATE" in data:
+            return SigningKey.from_pem(data).public_key
+        return load_public_key(data)
+    except OSError as exc:
+        fail(f"cannot read key {path}: {exc.strerror}")
+    except LedgerError as exc:
+        fail(f"cannot read key {path}: {exc.message}")
+    raise AssertionError("unreachable")

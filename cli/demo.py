@@ -8,6 +8,7 @@ that the signature verifies, prints a summary, then keeps serving (``--once`` ex
 from __future__ import annotations
 
 import base64
+import json
 import random
 import time
 from datetime import UTC, datetime
@@ -23,11 +24,13 @@ from api.bootstrap import bootstrap
 from cli.common import console, fail, ledger_errors, load_settings
 from cli.server_thread import ServerThread, free_port
 from collectors.ledger_client import LedgerClient
+from ledger.evidence import verify_bundle
 from ledger.fingerprint import FINGERPRINT_KIND, fingerprint_id
 from ledger.packing import unpack_float32
 from ledger.records import RECORD_KIND, Choice, build_record_body
 from ledger.signing import Envelope, SigningKey, public_key_pem, sign_envelope, verify_envelope
 from ledger.storage import tokenstore
+from ledger.storage.audit import audit
 from ledger.storage.database import Database
 
 
@@ -88,6 +91,7 @@ def demo(
     try:
         with ledger_errors(), LedgerClient(server.url, token) as client:
             rows = _walkthrough(client, settings.data_dir)
+            rows += _evidence_and_audit(client, db, settings.data_dir, rows[2][1].split()[0])
     except BaseException:
         server.stop()
         raise
@@ -140,4 +144,34 @@ def _walkthrough(client: LedgerClient, data_dir: Path) -> list[tuple[str, str]]:
     rows.append(("first logprob", repr(unpack_float32(back.body["choices"][0]["logprobs"])[0])))
     page = client.search_records(model="demo-sample", fields="meta", limit=1000)
     rows.append(("records for demo-sample", str(page["count"])))
+    return rows
+
+
+def _evidence_and_audit(
+    client: LedgerClient, db: Database, data_dir: Path, request_id: str
+) -> list[tuple[str, str]]:
+    """What a compliance officer does: export evidence, verify it offline, audit the ledger."""
+    rows: list[tuple[str, str]] = []
+    cp = client.sign_checkpoint()
+    rows.append(("checkpoint signed", f"tree size {cp['tree_size']}, origin {cp['origin']}"))
+    bundle = client.evidence(request_id)
+    path = data_dir / f"evidence-{request_id}.json"
+    path.write_text(json.dumps(bundle, indent=2) + "\n")
+    pinned = SigningKey.load(data_dir / "log-key.pem").public_key
+    result = verify_bundle(json.loads(path.read_text()), pinned)
+    rows.append(
+        (
+            "evidence verified offline",
+            f"{path} (leaf {result.leaf_index} of {result.tree_size}, log key pinned)",
+        )
+    )
+    report = audit(db, pinned)
+    if not report.ok:
+        fail(f"audit failed: {report.findings[0].message}")
+    rows.append(
+        (
+            "ledger audited",
+            f"{report.leaves} leaves, {report.checkpoints} checkpoints: all checks pass",
+        )
+    )
     return rows

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from rich.table import Table
 
 from cli.common import (
@@ -15,11 +14,15 @@ from cli.common import (
     console,
     fail,
     ledger_errors,
+    load_settings,
     print_json,
+    read_public_key,
     token_file_or_default,
 )
 from collectors.ledger_client import LedgerClient, read_token_file
-from ledger.signing import SigningKey, key_id_for, load_public_key, public_key_pem
+from ledger.signing import SigningKey, key_id_for, public_key_pem
+from ledger.storage.checkpoints import default_origin
+from ledger.storage.proofs import log_key_entry
 
 app = typer.Typer(help="Signing keys (Ed25519).", no_args_is_help=True)
 
@@ -49,17 +52,9 @@ def new(
 def show(path: Path = typer.Argument(..., help="a private or public key PEM")) -> None:
     """Print a key file's key ID and public key."""
     with ledger_errors():
-        pub = _public_from_file(path)
+        pub = read_public_key(path)
         console.print(f"key ID  {key_id_for(pub)}")
         console.print(public_key_pem(pub).strip())
-
-
-def _public_from_file(path: Path) -> Ed25519PublicKey:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        fail(f"cannot read {path}: {exc.strerror}")
-    return SigningKey.from_pem(data).public_key if b"PRIVATE" in data else load_public_key(data)
 
 
 def _client(api: str, token_file: Path | None) -> LedgerClient:
@@ -77,7 +72,7 @@ def register(
 ) -> None:
     """Register a public key with the ledger (admin token)."""
     with ledger_errors():
-        pub = _public_from_file(public_key)
+        pub = read_public_key(public_key)
         with _client(api, token_file) as client:
             info = client.register_key(name, role, public_key_pem(pub))
     if as_json:
@@ -119,3 +114,33 @@ def list_keys(
             k["revoked_at"] or "",
         )
     console.print(table)
+
+
+@app.command("show-log")
+def show_log(
+    api: str | None = typer.Option(None, "--api", help="ask a running ledger for its log key"),
+    key_file: Path | None = typer.Option(
+        None, "--key-file", help="read the local log key (default: LEDGER_LOG_KEY_FILE)"
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Print the ledger's log public key (PEM, key ID and C2SP verifier key)."""
+    with ledger_errors():
+        if api is not None:
+            with LedgerClient(api) as client:
+                info = client.log_key()
+        else:
+            settings = load_settings()
+            path = key_file or settings.resolved_log_key_file
+            if not path.exists():
+                fail(f"no log key at {path}; start the ledger once or pass --api")
+            key = SigningKey.load(path)
+            origin = settings.log_origin or default_origin(key)
+            info = {**log_key_entry(key, origin), "pem": public_key_pem(key.public_key)}
+    if as_json:
+        print_json(info)
+        return
+    console.print(f"key ID  {info['key_id']}")
+    console.print(f"origin  {info['origin']}")
+    console.print(f"vkey    {info['vkey']}")
+    console.print(info["pem"].strip())

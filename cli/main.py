@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import db, demo, keys, serve, tokens
+from cli import audit, db, demo, evidence, keys, serve, tokens, verify
 
 app = typer.Typer(
     name="ledger",
@@ -15,6 +15,9 @@ app = typer.Typer(
 )
 app.command("serve")(serve.serve)
 app.command("demo")(demo.demo)
+app.command("verify")(verify.verify)
+app.command("audit")(audit.run_audit)
+app.command("evidence")(evidence.evidence)
 app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
 app.add_typer(tokens.app, name="tokens")

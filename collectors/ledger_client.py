@@ -119,6 +119,24 @@ class LedgerClient:
         result: dict[str, Any] = self._request("GET", f"/v1/records/{request_id}")
         return result
 
+    def evidence(self, request_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/v1/records/{request_id}/evidence")
+        return result
+
+    def sign_checkpoint(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", "/v1/log/checkpoint")
+        return result
+
+    def inclusion_proof(self, index: int, tree_size: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._request(
+            "GET", "/v1/log/proof/inclusion", params={"index": index, "tree_size": tree_size}
+        )
+        return result
+
+    def log_key(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", "/v1/log/key")
+        return result
+
     def search_records(self, **params: Any) -> dict[str, Any]:
         clean = {k: v for k, v in params.items() if v is not None}
         result: dict[str, Any] = self._request("GET", "/v1/records", params=clean)

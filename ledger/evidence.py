@@ -12,7 +12,9 @@ Format ``inference-ledger/evidence/v1``::
       "checkpoint": "<C2SP signed note covering tree_size>",
       "keys": {
         "collector": {"key_id": "ed25519:…", "name": "…", "role": "collector",
-                      "public_key": "ed25519:<base64 raw>"},
+                      "public_key": "ed25519:<base64 raw>",
+                      "registration": {"envelope": {<key_registration, signed by the log key>},
+                                       "leaf_index": 1, "hashes": ["<base64>", …]}},
         "log": {"key_id": "ed25519:…", "public_key": "ed25519:<base64 raw>",
                 "origin": "…", "vkey": "<C2SP verifier key>"}
       },
@@ -21,7 +23,9 @@ Format ``inference-ledger/evidence/v1``::
 
 :func:`verify_bundle` runs the checks in order and raises :class:`VerificationError` whose
 ``details["check"]`` names the first that failed: ``format``, ``jcs``, ``collector_signature``,
-``log_key_pin``, ``checkpoint_signature``, ``inclusion_proof``.
+``log_key_pin``, ``checkpoint_signature``, ``inclusion_proof``, ``collector_key``. The last
+proves that the collector key was registered in the same log, by the log key, before the
+record: a row slipped into the database with a key the log never registered fails it.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ CHECKS = (
     "log_key_pin",
     "checkpoint_signature",
     "inclusion_proof",
+    "collector_key",
 )
 
 
@@ -62,6 +67,9 @@ def build_bundle(
     proof: list[bytes],
     checkpoint_note: str,
     collector_key: dict[str, Any],
+    registration: dict[str, Any],
+    registration_index: int,
+    registration_proof: list[bytes],
     log_key: dict[str, Any],
     exported_at: str,
 ) -> dict[str, Any]:
@@ -74,7 +82,17 @@ def build_bundle(
         "leaf_hash": b64(merkle.leaf_hash(canonicalize(envelope))),
         "inclusion_proof": {"tree_size": tree_size, "hashes": [b64(h) for h in proof]},
         "checkpoint": checkpoint_note,
-        "keys": {"collector": collector_key, "log": log_key},
+        "keys": {
+            "collector": {
+                **collector_key,
+                "registration": {
+                    "envelope": registration,
+                    "leaf_index": registration_index,
+                    "hashes": [b64(h) for h in registration_proof],
+                },
+            },
+            "log": log_key,
+        },
         "exported_at": exported_at,
     }
 
@@ -93,7 +111,7 @@ class VerifiedBundle:
 
 
 def _fail(check: str, message: str, code: str = "bad_evidence") -> VerificationError:
-    return VerificationError(f"{check}: {message}", code=code, details={"check": check})
+    return VerificationError(message, code=code, details={"check": check})
 
 
 def _get(obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
@@ -165,6 +183,7 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -
         merkle.verify_inclusion(leaf, index, tree_size, proof, cp.root_hash)
     except VerificationError as exc:
         raise _fail("inclusion_proof", exc.message, exc.code) from exc
+    _verify_registration(keys["collector"], envelope, index, tree_size, cp.root_hash, log_pub)
     return VerifiedBundle(
         request_id=envelope.body.get("request_id"),
         kind=envelope.kind,
@@ -176,3 +195,39 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -
         origin=cp.origin,
         log_key_pinned=pinned_log_key is not None,
     )
+
+
+def _verify_registration(
+    entry: dict[str, Any],
+    record: Envelope,
+    record_index: int,
+    tree_size: int,
+    root_hash: bytes,
+    log_pub: Ed25519PublicKey,
+) -> None:
+    """The collector key's registration is a leaf of the same tree, before the record."""
+    reg = entry.get("registration")
+    if not isinstance(reg, dict):
+        raise _fail("collector_key", "the bundle carries no registration of the collector key")
+    try:
+        env = Envelope.from_dict(reg.get("envelope"))
+        reg_index = reg["leaf_index"]
+        hashes = [base64.b64decode(h, validate=True) for h in reg["hashes"]]
+        if not isinstance(reg_index, int):
+            raise TypeError("leaf_index")
+    except (KeyError, TypeError, ValueError, binascii.Error, LedgerError) as exc:
+        raise _fail("collector_key", f"malformed key registration: {exc}") from exc
+    body = env.body
+    if env.kind != "key_registration" or body.get("key_id") != record.key_id:
+        raise _fail("collector_key", "the registration is not of the key that signed the record")
+    if body.get("public_key") != entry.get("public_key"):
+        raise _fail("collector_key", "the registered public key differs from the bundle's key")
+    if reg_index >= record_index:
+        raise _fail("collector_key", "the key was registered after the record was logged")
+    try:
+        verify_envelope(env, log_pub)
+        merkle.verify_inclusion(
+            merkle.leaf_hash(env.canonical), reg_index, tree_size, hashes, root_hash
+        )
+    except VerificationError as exc:
+        raise _fail("collector_key", exc.message, exc.code) from exc

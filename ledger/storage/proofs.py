@@ -11,7 +11,7 @@ from ledger.errors import StorageError
 from ledger.evidence import b64 as _b64
 from ledger.evidence import build_bundle
 from ledger.signing import SigningKey, public_key_raw
-from ledger.storage import checkpoints, keystore, queries, tree
+from ledger.storage import checkpoints, keystore, log, queries, tree
 from ledger.storage.database import Database, utcnow
 
 
@@ -49,10 +49,15 @@ def evidence(db: Database, log_key: SigningKey, origin: str, request_id: str) ->
     record = queries.get_record(db, request_id)
     cp = checkpoints.covering(db, log_key, origin, record.log_index)
     with db.read() as s:
-        proof = merkle.inclusion_proof(record.log_index, cp.tree_size, tree.node_reader(s))
+        read = tree.node_reader(s)
+        proof = merkle.inclusion_proof(record.log_index, cp.tree_size, read)
         signer = keystore.load_keys(s, [record.key_id]).get(record.key_id)
-    if signer is None:
-        raise StorageError(f"signing key {record.key_id} missing from the registry")
+        if signer is None:
+            raise StorageError(f"signing key {record.key_id} missing from the registry")
+        registration = log.read_envelope(s, signer.log_index)
+        reg_proof = merkle.inclusion_proof(signer.log_index, cp.tree_size, read)
+    if registration is None:
+        raise StorageError(f"registration of {record.key_id} missing from the log")
     return build_bundle(
         envelope=json.loads(record.envelope),
         leaf_index=record.log_index,
@@ -65,6 +70,9 @@ def evidence(db: Database, log_key: SigningKey, origin: str, request_id: str) ->
             "role": signer.role,
             "public_key": signer.public_key,
         },
+        registration=json.loads(registration),
+        registration_index=signer.log_index,
+        registration_proof=reg_proof,
         log_key=log_key_entry(log_key, origin),
         exported_at=utcnow().isoformat(),
     )

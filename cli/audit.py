@@ -1,0 +1,73 @@
+"""``ledger audit``: rebuild the log from the database and check every row against it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from cli.common import (
+    DbOption,
+    JsonOption,
+    console,
+    ledger_errors,
+    open_database,
+    print_json,
+    read_public_key,
+)
+from ledger.storage.audit import AuditReport, audit
+
+
+def run_audit(
+    db_url: str | None = DbOption,
+    log_key: Path | None = typer.Option(
+        None, "--log-key", help="pin the log's public key (PEM); default: the log's first leaf"
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Recompute leaves, tree, checkpoints and signatures; exit 1 on any discrepancy."""
+    pinned = read_public_key(log_key) if log_key is not None else None
+    with ledger_errors():
+        _, db = open_database(db_url)
+        if as_json:
+            report = audit(db, pinned)
+        else:
+            with Progress(
+                TextColumn("auditing"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
+            ) as bar:
+                task = bar.add_task("leaves", total=None)
+                report = audit(
+                    db, pinned, lambda done, total: bar.update(task, completed=done, total=total)
+                )
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        _print(report)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _print(report: AuditReport) -> None:
+    rate = report.leaves / report.seconds if report.seconds else 0
+    summary = (
+        f"{report.leaves} leaves, {report.checkpoints} checkpoints in {report.seconds:.2f} s "
+        f"({rate:,.0f} leaves/s)"
+    )
+    if report.ok:
+        console.print(f"[bold green]OK[/] {summary}: every check passed")
+        return
+    console.print(
+        f"[bold red]FAILED[/] {summary}: {len(report.findings)} finding(s); "
+        f"first bad leaf index: {report.first_bad_index}"
+    )
+    table = Table("check", "leaf", "what differs")
+    for f in report.findings[:50]:
+        table.add_row(f.check, "" if f.index is None else str(f.index), f.message)
+    console.print(table)

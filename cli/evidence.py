@@ -1,0 +1,29 @@
+"""``ledger evidence``: fetch a record's evidence bundle from the API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from cli.common import ApiOption, TokenFileOption, console, ledger_errors, token_file_or_default
+from collectors.ledger_client import LedgerClient, read_token_file
+
+
+def evidence(
+    request_id: str = typer.Argument(...),
+    out: Path = typer.Option(..., "--out", "-o", help="where to write the bundle"),
+    api: str = ApiOption,
+    token_file: Path | None = TokenFileOption,
+) -> None:
+    """Download the evidence bundle of a record (verify it with `ledger verify`)."""
+    with (
+        ledger_errors(),
+        LedgerClient(api, read_token_file(token_file_or_default(token_file))) as c,
+    ):
+        bundle = c.evidence(request_id)
+    out.write_text(json.dumps(bundle, indent=2) + "\n")
+    console.print(
+        f"wrote {out}: leaf {bundle['leaf_index']} of {bundle['inclusion_proof']['tree_size']}"
+    )

@@ -1,0 +1,363 @@
+"""``ledger audit``: recompute the log from the stored rows and check everything against it.
+
+The audit trusts nothing it reads except the log key (pinned, or else the key that the log's
+first leaf registers). It streams every leaf in index order and checks
+
+- ``sequence``: indexes are contiguous from 0;
+- ``leaf_hash``: the stored leaf hash is SHA-256(0x00 || stored envelope bytes);
+- ``canonical``: the stored envelope bytes are the RFC 8785 form of the envelope;
+- ``signature``: each envelope verifies under the key registry *as the log itself built it up
+  to that leaf* (registrations and revocations are leaves signed by the log key), with a key
+  whose role may sign that kind;
+- ``checkpoint``: every stored checkpoint is signed by the log key, its row matches its note,
+  its root equals the root rebuilt from the leaves, successive checkpoints are consistent
+  (RFC 9162 proof from the stored nodes, verified), and the stored nodes give the same roots;
+- ``index``: the records, fingerprints, keys and revocations tables agree with the leaves.
+
+It returns a report with every finding; the first bad leaf index is the lowest one named.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from sqlalchemy import func, select
+
+from ledger import merkle
+from ledger.checkpoint import verify_checkpoint
+from ledger.errors import LedgerError
+from ledger.fingerprint import FINGERPRINT_KIND, fingerprint_id
+from ledger.records import RECORD_KIND
+from ledger.signing import Envelope, key_id_for, load_public_key, verify_envelope
+from ledger.storage import tree
+from ledger.storage.database import Database
+from ledger.storage.keystore import LOG_ROLE, REGISTRATION_KIND, REVOCATION_KIND, SIGNABLE
+from ledger.storage.models import (
+    CheckpointRow,
+    Fingerprint,
+    KeyRevocation,
+    LogEntry,
+    Record,
+    SigningKey,
+)
+
+Progress = Callable[[int, int], None]
+CHUNK = 2000
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    message: str
+    index: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "index": self.index, "message": self.message}
+
+
+@dataclass
+class AuditReport:
+    leaves: int = 0
+    checkpoints: int = 0
+    seconds: float = 0.0
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    @property
+    def first_bad_index(self) -> int | None:
+        indexes = [f.index for f in self.findings if f.index is not None]
+        return min(indexes) if indexes else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "leaves": self.leaves,
+            "checkpoints": self.checkpoints,
+            "seconds": round(self.seconds, 3),
+            "first_bad_index": self.first_bad_index,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+@dataclass
+class _Key:
+    public_key: Ed25519PublicKey
+    role: str
+    name: str
+    registered_at: int
+    raw: str
+    revoked_at: int | None = None
+
+
+@dataclass
+class _State:
+    pinned: Ed25519PublicKey | None
+    report: AuditReport
+    keys: dict[str, _Key] = field(default_factory=dict)
+    log_key_id: str | None = None
+    records: dict[str, tuple[int, str, str, str]] = field(default_factory=dict)
+    fingerprints: dict[str, tuple[int, str]] = field(default_factory=dict)
+    revocations: dict[str, int] = field(default_factory=dict)
+    frontier: list[tuple[int, bytes]] = field(default_factory=list)  # (level, hash), left to right
+    roots: dict[int, bytes] = field(default_factory=dict)
+
+    def find(self, check: str, message: str, index: int | None = None) -> None:
+        self.report.findings.append(Finding(check, message, index))
+
+
+def _push(frontier: list[tuple[int, bytes]], h: bytes) -> None:
+    level = 0
+    while frontier and frontier[-1][0] == level:
+        _, left = frontier.pop()
+        h = merkle.node_hash(left, h)
+        level += 1
+    frontier.append((level, h))
+
+
+def _frontier_root(frontier: list[tuple[int, bytes]]) -> bytes:
+    if not frontier:
+        return merkle.EMPTY_ROOT
+    acc = frontier[-1][1]
+    for _, h in reversed(frontier[:-1]):
+        acc = merkle.node_hash(h, acc)
+    return acc
+
+
+def _check_signer(st: _State, env: Envelope, idx: int) -> None:
+    if env.kind in (REGISTRATION_KIND, REVOCATION_KIND):
+        if st.log_key_id is None:  # the first leaf registers the log key itself
+            if env.kind != REGISTRATION_KIND or env.body.get("role") != LOG_ROLE:
+                st.find("signature", "the log does not start with the log key's registration", idx)
+                return
+            anchor = load_public_key(str(env.body.get("public_key")))
+            if st.pinned is not None and key_id_for(st.pinned) != key_id_for(anchor):
+                st.find("signature", "the log's key is not the pinned log key", idx)
+            st.log_key_id = key_id_for(st.pinned or anchor)
+            st.keys[st.log_key_id] = _Key(st.pinned or anchor, LOG_ROLE, "ledger", idx, "")
+        if env.key_id != st.log_key_id:
+            st.find("signature", f"{env.kind} is not signed by the log key", idx)
+            return
+        verify_envelope(env, st.keys[st.log_key_id].public_key)
+        return
+    signer = st.keys.get(env.key_id)
+    if signer is None:
+        st.find("signature", f"signed by {env.key_id}, which the log never registered", idx)
+        return
+    if signer.revoked_at is not None:
+        st.find("signature", f"signed by {env.key_id}, revoked at leaf {signer.revoked_at}", idx)
+        return
+    if env.kind not in SIGNABLE.get(signer.role, ()):
+        st.find("signature", f"a {signer.role} key may not sign {env.kind}", idx)
+        return
+    verify_envelope(env, signer.public_key)
+
+
+def _apply(st: _State, env: Envelope, idx: int) -> None:
+    """Update the registry and the expected index tables from a verified leaf."""
+    body = env.body
+    if env.kind == REGISTRATION_KIND:
+        key_id = str(body.get("key_id"))
+        pub = load_public_key(str(body.get("public_key")))
+        if key_id_for(pub) != key_id:
+            st.find("signature", f"registration of {key_id} carries another key", idx)
+            return
+        st.keys[key_id] = _Key(
+            pub, str(body.get("role")), str(body.get("name")), idx, str(body["public_key"])
+        )
+    elif env.kind == REVOCATION_KIND:
+        key_id = str(body.get("key_id"))
+        if key_id in st.keys:
+            st.keys[key_id].revoked_at = idx
+        st.revocations[key_id] = idx
+    elif env.kind == RECORD_KIND:
+        st.records[str(body.get("request_id"))] = (
+            idx,
+            env.body_digest,
+            str(body.get("fingerprint_id")),
+            env.key_id,
+        )
+    elif env.kind == FINGERPRINT_KIND:
+        st.fingerprints[fingerprint_id(body)] = (idx, env.key_id)
+
+
+def _leaf(st: _State, idx: int, stored_hash: bytes, data: bytes) -> None:
+    leaf = merkle.leaf_hash(data)
+    _push(st.frontier, leaf)
+    if leaf != stored_hash:
+        st.find("leaf_hash", "stored leaf hash differs from the hash of the stored envelope", idx)
+    try:
+        env = Envelope.from_dict(json.loads(data))
+    except (ValueError, LedgerError) as exc:
+        st.find("canonical", f"stored envelope is not a valid envelope: {exc}", idx)
+        return
+    if env.canonical != data:
+        st.find("canonical", "stored envelope bytes are not in canonical (RFC 8785) form", idx)
+    try:
+        _check_signer(st, env, idx)
+    except LedgerError as exc:
+        st.find("signature", exc.message, idx)
+        return
+    _apply(st, env, idx)
+
+
+def audit(
+    db: Database, pinned_log_key: Ed25519PublicKey | None = None, progress: Progress | None = None
+) -> AuditReport:
+    started = time.perf_counter()
+    report = AuditReport()
+    st = _State(pinned_log_key, report)
+    with db.read() as s:
+        total = int(s.execute(select(func.count()).select_from(LogEntry)).scalar_one())
+        cps = list(s.execute(select(CheckpointRow).order_by(CheckpointRow.tree_size)).scalars())
+    wanted = {cp.tree_size for cp in cps}
+    expected = 0
+    last = -1
+    while True:
+        with db.read() as s:
+            rows = s.execute(
+                select(LogEntry.idx, LogEntry.leaf_hash, LogEntry.envelope)
+                .where(LogEntry.idx > last)
+                .order_by(LogEntry.idx)
+                .limit(CHUNK)
+            ).all()
+        if not rows:
+            break
+        for idx, stored_hash, data in rows:
+            if idx != expected:
+                st.find("sequence", f"expected leaf {expected}, found leaf {idx}", expected)
+                expected = idx
+            _leaf(st, idx, bytes(stored_hash), bytes(data))
+            expected += 1
+            if expected in wanted:
+                st.roots[expected] = _frontier_root(st.frontier)
+        last = rows[-1][0]
+        report.leaves += len(rows)
+        if progress is not None:
+            progress(report.leaves, total)
+    _check_checkpoints(db, st, cps, expected)
+    _check_tables(db, st)
+    report.seconds = time.perf_counter() - started
+    report.findings.sort(key=lambda f: (f.index is None, f.index or 0))
+    return report
+
+
+def _check_checkpoints(db: Database, st: _State, cps: list[CheckpointRow], size: int) -> None:
+    st.report.checkpoints = len(cps)
+    log_key = st.keys.get(st.log_key_id or "")
+    previous: tuple[int, bytes] | None = None
+    previous_time = None
+    for row in cps:
+        where = f"checkpoint of size {row.tree_size}"
+        if log_key is None:
+            st.find("checkpoint", f"{where}: no log key to verify it with")
+            continue
+        try:
+            cp = verify_checkpoint(row.note, log_key.public_key)
+        except LedgerError as exc:
+            st.find("checkpoint", f"{where}: {exc.message}")
+            continue
+        if (cp.tree_size, cp.root_hash) != (row.tree_size, bytes(row.root_hash)):
+            st.find(
+                "checkpoint",
+                f"{where}: the row does not match its signed note (note says size {cp.tree_size})",
+            )
+        if cp.tree_size > size:
+            st.find("checkpoint", f"{where}: the log holds only {size} leaves")
+            continue
+        rebuilt = st.roots.get(cp.tree_size)
+        if rebuilt != cp.root_hash:
+            st.find(
+                "checkpoint",
+                f"{where}: signed root differs from the root rebuilt from the leaves",
+                cp.tree_size - 1,
+            )
+        if previous_time is not None and row.signed_at < previous_time:
+            st.find("checkpoint", f"{where}: signed before a smaller checkpoint")
+        previous_time = row.signed_at
+        try:
+            with db.read() as s:
+                if tree.root(s, cp.tree_size) != cp.root_hash:
+                    st.find("checkpoint", f"{where}: stored Merkle nodes give another root")
+                if previous is not None:
+                    proof = merkle.consistency_proof(previous[0], cp.tree_size, tree.node_reader(s))
+                    merkle.verify_consistency(
+                        previous[0], cp.tree_size, previous[1], cp.root_hash, proof
+                    )
+        except LedgerError as exc:
+            st.find("checkpoint", f"{where}: {exc.message}")
+        previous = (cp.tree_size, cp.root_hash)
+
+
+def _check_tables(db: Database, st: _State) -> None:
+    with db.read() as s:
+        records = {
+            r.request_id: (r.log_index, r.content_hash, r.fingerprint_id, r.key_id)
+            for r in s.execute(select(Record)).scalars()
+        }
+        fps = {
+            r.fingerprint_id: (r.log_index, r.key_id)
+            for r in s.execute(select(Fingerprint)).scalars()
+        }
+        keys = list(s.execute(select(SigningKey)).scalars())
+        revs = {r.key_id: r.log_index for r in s.execute(select(KeyRevocation)).scalars()}
+    _compare(st, "records", records, st.records)
+    _compare(st, "fingerprints", fps, st.fingerprints)
+    _compare(st, "key_revocations", revs, st.revocations)
+    seen = set()
+    for row in keys:
+        seen.add(row.key_id)
+        want = st.keys.get(row.key_id)
+        if want is None:
+            st.find("index", f"signing_keys holds {row.key_id}, which the log never registered")
+            continue
+        if key_id_for(load_public_key(_raw(row.public_key))) != row.key_id or (
+            want.raw and want.raw != _raw(row.public_key)
+        ):
+            st.find(
+                "index",
+                f"signing_keys row for {row.key_id} holds another public key than the log "
+                "registered",
+                row.log_index,
+            )
+        if (row.role, row.name, row.log_index) != (want.role, want.name, want.registered_at):
+            st.find(
+                "index",
+                f"signing_keys row for {row.key_id} differs from its registration",
+                row.log_index,
+            )
+    for key_id, k in st.keys.items():
+        if key_id not in seen:
+            st.find(
+                "index",
+                f"key {key_id} is registered in the log but missing from signing_keys",
+                k.registered_at,
+            )
+
+
+def _raw(public_key: bytes) -> str:
+    return "ed25519:" + base64.b64encode(bytes(public_key)).decode()
+
+
+def _compare(st: _State, table: str, stored: dict[str, Any], logged: dict[str, Any]) -> None:
+    for key, value in logged.items():
+        held = stored.get(key)
+        index = value[0] if isinstance(value, tuple) else value
+        if held is None:
+            st.find("index", f"{table}: {key} is in the log but has no row", index)
+        elif held != value:
+            st.find(
+                "index", f"{table}: row for {key} differs from the log ({held} != {value})", index
+            )
+    for key, value in stored.items():
+        if key not in logged:
+            index = value[0] if isinstance(value, tuple) else value
+            st.find("index", f"{table}: row {key} has no leaf in the log", index)
