@@ -1,0 +1,256 @@
+"""A superuser who bypasses the append-only triggers: `ledger audit` catches every edit.
+
+Each case builds a small ledger on its own Postgres database, exports an evidence bundle,
+then edits the tables as a superuser (session_replication_role = replica, triggers disabled).
+The audit must fail naming the first bad leaf; the bundle exported before still verifies; a
+bundle exported after a forgery does not.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+from ledger import merkle
+from ledger.canonical import canonicalize
+from ledger.errors import LedgerError, VerificationError
+from ledger.evidence import verify_bundle
+from ledger.signing import SigningKey, public_key_pem, public_key_raw, sign_envelope
+from ledger.storage import checkpoints, ingest, keystore, proofs, tree
+from ledger.storage.audit import audit
+from ledger.storage.database import Database
+from tests.support.documents import fingerprint_envelope, record_body, record_envelope
+
+pytestmark = pytest.mark.postgres
+ORIGIN = "test.example/log"
+
+
+@dataclass
+class Ledger:
+    db: Database
+    url: str
+    log_key: SigningKey
+    collector: SigningKey
+    fp: str
+    records: list[tuple[str, int]]  # (request_id, log index)
+
+    def sql(self, statements: list[tuple[str, tuple]], tables: tuple[str, ...]) -> None:
+        """Run statements as a superuser with the append-only triggers out of the way."""
+        with psycopg.connect(self.url) as conn:
+            conn.execute("SET session_replication_role = replica")
+            for t in tables:
+                conn.execute(f"ALTER TABLE {t} DISABLE TRIGGER USER")
+            for stmt, params in statements:
+                conn.execute(stmt, params)
+            for t in tables:
+                conn.execute(f"ALTER TABLE {t} ENABLE ALWAYS TRIGGER {t}_append_only")
+                conn.execute(f"ALTER TABLE {t} ENABLE ALWAYS TRIGGER {t}_no_truncate")
+            conn.commit()
+
+    def envelope(self, idx: int) -> dict:
+        with psycopg.connect(self.url) as conn:
+            row = conn.execute("SELECT envelope FROM log_entries WHERE idx = %s", (idx,)).fetchone()
+        return json.loads(bytes(row[0]))
+
+    def evidence(self, request_id: str) -> dict:
+        return proofs.evidence(self.db, self.log_key, ORIGIN, request_id)
+
+
+@pytest.fixture
+def ledger(postgres_databases):
+    url = postgres_databases.fresh()
+    db = Database(url)
+    log_key, collector = SigningKey.generate(), SigningKey.generate()
+    keystore.ensure_log_key(db, log_key)
+    keystore.register_key(
+        db, log_key, name="c", role="collector", public_key=public_key_pem(collector.public_key)
+    )
+    fp = ingest.add_fingerprint(db, fingerprint_envelope(collector).to_dict()).fingerprint_id
+    records = []
+    for batch in (6, 3):
+        envs = [record_envelope(collector, fp).to_dict() for _ in range(batch)]
+        records += [(r.request_id, r.log_index) for r in ingest.ingest_records(db, envs)]
+        checkpoints.sign_if_new(db, log_key, ORIGIN)
+    assert audit(db, log_key.public_key).ok
+    yield Ledger(db, url, log_key, collector, fp, records)
+    db.dispose()
+
+
+def change_logprob(lg: Ledger) -> int:
+    _, idx = lg.records[2]
+    env = lg.envelope(idx)
+    lp = bytearray(base64.b64decode(env["body"]["choices"][0]["logprobs"]))
+    lp[5] ^= 0x01
+    env["body"]["choices"][0]["logprobs"] = base64.b64encode(bytes(lp)).decode()
+    data = canonicalize(env)
+    lg.sql(
+        [
+            (
+                "UPDATE log_entries SET envelope = %s, leaf_hash = %s WHERE idx = %s",
+                (data, merkle.leaf_hash(data), idx),
+            )
+        ],
+        ("log_entries",),
+    )
+    return idx
+
+
+def delete_row(lg: Ledger) -> int:
+    _, idx = lg.records[3]
+    lg.sql(
+        [
+            ("DELETE FROM records WHERE log_index = %s", (idx,)),
+            ("DELETE FROM log_entries WHERE idx = %s", (idx,)),
+        ],
+        ("records", "log_entries"),
+    )
+    return idx
+
+
+def swap_rows(lg: Ledger) -> int:
+    (_, a), (_, b) = lg.records[1], lg.records[4]
+    with psycopg.connect(lg.url) as conn:
+        rows = dict(
+            conn.execute(
+                "SELECT idx, envelope FROM log_entries WHERE idx IN (%s, %s)", (a, b)
+            ).fetchall()
+        )
+    lg.sql(
+        [
+            (
+                "UPDATE log_entries SET envelope = %s, leaf_hash = %s WHERE idx = %s",
+                (bytes(rows[b]), merkle.leaf_hash(bytes(rows[b])), a),
+            ),
+            (
+                "UPDATE log_entries SET envelope = %s, leaf_hash = %s WHERE idx = %s",
+                (bytes(rows[a]), merkle.leaf_hash(bytes(rows[a])), b),
+            ),
+        ],
+        ("log_entries",),
+    )
+    return a
+
+
+def forge_row(lg: Ledger) -> int:
+    """A record signed by a key the log never registered, with a key row to cover it."""
+    forger = SigningKey.generate()
+    env = sign_envelope("inference_record", record_body(lg.fp, request_id="req-forged"), forger)
+    idx = lg.records[-1][1] + 1
+    with lg.db.read() as s:
+        frontier = tree.node_reader(s)(merkle.append_plan(idx))
+    leaf = merkle.leaf_hash(env.canonical)
+    nodes = merkle.append_leaves(idx, [leaf], frontier)
+    lg.sql(
+        [
+            (
+                "INSERT INTO log_entries VALUES (%s, 'inference_record', %s, %s, now())",
+                (idx, leaf, env.canonical),
+            ),
+            (
+                "INSERT INTO signing_keys VALUES (%s, 'forger', 'collector', %s, %s, now())",
+                (forger.key_id, public_key_raw(forger.public_key), idx),
+            ),
+            (
+                "INSERT INTO records VALUES ('req-forged', %s, %s, %s, %s, 'test-model', 1,"
+                " 'p1', 'w1', '/v1/completions', now())",
+                (idx, env.body_digest, lg.fp, forger.key_id),
+            ),
+        ]
+        + [
+            ("INSERT INTO merkle_nodes VALUES (%s, %s, %s)", (lv, i, h))
+            for (lv, i), h in nodes.items()
+        ],
+        ("log_entries", "signing_keys", "records", "merkle_nodes"),
+    )
+    return idx
+
+
+def older_checkpoint(lg: Ledger) -> int | None:
+    with psycopg.connect(lg.url) as conn:
+        (old_note, old_root), (_, _) = conn.execute(
+            "SELECT note, root_hash FROM checkpoints ORDER BY tree_size"
+        ).fetchall()[-2:]
+        latest = conn.execute("SELECT max(tree_size) FROM checkpoints").fetchone()[0]
+    lg.sql(
+        [
+            (
+                "UPDATE checkpoints SET note = %s, root_hash = %s WHERE tree_size = %s",
+                (old_note, bytes(old_root), latest),
+            )
+        ],
+        ("checkpoints",),
+    )
+    return None  # no leaf is bad: the finding names the checkpoint
+
+
+def substitute_key(lg: Ledger) -> int:
+    attacker = SigningKey.generate()
+    lg.sql(
+        [
+            (
+                "UPDATE signing_keys SET public_key = %s WHERE key_id = %s",
+                (public_key_raw(attacker.public_key), lg.collector.key_id),
+            )
+        ],
+        ("signing_keys",),
+    )
+    return 1  # the collector key's registration leaf
+
+
+CASES: dict[str, tuple[Callable[[Ledger], int | None], str, bool]] = {
+    # name: (tamper, the check that must fire, whether it is a forgery bundles must expose)
+    "changed_logprob_byte": (change_logprob, "signature", True),
+    "deleted_row": (delete_row, "sequence", False),
+    "swapped_rows": (swap_rows, "index", True),
+    "forged_row_unregistered_key": (forge_row, "signature", True),
+    "older_checkpoint": (older_checkpoint, "checkpoint", True),
+    "substituted_public_key": (substitute_key, "index", True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_audit_detects_and_bundles_tell(ledger: Ledger, case: str):
+    tamper, check, forgery = CASES[case]
+    victim = ledger.records[2][0] if case != "swapped_rows" else ledger.records[1][0]
+    before = ledger.evidence(victim)
+    verify_bundle(before, ledger.log_key.public_key)
+
+    bad_index = tamper(ledger)
+
+    report = audit(ledger.db, ledger.log_key.public_key)
+    assert not report.ok
+    assert check in {f.check for f in report.findings}, [f.to_dict() for f in report.findings]
+    assert report.first_bad_index == bad_index, [f.to_dict() for f in report.findings]
+
+    verify_bundle(before, ledger.log_key.public_key)  # evidence taken earlier still holds
+    if forgery:
+        target = "req-forged" if case == "forged_row_unregistered_key" else victim
+        with pytest.raises((VerificationError, LedgerError)):
+            verify_bundle(ledger.evidence(target), ledger.log_key.public_key)
+
+
+def test_audit_cli_names_the_first_bad_leaf(ledger: Ledger):
+    idx = change_logprob(ledger)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli", "audit", "--db", ledger.url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["ok"] is False and out["first_bad_index"] == idx
+    text = subprocess.run(
+        [sys.executable, "-m", "cli", "audit", "--db", ledger.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert text.returncode == 1 and f"first bad leaf index: {idx}" in text.stdout
