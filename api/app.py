@@ -11,10 +11,10 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from api import errors
-from api.metrics import Metrics
+from api.metrics import Metrics, MetricsMiddleware
 from api.routes import fingerprints, health, keys, log, records
 from api.settings import Settings
-from api.state import AppState
+from api.state import AppState, TokenCache
 from ledger import __version__
 from ledger.errors import LedgerError
 from ledger.signing import SigningKey
@@ -42,6 +42,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         log_key=log_key,
         metrics=Metrics(),
         origin=settings.log_origin or checkpoints.default_origin(log_key),
+        token_cache=TokenCache(settings.token_cache_seconds),
     )
 
     @asynccontextmanager
@@ -65,7 +66,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         lifespan=lifespan,
     )
     app.state.ledger = state
-    app.middleware("http")(state.metrics.middleware)
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     errors.install(app)
     for module in (health, keys, fingerprints, records, log):
         app.include_router(module.router)

@@ -27,7 +27,11 @@ async def authenticate(
         raise AuthenticationError(
             "the Authorization header must be 'Bearer <token>'", code="invalid_token"
         )
-    principal = await run_in_threadpool(tokenstore.authenticate, state.db, token.strip())
+    secret = token.strip()
+    principal = state.token_cache.get(secret)
+    if principal is None:
+        principal = await run_in_threadpool(tokenstore.authenticate, state.db, secret)
+        state.token_cache.put(secret, principal)
     request.state.principal = principal
     return principal
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 
-from fastapi import Request, Response
+from fastapi import Response
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class Metrics:
@@ -47,16 +47,33 @@ class Metrics:
     def render(self) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def middleware(
-        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
+
+class MetricsMiddleware:
+    """Plain ASGI middleware (no per-request Request objects): latency, status, error codes."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        self.latency.labels(path).observe(time.perf_counter() - start)
-        self.requests.labels(path, request.method, str(response.status_code)).inc()
-        code = getattr(request.state, "error_code", None)
-        if code:
-            self.errors.labels(code).inc()
-        return response
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            m = self.metrics
+            path = getattr(scope.get("route"), "path", "unmatched")
+            m.latency.labels(path).observe(time.perf_counter() - start)
+            m.requests.labels(path, scope["method"], str(status)).inc()
+            code = scope.get("state", {}).get("error_code")
+            if code:
+                m.errors.labels(code).inc()

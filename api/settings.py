@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     checkpoint_interval: float = Field(
         default=1.0, ge=0, description="seconds between checkpoints while the log grows; 0: off"
     )
+    token_cache_seconds: float = Field(
+        default=5.0, ge=0, description="how long a verified token is trusted without a lookup"
+    )
     host: str = "127.0.0.1"
     port: int = 8700
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)

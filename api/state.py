@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -11,6 +12,28 @@ from api.metrics import Metrics
 from api.settings import Settings
 from ledger.signing import SigningKey
 from ledger.storage.database import Database
+from ledger.tokens import Principal
+
+
+class TokenCache:
+    """Verified tokens, trusted for ``ttl`` seconds (a revocation takes effect within it)."""
+
+    def __init__(self, ttl: float, size: int = 1024) -> None:
+        self.ttl, self.size = ttl, size
+        self._items: dict[str, tuple[float, Principal]] = {}
+
+    def get(self, secret: str) -> Principal | None:
+        item = self._items.get(secret)
+        if item is None or item[0] < time.monotonic():
+            return None
+        return item[1]
+
+    def put(self, secret: str, principal: Principal) -> None:
+        if self.ttl <= 0:
+            return
+        if len(self._items) >= self.size:
+            self._items.clear()
+        self._items[secret] = (time.monotonic() + self.ttl, principal)
 
 
 @dataclass
@@ -20,6 +43,7 @@ class AppState:
     log_key: SigningKey
     metrics: Metrics
     origin: str
+    token_cache: TokenCache
 
 
 def get_state(request: Request) -> AppState:

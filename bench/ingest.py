@@ -69,7 +69,9 @@ def start_server(
     for _ in range(300):
         try:
             if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url, (data_dir / "admin.token").read_text().strip()
+                token_file = data_dir / "admin.token"
+                token = token_file.read_text().strip() if token_file.exists() else ""
+                return proc, url, token
         except httpx.HTTPError:
             time.sleep(0.2)
     proc.kill()

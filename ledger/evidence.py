@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +41,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ledger import merkle
 from ledger.canonical import canonicalize
-from ledger.checkpoint import verify_checkpoint
+from ledger.checkpoint import Checkpoint, verify_checkpoint
 from ledger.errors import LedgerError, VerificationError
-from ledger.signing import Envelope, key_id_for, load_public_key, verify_envelope
+from ledger.signing import (
+    Envelope,
+    key_id_for,
+    load_public_key,
+    public_key_raw,
+    verify_envelope,
+)
 
 FORMAT = "inference-ledger/evidence/v1"
 CHECKS = (
@@ -169,7 +177,7 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -
             "log_key_mismatch",
         )
     try:
-        cp = verify_checkpoint(note, pinned_log_key or log_pub)
+        cp = _verified_checkpoint(note, public_key_raw(pinned_log_key or log_pub))
     except VerificationError as exc:
         raise _fail("checkpoint_signature", exc.message, exc.code) from exc
 
@@ -225,9 +233,24 @@ def _verify_registration(
     if reg_index >= record_index:
         raise _fail("collector_key", "the key was registered after the record was logged")
     try:
-        verify_envelope(env, log_pub)
+        _verified_registration(env.canonical, public_key_raw(log_pub))
         merkle.verify_inclusion(
             merkle.leaf_hash(env.canonical), reg_index, tree_size, hashes, root_hash
         )
     except VerificationError as exc:
         raise _fail("collector_key", exc.message, exc.code) from exc
+
+
+# Bundles exported together share their checkpoint and their collector key's registration:
+# each distinct (document, key) pair is verified once. Verification is a pure function of
+# these bytes, and failures are never cached (they raise).
+@functools.lru_cache(maxsize=256)
+def _verified_checkpoint(note: str, log_key_raw: bytes) -> Checkpoint:
+    return verify_checkpoint(note, Ed25519PublicKey.from_public_bytes(log_key_raw))
+
+
+@functools.lru_cache(maxsize=1024)
+def _verified_registration(canonical: bytes, log_key_raw: bytes) -> None:
+    verify_envelope(
+        Envelope.from_dict(json.loads(canonical)), Ed25519PublicKey.from_public_bytes(log_key_raw)
+    )

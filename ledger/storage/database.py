@@ -49,7 +49,9 @@ class Database:
                 Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
-            kwargs.update(pool_size=pool_size, max_overflow=10, pool_pre_ping=True)
+            # No pre-ping round trip per checkout: a connection the server dropped fails once
+            # (503 storage_error, Retry-After) and the pool is invalidated and refilled.
+            kwargs.update(pool_size=pool_size, max_overflow=10, pool_recycle=1800)
         try:
             self.engine: Engine = create_engine(self.url, **kwargs)
         except (SQLAlchemyError, ImportError, ValueError) as exc:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy.orm import Session
 
 from ledger import merkle
 from ledger.checkpoint import verifier_key
@@ -14,12 +17,36 @@ from ledger.signing import SigningKey, public_key_raw
 from ledger.storage import checkpoints, keystore, log, queries, tree
 from ledger.storage.database import Database, utcnow
 
+T = TypeVar("T")
+
+
+def _checked(session: Session, tree_size: int, fn: Callable[[], T]) -> T:
+    """Run a proof; if nodes are missing because the tree is smaller, say so (422)."""
+    try:
+        return fn()
+    except tree.MissingNodes:
+        checkpoints.check_tree_size(session, tree_size)
+        raise
+
 
 def inclusion(db: Database, index: int, tree_size: int) -> dict[str, Any]:
     with db.read() as s:
-        checkpoints.check_tree_size(s, tree_size)
-        hashes = merkle.inclusion_proof(index, tree_size, tree.node_reader(s))
-        leaf = tree.node_reader(s)([(0, index)])[(0, index)]
+        read = tree.node_reader(s)
+        leaf_node = (0, index)
+
+        def prove() -> tuple[list[bytes], bytes]:
+            if not 0 <= index < tree_size:  # let merkle name the bad argument
+                return merkle.inclusion_proof(index, tree_size, read), b""
+            hashes: dict[merkle.Node, bytes] = {}
+
+            def read_with_leaf(nodes: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
+                hashes.update(read([*nodes, leaf_node]))
+                return hashes
+
+            proof = merkle.inclusion_proof(index, tree_size, read_with_leaf)
+            return proof, hashes.get(leaf_node) or read([leaf_node])[leaf_node]
+
+        hashes, leaf = _checked(s, tree_size, prove)
     return {
         "index": index,
         "tree_size": tree_size,
@@ -30,8 +57,8 @@ def inclusion(db: Database, index: int, tree_size: int) -> dict[str, Any]:
 
 def consistency(db: Database, first: int, second: int) -> dict[str, Any]:
     with db.read() as s:
-        checkpoints.check_tree_size(s, second)
-        hashes = merkle.consistency_proof(first, second, tree.node_reader(s))
+        read = tree.node_reader(s)
+        hashes = _checked(s, second, lambda: merkle.consistency_proof(first, second, read))
     return {"first": first, "second": second, "hashes": [_b64(h) for h in hashes]}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import insert, select, tuple_
+from sqlalchemy import bindparam, insert, select, tuple_
 from sqlalchemy.orm import Session
 
 from ledger import merkle
@@ -15,27 +15,38 @@ _CHUNK = 400
 
 
 def node_reader(session: Session) -> merkle.ReadNodes:
-    """A ``read_nodes`` callback over this session: one query per call (chunked)."""
+    """A ``read_nodes`` callback over this session: one query per call (chunked).
+
+    ``(level, idx) IN (...)`` with an expanding parameter: one cached statement for any
+    number of nodes, answered from the primary key on both databases.
+    """
 
     def read(nodes: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
         found: dict[merkle.Node, bytes] = {}
-        wanted = list(nodes)
+        wanted = list(dict.fromkeys(nodes))
         for start in range(0, len(wanted), _CHUNK):
             chunk = wanted[start : start + _CHUNK]
-            rows = session.execute(
-                select(MerkleNode.level, MerkleNode.idx, MerkleNode.hash).where(
-                    tuple_(MerkleNode.level, MerkleNode.idx).in_(chunk)
-                )
-            ).all()
-            found.update({(r.level, r.idx): bytes(r.hash) for r in rows})
+            rows = session.execute(_READ, {"nodes": chunk}).all()
+            found.update({(r[0], r[1]): bytes(r[2]) for r in rows})
         missing = [n for n in wanted if n not in found]
         if missing:
-            raise StorageError(
-                f"Merkle nodes missing from storage: {missing[:4]}", code="tree_corrupt"
-            )
+            raise MissingNodes(missing)
         return found
 
     return read
+
+
+class MissingNodes(StorageError):
+    """Nodes a proof needs are not stored: the tree is smaller than asked, or corrupt."""
+
+    def __init__(self, missing: list[merkle.Node]) -> None:
+        super().__init__(f"Merkle nodes missing from storage: {missing[:4]}", code="tree_corrupt")
+        self.missing = missing
+
+
+_READ = select(MerkleNode.level, MerkleNode.idx, MerkleNode.hash).where(
+    tuple_(MerkleNode.level, MerkleNode.idx).in_(bindparam("nodes", expanding=True))
+)
 
 
 def append_hashes(session: Session, tree_size: int, leaf_hashes: Sequence[bytes]) -> None:

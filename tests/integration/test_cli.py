@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+import migrations
 from cli.server_thread import free_port
+from ledger.storage.database import Database
 
 LEDGER = [sys.executable, "-m", "cli"]
 
@@ -42,8 +44,9 @@ def test_keys_new_writes_a_pair_and_never_overwrites(tmp_path: Path):
 
 def test_db_and_tokens_commands(tmp_path: Path):
     url = f"sqlite:///{tmp_path / 'l.db'}"
-    assert "at revision 0002" in ledger("db", "upgrade", "--db", url).stdout
-    assert "at 0002, latest 0002" in ledger("db", "current", "--db", url).stdout
+    head = migrations.head_revision(Database(url))
+    assert f"at revision {head}" in ledger("db", "upgrade", "--db", url).stdout
+    assert f"at {head}, latest {head}" in ledger("db", "current", "--db", url).stdout
     created = json.loads(
         ledger(
             "tokens", "create", "--scope", "records:read", "--name", "r", "--db", url, "--json"

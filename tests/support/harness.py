@@ -90,6 +90,7 @@ def start_harness(backend: str, url: str, data_dir: Path) -> Harness:
         database_url=url,
         max_body_bytes=MAX_BODY,
         max_batch_records=MAX_BATCH,
+        token_cache_seconds=0,  # revocation tests expect the next request to be refused
     )
     db = Database(url)
     migrations.upgrade(db)

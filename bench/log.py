@@ -1,0 +1,224 @@
+"""Log benchmarks at scale: proof and evidence latency, and audit speed.
+
+Builds (or reuses) a Postgres database holding a log of --leaves leaves: a log key, a
+collector key, a fingerprint, then signed inference records (16 prompt and 16 output tokens,
+float32 logprobs; about 1 KiB each), loaded with binary COPY together with their record rows
+and Merkle nodes, and one signed checkpoint. Generation is spread over two processes.
+
+Then, with `ledger serve` on that database:
+- p50/p99 latency of GET /v1/log/proof/inclusion (random index, current tree size) and of
+  GET /v1/records/{id}/evidence (random record), measured by one client over keep-alive HTTP;
+- audit speed (leaves/s): structure-only (leaf hashes, tree, checkpoints) and, with --full,
+  the full audit (every signature, canonical form and index table), each --runs times.
+
+    .venv/bin/python bench/log.py --leaves 1000000 --runs 3
+    .venv/bin/python bench/log.py --leaves 100000 --runs 3 --full
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import migrations  # noqa: E402
+from bench.ingest import machine, start_server  # noqa: E402
+from ledger import merkle  # noqa: E402
+from ledger.records import RECORD_KIND  # noqa: E402
+from ledger.signing import SigningKey, public_key_pem, sign_envelope  # noqa: E402
+from ledger.storage import checkpoints, ingest, keystore, tokenstore, tree  # noqa: E402
+from ledger.storage.audit import audit  # noqa: E402
+from ledger.storage.database import Database  # noqa: E402
+from tests.support.documents import fingerprint_envelope, record_body  # noqa: E402
+
+CHUNK = 20_000
+
+
+def _generate(args: tuple[bytes, str, int, int]) -> list[tuple[str, bytes, str]]:
+    pem, fp, start, count = args
+    key = SigningKey.from_pem(pem)
+    out = []
+    for i in range(start, start + count):
+        body = record_body(fp, request_id=f"bench-{i:08d}", prompt_len=16, out_len=16, seed=i)
+        env = sign_envelope(RECORD_KIND, body, key)
+        out.append((body["request_id"], env.canonical, env.body_digest))
+    return out
+
+
+def build(url: str, leaves: int, data_dir: Path) -> None:
+    db = Database(url)
+    migrations.upgrade(db)
+    log_key = SigningKey.generate()
+    log_key.write(data_dir / "log-key.pem", data_dir / "log-key.pub.pem")
+    keystore.ensure_log_key(db, log_key)
+    collector = SigningKey.generate()
+    keystore.register_key(
+        db, log_key, name="bench", role="collector", public_key=public_key_pem(collector.public_key)
+    )
+    fp = ingest.add_fingerprint(db, fingerprint_envelope(collector).to_dict()).fingerprint_id
+    size = 3
+    with db.read() as s:
+        frontier = tree.node_reader(s)(merkle.append_plan(size))
+    todo = leaves - size
+    jobs = [(collector.private_pem(), fp, i, min(CHUNK, todo - i)) for i in range(0, todo, CHUNK)]
+    now = datetime.now(UTC)
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(2) as pool, psycopg.connect(url) as conn:
+        for chunk in pool.map(_generate, jobs):
+            hashes = [merkle.leaf_hash(c) for _, c, _ in chunk]
+            nodes = merkle.append_leaves(size, hashes, frontier)
+            with conn.cursor() as cur:
+                with cur.copy("COPY log_entries FROM STDIN (FORMAT BINARY)") as cp:
+                    cp.set_types(["int8", "varchar", "bytea", "bytea", "timestamptz"])
+                    for j, (_, canonical, _) in enumerate(chunk):
+                        cp.write_row((size + j, RECORD_KIND, hashes[j], canonical, now))
+                with cur.copy("COPY records FROM STDIN (FORMAT BINARY)") as cp:
+                    cp.set_types(
+                        [
+                            "varchar",
+                            "int8",
+                            "varchar",
+                            "varchar",
+                            "varchar",
+                            "varchar",
+                            "int2",
+                            "varchar",
+                            "varchar",
+                            "varchar",
+                            "timestamptz",
+                        ]
+                    )
+                    for j, (rid, _, digest) in enumerate(chunk):
+                        cp.write_row(
+                            (
+                                rid,
+                                size + j,
+                                digest,
+                                fp,
+                                collector.key_id,
+                                "test-model",
+                                1,
+                                "p1",
+                                "w1",
+                                "/v1/completions",
+                                now,
+                            )
+                        )
+                with cur.copy("COPY merkle_nodes FROM STDIN (FORMAT BINARY)") as cp:
+                    cp.set_types(["int2", "int8", "bytea"])
+                    for (level, idx), h in nodes.items():
+                        cp.write_row((level, idx, h))
+            conn.commit()
+            known = {**frontier, **nodes}
+            size += len(chunk)
+            frontier = {n: known[n] for n in merkle.append_plan(size)}
+            print(f"  built {size:,} leaves ({time.perf_counter() - t0:.0f} s)", flush=True)
+    checkpoints.sign_if_new(db, log_key, checkpoints.default_origin(log_key))
+    db.dispose()
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--leaves", type=int, default=1_000_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--full", action="store_true", help="also time the full audit")
+    ap.add_argument(
+        "--pg",
+        default=os.environ.get(
+            "LEDGER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+    )
+    args = ap.parse_args()
+    name = f"ledger_bench_log_{args.leaves}"
+    url = args.pg.rpartition("/")[0] + "/" + name
+    data_dir = Path(tempfile.gettempdir()) / name
+    with psycopg.connect(args.pg, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        pg_version = conn.execute("SHOW server_version").fetchone()[0]
+    if not exists or not (data_dir / "log-key.pem").exists():
+        with psycopg.connect(args.pg, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        data_dir.mkdir(parents=True, exist_ok=True)
+        for f in data_dir.iterdir():
+            f.unlink()
+        print(f"building a {args.leaves:,}-leaf log in {name} ...")
+        build(url, args.leaves, data_dir)
+    print(f"machine: {machine()}; PostgreSQL {pg_version}; log of {args.leaves:,} leaves")
+
+    db = Database(url)
+    token, _ = tokenstore.create_token(db, "bench", ["records:read"])
+    log_key = SigningKey.load(data_dir / "log-key.pem")
+    proc, api, _ = start_server(url, data_dir, 1)
+    try:
+        rng = random.Random(1)
+        with httpx.Client(base_url=api, headers={"Authorization": f"Bearer {token}"}) as c:
+            size = c.get("/v1/log/checkpoint").json()["tree_size"]
+            for label, make in (
+                (
+                    "inclusion proof",
+                    lambda: (
+                        "/v1/log/proof/inclusion",
+                        {"index": rng.randrange(size), "tree_size": size},
+                    ),
+                ),
+                (
+                    "evidence bundle",
+                    lambda: (f"/v1/records/bench-{rng.randrange(size - 3):08d}/evidence", None),
+                ),
+            ):
+                for _ in range(20):  # warm up
+                    path, params = make()
+                    c.get(path, params=params).raise_for_status()
+                times = []
+                for _ in range(args.requests):
+                    path, params = make()
+                    t = time.perf_counter()
+                    c.get(path, params=params).raise_for_status()
+                    times.append((time.perf_counter() - t) * 1000)
+                print(
+                    f"{label}: p50 {percentile(times, 50):.2f} ms, "
+                    f"p99 {percentile(times, 99):.2f} ms ({args.requests} requests)"
+                )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    modes = [("structure-only", False)] + ([("full", True)] if args.full else [])
+    for label, full in modes:
+        rates = []
+        for run in range(args.runs):
+            report = audit(db, log_key.public_key, signatures=full)
+            assert report.ok, report.findings[:3]
+            rates.append(report.leaves / report.seconds)
+            print(
+                f"audit ({label}) run {run + 1}: {rates[-1]:,.0f} leaves/s ({report.seconds:.1f} s)"
+            )
+        print(f"audit ({label}) median: {statistics.median(rates):,.0f} leaves/s")
+
+
+if __name__ == "__main__":
+    main()
