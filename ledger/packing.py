@@ -12,6 +12,7 @@ import base64
 import binascii
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 from ledger.errors import InvalidInput
 
@@ -95,19 +96,17 @@ def check_logprobs(raw: bytes, field: str) -> int:
     return len(raw) // 4
 
 
-def unpack_int32(value: str, field: str = "array") -> list[int]:
-    raw = decode_packed(value, field)
-    arr = array.array("i")
-    arr.frombytes(raw)
+def _unpack(value: str, field: str, typecode: str) -> list[Any]:
+    arr = array.array(typecode)
+    arr.frombytes(decode_packed(value, field))
     if not _LITTLE:
         arr.byteswap()
     return arr.tolist()
+
+
+def unpack_int32(value: str, field: str = "array") -> list[int]:
+    return _unpack(value, field, "i")
 
 
 def unpack_float32(value: str, field: str = "array") -> list[float]:
-    raw = decode_packed(value, field)
-    arr = array.array("f")
-    arr.frombytes(raw)
-    if not _LITTLE:
-        arr.byteswap()
-    return arr.tolist()
+    return _unpack(value, field, "f")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import base64
+import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Admin, ReadRecords
@@ -48,8 +49,9 @@ async def inclusion(
     _: ReadRecords,
     index: Annotated[int, Query(ge=0)],
     tree_size: Annotated[int, Query(ge=1)],
-) -> dict[str, Any]:
-    return await run_in_threadpool(proofs.inclusion, state.db, index, tree_size)
+) -> Response:
+    proof = await run_in_threadpool(proofs.inclusion, state.db, index, tree_size)
+    return Response(json.dumps(proof).encode(), media_type="application/json")
 
 
 @router.get("/proof/consistency", summary="RFC 9162 consistency proof between two tree sizes")
@@ -58,8 +60,9 @@ async def consistency(
     _: ReadRecords,
     first: Annotated[int, Query(ge=0)],
     second: Annotated[int, Query(ge=0)],
-) -> dict[str, Any]:
-    return await run_in_threadpool(proofs.consistency, state.db, first, second)
+) -> Response:
+    proof = await run_in_threadpool(proofs.consistency, state.db, first, second)
+    return Response(json.dumps(proof).encode(), media_type="application/json")
 
 
 @router.get("/key", summary="The log's public key (pin it out of band for verification)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -88,10 +88,11 @@ async def get_record(request_id: str, state: StateDep, _: ReadRecords) -> Respon
     description="Envelope, leaf index, inclusion proof, a signed checkpoint covering it, and "
     "the collector and log public keys. Verify with `ledger verify BUNDLE --log-key FILE`.",
 )
-async def get_evidence(request_id: str, state: StateDep, _: ReadRecords) -> dict[str, Any]:
-    return await run_in_threadpool(
+async def get_evidence(request_id: str, state: StateDep, _: ReadRecords) -> Response:
+    bundle = await run_in_threadpool(
         proofs.evidence, state.db, state.log_key, state.origin, request_id
     )
+    return Response(json.dumps(bundle).encode(), media_type="application/json")
 
 
 def _aware(value: datetime | None, name: str) -> datetime | None:

@@ -36,7 +36,7 @@ from ledger.fingerprint import FINGERPRINT_KIND, fingerprint_id
 from ledger.records import RECORD_KIND
 from ledger.signing import Envelope, key_id_for, load_public_key, verify_envelope
 from ledger.storage import tree
-from ledger.storage.database import Database
+from ledger.storage.database import Database, translated_errors
 from ledger.storage.keystore import LOG_ROLE, REGISTRATION_KIND, REVOCATION_KIND, SIGNABLE
 from ledger.storage.models import (
     CheckpointRow,
@@ -238,29 +238,23 @@ def audit(
         cps = list(s.execute(select(CheckpointRow).order_by(CheckpointRow.tree_size)).scalars())
     wanted = {cp.tree_size for cp in cps}
     expected = 0
-    last = -1
-    while True:
-        with db.read() as s:
-            rows = s.execute(
-                select(LogEntry.idx, LogEntry.leaf_hash, LogEntry.envelope)
-                .where(LogEntry.idx > last)
-                .order_by(LogEntry.idx)
-                .limit(CHUNK)
-            ).all()
-        if not rows:
-            break
-        for idx, stored_hash, data in rows:
-            if idx != expected:
-                st.find("sequence", f"expected leaf {expected}, found leaf {idx}", expected)
-                expected = idx
-            _leaf(st, idx, bytes(stored_hash), bytes(data))
-            expected += 1
-            if expected in wanted:
-                st.roots[expected] = _frontier_root(st.frontier)
-        last = rows[-1][0]
-        report.leaves += len(rows)
-        if progress is not None:
-            progress(report.leaves, total)
+    with translated_errors(), db.engine.connect() as conn:
+        # One streamed scan in index order (a server-side cursor on Postgres).
+        result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(
+            select(LogEntry.idx, LogEntry.leaf_hash, LogEntry.envelope).order_by(LogEntry.idx)
+        )
+        for rows in result.partitions():
+            for idx, stored_hash, data in rows:
+                if idx != expected:
+                    st.find("sequence", f"expected leaf {expected}, found leaf {idx}", expected)
+                    expected = idx
+                _leaf(st, idx, bytes(stored_hash), bytes(data))
+                expected += 1
+                if expected in wanted:
+                    st.roots[expected] = _frontier_root(st.frontier)
+            report.leaves += len(rows)
+            if progress is not None:
+                progress(report.leaves, total)
     _check_checkpoints(db, st, cps, expected)
     if signatures:
         _check_tables(db, st)

@@ -33,7 +33,7 @@ def _stored(row: CheckpointRow) -> StoredCheckpoint:
     return StoredCheckpoint(row.tree_size, bytes(row.root_hash), row.note, as_utc(row.signed_at))
 
 
-def _latest(session: Session) -> StoredCheckpoint | None:
+def latest_in(session: Session) -> StoredCheckpoint | None:
     row = session.execute(
         select(CheckpointRow).order_by(CheckpointRow.tree_size.desc()).limit(1)
     ).scalar_one_or_none()
@@ -42,7 +42,7 @@ def _latest(session: Session) -> StoredCheckpoint | None:
 
 def latest(db: Database) -> StoredCheckpoint:
     with db.read() as s:
-        cp = _latest(s)
+        cp = latest_in(s)
     if cp is None:
         raise NotFound("no checkpoint has been signed yet", code="no_checkpoint")
     return cp
@@ -52,7 +52,7 @@ def sign_if_new(db: Database, log_key: SigningKey, origin: str) -> StoredCheckpo
     """Sign a checkpoint of the current tree if it has grown; return the latest checkpoint."""
     with db.write() as s:
         size = log.log_size(s)
-        last = _latest(s)
+        last = latest_in(s)
         if size == 0 or (last is not None and last.tree_size >= size):
             return last
         root = tree.root(s, size)
@@ -68,7 +68,7 @@ def sign_if_new(db: Database, log_key: SigningKey, origin: str) -> StoredCheckpo
 def covering(db: Database, log_key: SigningKey, origin: str, index: int) -> StoredCheckpoint:
     """The latest checkpoint, signing a new one first if it does not yet cover ``index``."""
     with db.read() as s:
-        cp = _latest(s)
+        cp = latest_in(s)
     if cp is None or cp.tree_size <= index:
         cp = sign_if_new(db, log_key, origin)
     if cp is None or cp.tree_size <= index:

@@ -72,24 +72,50 @@ def log_key_entry(log_key: SigningKey, origin: str) -> dict[str, Any]:
 
 
 def evidence(db: Database, log_key: SigningKey, origin: str, request_id: str) -> dict[str, Any]:
-    """An evidence bundle for a record: envelope, inclusion proof, covering checkpoint, keys."""
-    record = queries.get_record(db, request_id)
-    cp = checkpoints.covering(db, log_key, origin, record.log_index)
+    """An evidence bundle for a record: envelope, inclusion proof, covering checkpoint, keys.
+
+    One read transaction; if no checkpoint covers the record yet, one is signed first.
+    """
+    bundle = _evidence(db, log_key, origin, request_id)
+    if bundle is None:
+        record = queries.get_record(db, request_id)
+        checkpoints.covering(db, log_key, origin, record.log_index)
+        bundle = _evidence(db, log_key, origin, request_id)
+    if bundle is None:  # pragma: no cover - covering() raised or signed one
+        raise StorageError("no checkpoint covers the record")
+    return bundle
+
+
+def _evidence(
+    db: Database, log_key: SigningKey, origin: str, request_id: str
+) -> dict[str, Any] | None:
     with db.read() as s:
-        read = tree.node_reader(s)
-        proof = merkle.inclusion_proof(record.log_index, cp.tree_size, read)
+        record = queries.record_in(s, request_id)
+        cp = checkpoints.latest_in(s)
+        if cp is None or cp.tree_size <= record.log_index:
+            return None
         signer = keystore.load_keys(s, [record.key_id]).get(record.key_id)
         if signer is None:
             raise StorageError(f"signing key {record.key_id} missing from the registry")
         registration = log.read_envelope(s, signer.log_index)
-        reg_proof = merkle.inclusion_proof(signer.log_index, cp.tree_size, read)
+        hashes: dict[merkle.Node, bytes] = {}
+        plan = [
+            *merkle.inclusion_plan(record.log_index, cp.tree_size),
+            *merkle.inclusion_plan(signer.log_index, cp.tree_size),
+        ]
+        hashes.update(tree.node_reader(s)(plan))
     if registration is None:
         raise StorageError(f"registration of {record.key_id} missing from the log")
+    read = hashes.__getitem__
+
+    def from_memory(nodes: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
+        return {n: read(n) for n in nodes}
+
     return build_bundle(
         envelope=json.loads(record.envelope),
         leaf_index=record.log_index,
         tree_size=cp.tree_size,
-        proof=proof,
+        proof=merkle.inclusion_proof(record.log_index, cp.tree_size, from_memory),
         checkpoint_note=cp.note,
         collector_key={
             "key_id": signer.key_id,
@@ -99,7 +125,7 @@ def evidence(db: Database, log_key: SigningKey, origin: str, request_id: str) ->
         },
         registration=json.loads(registration),
         registration_index=signer.log_index,
-        registration_proof=reg_proof,
+        registration_proof=merkle.inclusion_proof(signer.log_index, cp.tree_size, from_memory),
         log_key=log_key_entry(log_key, origin),
         exported_at=utcnow().isoformat(),
     )

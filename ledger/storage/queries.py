@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from ledger.errors import InvalidInput, NotFound
 from ledger.storage.database import Database, as_utc
@@ -83,11 +84,15 @@ def _stored(row: Record, envelope: bytes) -> StoredRecord:
 
 def get_record(db: Database, request_id: str) -> StoredRecord:
     with db.read() as s:
-        found = s.execute(
-            select(Record, LogEntry.envelope)
-            .join(LogEntry, LogEntry.idx == Record.log_index)
-            .where(Record.request_id == request_id)
-        ).first()
+        return record_in(s, request_id)
+
+
+def record_in(session: Session, request_id: str) -> StoredRecord:
+    found = session.execute(
+        select(Record, LogEntry.envelope)
+        .join(LogEntry, LogEntry.idx == Record.log_index)
+        .where(Record.request_id == request_id)
+    ).first()
     if found is None:
         raise NotFound(f"no record with request ID {request_id!r}", code="record_not_found")
     return _stored(found[0], found[1])

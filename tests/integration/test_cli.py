@@ -14,7 +14,10 @@ import pytest
 
 import migrations
 from cli.server_thread import free_port
+from collectors.ledger_client import LedgerClient
+from ledger.signing import SigningKey
 from ledger.storage.database import Database
+from tests.support.documents import fingerprint_envelope, record_envelope
 
 LEDGER = [sys.executable, "-m", "cli"]
 
@@ -120,6 +123,20 @@ def test_serve_writes_an_admin_token_and_keys_register(tmp_path: Path, backend: 
         assert reg["role"] == "collector"
         listed = json.loads(ledger("keys", "list", *common, "--json").stdout)
         assert reg["key_id"] in {k["key_id"] for k in listed}
+        # the compliance path: a record in, its evidence out, verified offline
+        col = SigningKey.load(tmp_path / "col.pem")
+        with LedgerClient(url, token_file.read_text().strip()) as client:
+            fp = client.register_fingerprint(fingerprint_envelope(col))["fingerprint_id"]
+            rid = client.post_records([record_envelope(col, fp)])["results"][0]["request_id"]
+        bundle = tmp_path / "evidence.json"
+        ledger("evidence", rid, "-o", str(bundle), *common)
+        checked = ledger("verify", str(bundle), "--log-key", str(tmp_path / "log-key.pub.pem"))
+        assert "VALID" in checked.stdout and rid in checked.stdout
+        shown = json.loads(ledger("keys", "show-log", "--api", url, "--json").stdout)
+        local = json.loads(
+            ledger("keys", "show-log", "--json", env={"LEDGER_DATA_DIR": str(tmp_path)}).stdout
+        )
+        assert shown["key_id"] == local["key_id"] and shown["vkey"] == local["vkey"]
         missing = ledger(
             "keys", "list", "--api", url, "--token-file", str(tmp_path / "nope"), check=False
         )
