@@ -14,7 +14,7 @@ from api import errors
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import fingerprints, health, keys, log, records
 from api.settings import Settings
-from api.state import AppState, TokenCache
+from api.state import AppState, InflightLimit, TokenCache
 from ledger import __version__
 from ledger.errors import LedgerError
 from ledger.signing import SigningKey
@@ -43,6 +43,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         metrics=Metrics(),
         origin=settings.log_origin or checkpoints.default_origin(log_key),
         token_cache=TokenCache(settings.token_cache_seconds),
+        ingest_limit=InflightLimit(settings.max_inflight_batches),
     )
 
     @asynccontextmanager

@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     token_cache_seconds: float = Field(
         default=5.0, ge=0, description="how long a verified token is trusted without a lookup"
     )
+    max_inflight_batches: int = Field(
+        default=8, ge=1, description="ingest batches processed at once per worker; more get 503"
+    )
     host: str = "127.0.0.1"
     port: int = 8700
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)

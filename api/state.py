@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 
 from api.metrics import Metrics
 from api.settings import Settings
+from ledger.errors import Pushback
 from ledger.signing import SigningKey
 from ledger.storage.database import Database
 from ledger.tokens import Principal
@@ -36,6 +37,29 @@ class TokenCache:
         self._items[secret] = (time.monotonic() + self.ttl, principal)
 
 
+class InflightLimit:
+    """At most ``limit`` ingest batches in flight per process; beyond it, push back (503).
+
+    Used from the event loop only, so a plain counter is enough.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.inflight = limit, 0
+
+    def __enter__(self) -> InflightLimit:
+        if self.inflight >= self.limit:
+            raise Pushback(
+                f"the ledger is busy ({self.inflight} batches in flight); retry shortly",
+                code="busy",
+                retry_after=1.0,
+            )
+        self.inflight += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inflight -= 1
+
+
 @dataclass
 class AppState:
     settings: Settings
@@ -44,6 +68,7 @@ class AppState:
     metrics: Metrics
     origin: str
     token_cache: TokenCache
+    ingest_limit: InflightLimit
 
 
 def get_state(request: Request) -> AppState:

@@ -32,7 +32,6 @@ _BY_STATUS: dict[int, type[LedgerError]] = {
     409: Conflict,
     413: TooLarge,
     422: InvalidInput,
-    503: Pushback,
 }
 
 
@@ -76,8 +75,13 @@ class LedgerClient:
                 code, message, details = err["code"], err["message"], err.get("details")
             except (ValueError, KeyError, TypeError):
                 code, message, details = f"http_{resp.status_code}", resp.text[:200], None
+            text = f"{message} (HTTP {resp.status_code})"
+            if resp.status_code == 503:
+                retry = resp.headers.get("retry-after", "1")
+                after = float(retry) if retry.replace(".", "", 1).isdigit() else 1.0
+                raise Pushback(text, code=code, details=details, retry_after=after)
             cls = _BY_STATUS.get(resp.status_code, LedgerError)
-            raise cls(f"{message} (HTTP {resp.status_code})", code=code, details=details)
+            raise cls(text, code=code, details=details)
         return resp.json()
 
     def health(self) -> dict[str, Any]:

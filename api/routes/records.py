@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import ReadRecords, WriteRecords
 from api.body import read_json
 from api.schemas import ERRORS, RECORD_BATCH_SCHEMA, IngestResponse
-from api.state import StateDep
+from api.state import AppState, StateDep
 from ledger.errors import InvalidInput, TooLarge
 from ledger.storage import ingest, proofs, queries
 
@@ -27,7 +27,8 @@ router = APIRouter(prefix="/v1/records", tags=["records"], responses=ERRORS)
     description=(
         "The batch is atomic: if any envelope is malformed, fails verification or conflicts "
         "with a held record, nothing is written and the error names the item index. A request "
-        "ID already held with identical content is reported as `duplicate` (idempotent)."
+        "ID already held with identical content is reported as `duplicate` (idempotent). "
+        "When too many batches are in flight the answer is 503 `busy` with Retry-After."
     ),
     openapi_extra={
         "requestBody": {
@@ -39,6 +40,11 @@ router = APIRouter(prefix="/v1/records", tags=["records"], responses=ERRORS)
 async def ingest_records(
     request: Request, state: StateDep, _: WriteRecords, response: Response
 ) -> dict[str, object]:
+    with state.ingest_limit:
+        return await _ingest(request, state, response)
+
+
+async def _ingest(request: Request, state: AppState, response: Response) -> dict[str, object]:
     data = await read_json(request, state.settings.max_body_bytes)
     if not isinstance(data, dict) or set(data) != {"envelopes"}:
         raise InvalidInput(

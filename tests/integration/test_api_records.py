@@ -245,3 +245,17 @@ def test_search_filters_and_cursor_pagination(api: Harness):
 
 def test_unknown_record_is_404(api: Harness):
     assert_error(api.client().get("/v1/records/req-nope"), 404, "record_not_found")
+
+
+def test_overload_is_pushed_back_with_retry_after(api: Harness):
+    key, fp = api.setup_collector()
+    limit = api.server.server.config.app.state.ledger.ingest_limit
+    saved = limit.inflight
+    limit.inflight = limit.limit  # as if every slot were taken
+    try:
+        resp = api.post([api.record(key, fp)])
+    finally:
+        limit.inflight = saved
+    err = assert_error(resp, 503, "busy")
+    assert "retry" in err["message"] and resp.headers["retry-after"] == "1"
+    assert api.post([api.record(key, fp)]).status_code == 201
