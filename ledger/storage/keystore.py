@@ -141,11 +141,23 @@ def _register(
 
 
 def ensure_log_key(db: Database, log_key: SigningKey) -> KeyInfo:
-    """Register the ledger's own key (self-signed) on first start; idempotent."""
+    """Register the ledger's own key (self-signed) on first start; idempotent.
+
+    A log has exactly one log key, registered by its first leaf. Starting with another key
+    (a lost or swapped key file) is refused: it would fork the log's trust anchor.
+    """
     with db.write() as s:
         found = load_keys(s, [log_key.key_id])
         if log_key.key_id in found:
             return found[log_key.key_id]
+        other = s.execute(select(KeyRow.key_id).where(KeyRow.role == LOG_ROLE)).scalar()
+        if other is not None or log.log_size(s) > 0:
+            raise Conflict(
+                f"this database's log is signed by log key {other or '(unknown)'}, but the "
+                f"configured key file holds {log_key.key_id}; point LEDGER_LOG_KEY_FILE at the "
+                "original key (a log cannot change its key)",
+                code="log_key_mismatch",
+            )
         raw = public_key_raw(log_key.public_key)
         return _register(s, log_key, "ledger", LOG_ROLE, raw, log_key.key_id)
 

@@ -159,3 +159,12 @@ def test_unknown_fingerprint_is_refused(ledger):
     with pytest.raises(InvalidInput) as err:
         ingest.ingest_records(db, [record_envelope(collector, "sha256:" + "0" * 64).to_dict()])
     assert err.value.code == "unknown_fingerprint"
+
+
+def test_a_log_never_changes_its_key(db):
+    first = SigningKey.generate()
+    assert keystore.ensure_log_key(db, first).key_id == first.key_id
+    assert keystore.ensure_log_key(db, first).log_index == 0  # idempotent
+    with pytest.raises(Conflict) as err:
+        keystore.ensure_log_key(db, SigningKey.generate())
+    assert err.value.code == "log_key_mismatch" and first.key_id in err.value.message
