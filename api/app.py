@@ -32,6 +32,8 @@ async def _checkpointer(state: AppState, interval: float) -> None:
             await run_in_threadpool(checkpoints.sign_if_new, state.db, state.log_key, state.origin)
         except LedgerError as exc:  # the database may be briefly away; try again next tick
             logger.warning("checkpoint not signed: %s", exc.message)
+        except Exception:  # never let the signer die silently
+            logger.exception("checkpoint signer failed; retrying next tick")
 
 
 def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI:

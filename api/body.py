@@ -28,6 +28,8 @@ def parse_json(raw: bytes) -> Any:
         return json.loads(raw, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"body is not valid JSON: {exc}", code="invalid_json") from exc
+    except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
+        raise InvalidInput(f"body is not acceptable JSON: {exc}", code="invalid_json") from exc
     except RecursionError as exc:
         raise InvalidInput("body is nested too deeply", code="invalid_json") from exc
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,6 +22,8 @@ from ledger.errors import (
     TooLarge,
     VerificationError,
 )
+
+logger = logging.getLogger("ledger.api")
 
 # Most specific first.
 STATUS: list[tuple[type[LedgerError], int]] = [
@@ -90,6 +93,12 @@ def install(app: FastAPI) -> None:
         request.state.error_code = "schema_violation"
         details = {"errors": [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors]}
         return error_response(422, "schema_violation", msg, details=details)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        request.state.error_code = "internal_error"
+        return error_response(500, "internal_error", "internal error; it has been logged")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -41,6 +41,18 @@ class Settings(BaseSettings):
     port: int = 8700
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     max_batch_records: int = Field(default=1000, ge=1)
+
+    @field_validator("log_origin")
+    @classmethod
+    def _origin_is_one_token(cls, value: str | None) -> str | None:
+        if value is not None and (
+            not value or any(c.isspace() for c in value) or "+" in value or len(value) > 200
+        ):
+            raise ValueError(
+                "LEDGER_LOG_ORIGIN must be one line of at most 200 characters, without "
+                "spaces or '+' (e.g. ledger.example.com/log)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _production_is_explicit(self) -> Settings:

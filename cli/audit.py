@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -12,6 +13,7 @@ from cli.common import (
     DbOption,
     JsonOption,
     console,
+    fail,
     ledger_errors,
     open_database,
     print_json,
@@ -25,6 +27,12 @@ def run_audit(
     log_key: Path | None = typer.Option(
         None, "--log-key", help="pin the log's public key (PEM); default: the log's first leaf"
     ),
+    checkpoint: list[Path] = typer.Option(
+        [],
+        "--checkpoint",
+        help="a checkpoint seen earlier (a signed note, or an evidence bundle holding one): "
+        "the log must still hold its tree; repeatable",
+    ),
     structure_only: bool = typer.Option(
         False,
         "--structure-only",
@@ -35,10 +43,11 @@ def run_audit(
 ) -> None:
     """Recompute leaves, tree, checkpoints and signatures; exit 1 on any discrepancy."""
     pinned = read_public_key(log_key) if log_key is not None else None
+    trusted = [_read_checkpoint(path) for path in checkpoint]
     with ledger_errors():
         _, db = open_database(db_url)
         if as_json:
-            report = audit(db, pinned, signatures=not structure_only)
+            report = audit(db, pinned, signatures=not structure_only, trusted_checkpoints=trusted)
         else:
             with Progress(
                 TextColumn("auditing"),
@@ -54,6 +63,7 @@ def run_audit(
                     pinned,
                     lambda done, total: bar.update(task, completed=done, total=total),
                     signatures=not structure_only,
+                    trusted_checkpoints=trusted,
                 )
     if as_json:
         print_json(report.to_dict())
@@ -61,6 +71,22 @@ def run_audit(
         _print(report)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _read_checkpoint(path: Path) -> str:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror}")
+    if text.lstrip().startswith("{"):
+        try:
+            note = json.loads(text)["checkpoint"]
+        except (ValueError, KeyError, TypeError):
+            fail(f"{path} is JSON but not an evidence bundle with a checkpoint")
+        if not isinstance(note, str):
+            fail(f"{path}: the bundle's checkpoint is not a signed note")
+        return note
+    return text
 
 
 def _print(report: AuditReport) -> None:

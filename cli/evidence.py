@@ -7,7 +7,14 @@ from pathlib import Path
 
 import typer
 
-from cli.common import ApiOption, TokenFileOption, console, ledger_errors, token_file_or_default
+from cli.common import (
+    ApiOption,
+    TokenFileOption,
+    console,
+    fail,
+    ledger_errors,
+    token_file_or_default,
+)
 from collectors.ledger_client import LedgerClient, read_token_file
 
 
@@ -23,7 +30,10 @@ def evidence(
         LedgerClient(api, read_token_file(token_file_or_default(token_file))) as c,
     ):
         bundle = c.evidence(request_id)
-    out.write_text(json.dumps(bundle, indent=2) + "\n")
+    try:
+        out.write_text(json.dumps(bundle, indent=2) + "\n")
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror}")
     console.print(
         f"wrote {out}: leaf {bundle['leaf_index']} of {bundle['inclusion_proof']['tree_size']}"
     )

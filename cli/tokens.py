@@ -8,7 +8,15 @@ import typer
 from rich.table import Table
 
 from api.bootstrap import write_secret
-from cli.common import DbOption, JsonOption, console, ledger_errors, open_database, print_json
+from cli.common import (
+    DbOption,
+    JsonOption,
+    console,
+    fail,
+    ledger_errors,
+    open_database,
+    print_json,
+)
 from ledger.storage import tokenstore
 from ledger.tokens import SCOPES
 
@@ -24,6 +32,11 @@ def create(
     as_json: bool = JsonOption,
 ) -> None:
     """Create a token. The secret is shown (or written) once; only its hash is kept."""
+    if out is not None:  # fail before creating a token whose secret could not be kept
+        try:
+            write_secret(out, "")
+        except OSError as exc:
+            fail(f"cannot write {out}: {exc.strerror}")
     with ledger_errors():
         _, db = open_database(db_url, migrate=True)
         secret, info = tokenstore.create_token(db, name, scope)

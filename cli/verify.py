@@ -25,7 +25,7 @@ def verify(
     """
     try:
         data = json.loads(bundle.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         fail(f"cannot read bundle {bundle}: {exc}")
     pinned = read_public_key(log_key) if log_key is not None else None
     try:

@@ -12,15 +12,17 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ledger.errors import VerificationError
+from ledger.errors import InvalidInput, VerificationError
 from ledger.signing import SigningKey, public_key_raw
 
 SIG_PREFIX = "\u2014 "  # em dash, space
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")
 ED25519_TYPE = b"\x01"
 
 
@@ -48,8 +50,11 @@ class Checkpoint:
 
 def sign_checkpoint(cp: Checkpoint, key: SigningKey, name: str | None = None) -> str:
     """The signed note text for a checkpoint, signed under key name ``name`` (origin)."""
-    if not cp.origin or "\n" in cp.origin or "+" in cp.origin or " " in cp.origin:
-        raise ValueError("origin must be one line without spaces or '+'")
+    if not cp.origin or any(c.isspace() for c in cp.origin) or "+" in cp.origin:
+        raise InvalidInput(
+            f"checkpoint origin {cp.origin!r} must be one token without spaces or '+'",
+            code="invalid_origin",
+        )
     name = name or cp.origin
     body = cp.body()
     sig = key.private_key.sign(body.encode())
@@ -70,7 +75,7 @@ def parse_checkpoint(note: str) -> tuple[Checkpoint, list[tuple[str, bytes]]]:
     if len(lines) < 3:
         raise _fail("checkpoint body must have origin, tree size and root hash lines")
     origin, size_text, root_text = lines[:3]
-    if not size_text.isdigit() or (size_text != "0" and size_text.startswith("0")):
+    if not _DECIMAL.fullmatch(size_text) or len(size_text) > 19:
         raise _fail(f"checkpoint tree size {size_text!r} is not a decimal number")
     try:
         root = base64.b64decode(root_text, validate=True)

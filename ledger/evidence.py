@@ -25,7 +25,8 @@ Format ``inference-ledger/evidence/v1``::
 ``details["check"]`` names the first that failed: ``format``, ``jcs``, ``collector_signature``,
 ``log_key_pin``, ``checkpoint_signature``, ``inclusion_proof``, ``collector_key``. The last
 proves that the collector key was registered in the same log, by the log key, before the
-record: a row slipped into the database with a key the log never registered fails it.
+record: a row slipped into the database with a key the log never registered fails it. A
+revocation after the record cannot be proven absent offline; ``ledger audit`` checks it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ledger.canonical import canonicalize
 from ledger.checkpoint import Checkpoint, verify_checkpoint
 from ledger.errors import LedgerError, VerificationError
 from ledger.signing import (
+    SIGNABLE_KINDS,
     Envelope,
     key_id_for,
     load_public_key,
@@ -230,6 +232,8 @@ def _verify_registration(
         raise _fail("collector_key", "the registration is not of the key that signed the record")
     if body.get("public_key") != entry.get("public_key"):
         raise _fail("collector_key", "the registered public key differs from the bundle's key")
+    if record.kind not in SIGNABLE_KINDS.get(str(body.get("role")), ()):
+        raise _fail("collector_key", f"a {body.get('role')!r} key may not sign {record.kind!r}")
     if reg_index >= record_index:
         raise _fail("collector_key", "the key was registered after the record was logged")
     try:

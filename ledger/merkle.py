@@ -185,6 +185,11 @@ def append_leaves(
     return new
 
 
+def _check_hashes(hashes: Sequence[bytes], code: str) -> None:
+    if any(not isinstance(h, bytes) or len(h) != 32 for h in hashes):
+        raise VerificationError("every hash must be 32 bytes (SHA-256)", code=code)
+
+
 def verify_inclusion(
     leaf: bytes, index: int, tree_size: int, proof: Sequence[bytes], root_hash: bytes
 ) -> None:
@@ -193,6 +198,7 @@ def verify_inclusion(
         raise VerificationError(
             f"leaf index {index} is outside a tree of size {tree_size}", code="bad_inclusion_proof"
         )
+    _check_hashes([leaf, root_hash, *proof], "bad_inclusion_proof")
     fn, sn, r = index, tree_size - 1, leaf
     for p in proof:
         if sn == 0:
@@ -224,6 +230,7 @@ def verify_consistency(
             f"consistency needs 0 <= first <= second, got {first} and {second}",
             code="bad_consistency_proof",
         )
+    _check_hashes([first_root, second_root, *proof], "bad_consistency_proof")
     if first == second or first == 0:
         if proof:
             raise VerificationError(
@@ -232,6 +239,10 @@ def verify_consistency(
         if first == second and first_root != second_root:
             raise VerificationError(
                 "trees of equal size have different roots", code="bad_consistency_proof"
+            )
+        if first == 0 and first_root != EMPTY_ROOT:
+            raise VerificationError(
+                "the root of the empty tree is SHA-256 of nothing", code="bad_consistency_proof"
             )
         return
     path = list(proof)

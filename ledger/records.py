@@ -85,11 +85,11 @@ def _fail(message: str, code: str = "schema_violation", **details: Any) -> Inval
 
 
 def is_request_id(value: object) -> bool:
-    return isinstance(value, str) and bool(_REQUEST_ID.match(value))
+    return isinstance(value, str) and bool(_REQUEST_ID.fullmatch(value))
 
 
 def is_fingerprint_id(value: object) -> bool:
-    return isinstance(value, str) and bool(_FINGERPRINT_ID.match(value))
+    return isinstance(value, str) and bool(_FINGERPRINT_ID.fullmatch(value))
 
 
 def _int(value: object, field: str, lo: int = 0, hi: int | None = None) -> int:
@@ -104,7 +104,7 @@ def _int(value: object, field: str, lo: int = 0, hi: int | None = None) -> int:
 def _str(value: object, field: str, pattern: re.Pattern[str] | None = None) -> str:
     if not isinstance(value, str) or not value:
         raise _fail(f"{field} must be a non-empty string", field=field)
-    if pattern is not None and not pattern.match(value):
+    if pattern is not None and not pattern.fullmatch(value):
         raise _fail(f"{field} {value[:80]!r} does not match {pattern.pattern}", field=field)
     return value
 
@@ -236,7 +236,7 @@ def validate_record_body(body: dict[str, Any]) -> RecordSummary:
         _parse_time(timings["started_at"], "timings.started_at")
     for key in ("ttft_ns", "total_ns"):
         if key in timings and (
-            not isinstance(timings[key], str) or not _INT_STRING.match(timings[key])
+            not isinstance(timings[key], str) or not _INT_STRING.fullmatch(timings[key])
         ):
             raise _fail(f"timings.{key} must be a decimal integer string (nanoseconds)")
     sf = body["system_fingerprint"]

@@ -25,6 +25,11 @@ from ledger.errors import InvalidInput, VerificationError
 
 ALG = "ed25519"
 KEY_ID_PREFIX = "ed25519:"
+# What a registered key's role may sign (the log key signs key events and checkpoints).
+SIGNABLE_KINDS: dict[str, tuple[str, ...]] = {
+    "collector": ("fingerprint", "inference_record"),
+    "replayer": ("replay_verdict",),
+}
 
 
 def key_id_for(public_key: Ed25519PublicKey) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import func, select
 
 from ledger import merkle
-from ledger.checkpoint import verify_checkpoint
+from ledger.checkpoint import Checkpoint, parse_checkpoint, verify_checkpoint
 from ledger.errors import InvalidInput, LedgerError
 from ledger.fingerprint import FINGERPRINT_KIND, fingerprint_id
 from ledger.records import RECORD_KIND
@@ -111,19 +111,48 @@ class _State:
     fingerprints: dict[str, tuple[int, str]] = field(default_factory=dict)
     revocations: dict[str, int] = field(default_factory=dict)
     frontier: list[tuple[int, bytes]] = field(default_factory=list)  # (level, hash), left to right
+    size: int = 0  # leaves pushed so far
+    pending: dict[merkle.Node, bytes] = field(default_factory=dict)  # rebuilt, not yet compared
+    bad_nodes: set[merkle.Node] = field(default_factory=set)
     roots: dict[int, bytes] = field(default_factory=dict)
 
     def find(self, check: str, message: str, index: int | None = None) -> None:
         self.report.findings.append(Finding(check, message, index))
 
 
-def _push(frontier: list[tuple[int, bytes]], h: bytes) -> None:
-    level = 0
+def _push(st: _State, h: bytes) -> None:
+    """Add a leaf to the rebuilt tree; every node it completes is queued for comparison."""
+    frontier, index, level = st.frontier, st.size, 0
+    st.pending[(0, index)] = h
     while frontier and frontier[-1][0] == level:
         _, left = frontier.pop()
         h = merkle.node_hash(left, h)
         level += 1
+        index >>= 1
+        st.pending[(level, index)] = h
     frontier.append((level, h))
+    st.size += 1
+
+
+def _check_nodes(db: Database, st: _State) -> None:
+    """Compare the rebuilt nodes with the stored ones (proofs are served from those)."""
+    if not st.pending:
+        return
+    with db.read() as s:
+        stored = tree.read_existing(s, list(st.pending), chunk=1000)
+    for node, h in st.pending.items():
+        level, index = node
+        if level and (
+            (level - 1, 2 * index) in st.bad_nodes or (level - 1, 2 * index + 1) in st.bad_nodes
+        ):
+            st.bad_nodes.add(node)  # already reported below it
+            continue
+        got = stored.get(node)
+        if got != h:
+            st.bad_nodes.add(node)
+            what = "is missing" if got is None else "differs from the node rebuilt from the leaves"
+            st.find("tree", f"stored Merkle node {node} {what}", index << level)
+    st.pending.clear()
 
 
 def _frontier_root(frontier: list[tuple[int, bytes]]) -> bytes:
@@ -194,7 +223,7 @@ def _apply(st: _State, env: Envelope, idx: int) -> None:
 
 def _leaf(st: _State, idx: int, stored_hash: bytes, data: bytes) -> None:
     leaf = merkle.leaf_hash(data)
-    _push(st.frontier, leaf)
+    _push(st, leaf)
     if leaf != stored_hash:
         st.find("leaf_hash", "stored leaf hash differs from the hash of the stored envelope", idx)
     if not st.signatures:
@@ -211,7 +240,10 @@ def _leaf(st: _State, idx: int, stored_hash: bytes, data: bytes) -> None:
     except LedgerError as exc:
         st.find("signature", exc.message, idx)
         return
-    _apply(st, env, idx)
+    try:
+        _apply(st, env, idx)
+    except LedgerError as exc:
+        st.find("signature", f"{env.kind}: {exc.message}", idx)
 
 
 def audit(
@@ -220,9 +252,15 @@ def audit(
     progress: Progress | None = None,
     *,
     signatures: bool = True,
+    trusted_checkpoints: Sequence[str] = (),
 ) -> AuditReport:
     """Audit the whole log. ``signatures=False`` checks structure only (sequence, leaf
-    hashes, tree, checkpoints) and needs the pinned log key to verify the checkpoints."""
+    hashes, tree, checkpoints) and needs the pinned log key to verify the checkpoints.
+
+    ``trusted_checkpoints`` are signed notes seen earlier (kept from evidence bundles, or by a
+    witness): the log must still hold each one's tree. Without them, deleting the newest
+    leaves together with their checkpoints cannot be told from a log that never had them.
+    """
     if not signatures and pinned_log_key is None:
         raise InvalidInput(
             "a structure-only audit needs the pinned log key", code="log_key_required"
@@ -236,7 +274,8 @@ def audit(
     with db.read() as s:
         total = int(s.execute(select(func.count()).select_from(LogEntry)).scalar_one())
         cps = list(s.execute(select(CheckpointRow).order_by(CheckpointRow.tree_size)).scalars())
-    wanted = {cp.tree_size for cp in cps}
+    trusted = _parse_trusted(st, trusted_checkpoints)
+    wanted = {cp.tree_size for cp in cps} | {cp.tree_size for _, cp in trusted}
     expected = 0
     with translated_errors(), db.engine.connect() as conn:
         # One streamed scan in index order (a server-side cursor on Postgres).
@@ -253,14 +292,53 @@ def audit(
                 if expected in wanted:
                     st.roots[expected] = _frontier_root(st.frontier)
             report.leaves += len(rows)
+            _check_nodes(db, st)
             if progress is not None:
                 progress(report.leaves, total)
     _check_checkpoints(db, st, cps, expected)
+    _check_trusted(st, trusted, expected)
     if signatures:
         _check_tables(db, st)
     report.seconds = time.perf_counter() - started
     report.findings.sort(key=lambda f: (f.index is None, f.index or 0))
     return report
+
+
+def _parse_trusted(st: _State, notes: Sequence[str]) -> list[tuple[str, Checkpoint]]:
+    out = []
+    for note in notes:
+        try:
+            out.append((note, parse_checkpoint(note)[0]))
+        except LedgerError as exc:
+            st.find("trusted_checkpoint", f"cannot read a trusted checkpoint: {exc.message}")
+    return out
+
+
+def _check_trusted(st: _State, trusted: list[tuple[str, Checkpoint]], size: int) -> None:
+    log_key = st.keys.get(st.log_key_id or "")
+    for note, cp in trusted:
+        where = f"trusted checkpoint of size {cp.tree_size}"
+        if log_key is None:
+            st.find("trusted_checkpoint", f"{where}: no log key to verify it with")
+            continue
+        try:
+            verify_checkpoint(note, log_key.public_key)
+        except LedgerError as exc:
+            st.find("trusted_checkpoint", f"{where}: {exc.message}")
+            continue
+        if cp.tree_size > size:
+            st.find(
+                "trusted_checkpoint",
+                f"{where}: the log holds only {size} leaves: leaves {size}..{cp.tree_size - 1} "
+                "were removed (or the log was rolled back)",
+                size,
+            )
+        elif st.roots.get(cp.tree_size) != cp.root_hash:
+            st.find(
+                "trusted_checkpoint",
+                f"{where}: the log's leaves no longer give its root",
+                cp.tree_size - 1,
+            )
 
 
 def _check_checkpoints(db: Database, st: _State, cps: list[CheckpointRow], size: int) -> None:
@@ -311,17 +389,25 @@ def _check_checkpoints(db: Database, st: _State, cps: list[CheckpointRow], size:
 
 
 def _check_tables(db: Database, st: _State) -> None:
+    """Index tables against the leaves. Rows for leaves past the scan (appended while the
+    audit ran) are left out, so a live ledger raises no false alarm."""
+    size = st.size
     with db.read() as s:
         records = {
             r.request_id: (r.log_index, r.content_hash, r.fingerprint_id, r.key_id)
-            for r in s.execute(select(Record)).scalars()
+            for r in s.execute(select(Record).where(Record.log_index < size)).scalars()
         }
         fps = {
             r.fingerprint_id: (r.log_index, r.key_id)
-            for r in s.execute(select(Fingerprint)).scalars()
+            for r in s.execute(select(Fingerprint).where(Fingerprint.log_index < size)).scalars()
         }
-        keys = list(s.execute(select(SigningKey)).scalars())
-        revs = {r.key_id: r.log_index for r in s.execute(select(KeyRevocation)).scalars()}
+        keys = list(s.execute(select(SigningKey).where(SigningKey.log_index < size)).scalars())
+        revs = {
+            r.key_id: r.log_index
+            for r in s.execute(
+                select(KeyRevocation).where(KeyRevocation.log_index < size)
+            ).scalars()
+        }
     _compare(st, "records", records, st.records)
     _compare(st, "fingerprints", fps, st.fingerprints)
     _compare(st, "key_revocations", revs, st.revocations)
@@ -330,11 +416,17 @@ def _check_tables(db: Database, st: _State) -> None:
         seen.add(row.key_id)
         want = st.keys.get(row.key_id)
         if want is None:
-            st.find("index", f"signing_keys holds {row.key_id}, which the log never registered")
+            st.find(
+                "index",
+                f"signing_keys holds {row.key_id}, which the log never registered",
+                row.log_index,
+            )
             continue
-        if key_id_for(load_public_key(_raw(row.public_key))) != row.key_id or (
-            want.raw and want.raw != _raw(row.public_key)
-        ):
+        try:
+            held_id = key_id_for(load_public_key(_raw(row.public_key)))
+        except LedgerError:
+            held_id = None
+        if held_id != row.key_id or (want.raw and want.raw != _raw(row.public_key)):
             st.find(
                 "index",
                 f"signing_keys row for {row.key_id} holds another public key than the log "

@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DataError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from ledger.errors import StorageError
+from ledger.errors import Conflict, InvalidInput, StorageError
 
 # Advisory lock key that serializes appends to the log on Postgres (one sequencer).
 APPEND_LOCK_KEY = 0x1ED6E12
@@ -41,7 +41,10 @@ class Database:
 
     def __init__(self, url: str, *, pool_size: int = 5) -> None:
         self.url = normalize_url(url)
-        parsed = make_url(self.url)
+        try:
+            parsed = make_url(self.url)
+        except (ArgumentError, ValueError) as exc:
+            raise InvalidInput(f"not a database URL: {url!r}", code="invalid_database_url") from exc
         self.dialect = parsed.get_backend_name()
         kwargs: dict[str, Any] = {"future": True}
         if self.dialect == "sqlite":
@@ -93,6 +96,11 @@ def translated_errors() -> Iterator[None]:
     """Turn SQLAlchemy/driver errors into StorageError at the storage boundary."""
     try:
         yield
+    except (IntegrityError, DataError) as exc:
+        # The request, not the database, is at fault: never answered as retryable.
+        detail = getattr(exc, "orig", None) or exc
+        cls = Conflict if isinstance(exc, IntegrityError) else InvalidInput
+        raise cls(f"the database refused the data: {detail}", code="rejected_by_database") from exc
     except SQLAlchemyError as exc:
         detail = getattr(exc, "orig", None) or exc
         raise StorageError(f"database error: {type(detail).__name__}: {detail}") from exc

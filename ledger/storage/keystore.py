@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
 from ledger.signing import (
+    SIGNABLE_KINDS,
     Envelope,
     SigningKey,
     key_id_for,
@@ -31,8 +32,7 @@ REGISTRATION_KIND = "key_registration"
 REVOCATION_KIND = "key_revocation"
 LOG_ROLE = "log"
 ROLES = ("collector", "replayer")
-# What each role may sign.
-SIGNABLE = {"collector": ("fingerprint", "inference_record"), "replayer": ("replay_verdict",)}
+SIGNABLE = SIGNABLE_KINDS
 
 
 @dataclass(frozen=True)

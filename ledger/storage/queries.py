@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +17,7 @@ from ledger.storage.database import Database, as_utc
 from ledger.storage.models import LogEntry, Record
 
 MAX_PAGE = 1000
+_CURSOR_VALUE = re.compile(r"0|[1-9][0-9]{0,18}")
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def decode_cursor(cursor: str) -> int:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         version, _, value = text.partition(":")
-        if version != "v1":
+        if version != "v1" or not _CURSOR_VALUE.fullmatch(value) or int(value) >= 2**63:
             raise ValueError(version)
         return int(value)
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:

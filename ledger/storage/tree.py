@@ -22,18 +22,25 @@ def node_reader(session: Session) -> merkle.ReadNodes:
     """
 
     def read(nodes: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
-        found: dict[merkle.Node, bytes] = {}
         wanted = list(dict.fromkeys(nodes))
-        for start in range(0, len(wanted), _CHUNK):
-            chunk = wanted[start : start + _CHUNK]
-            rows = session.execute(_READ, {"nodes": chunk}).all()
-            found.update({(r[0], r[1]): bytes(r[2]) for r in rows})
+        found = read_existing(session, wanted)
         missing = [n for n in wanted if n not in found]
         if missing:
             raise MissingNodes(missing)
         return found
 
     return read
+
+
+def read_existing(
+    session: Session, nodes: Sequence[merkle.Node], chunk: int = _CHUNK
+) -> dict[merkle.Node, bytes]:
+    """The stored hashes of those of ``nodes`` that exist (missing ones are left out)."""
+    found: dict[merkle.Node, bytes] = {}
+    for start in range(0, len(nodes), chunk):
+        rows = session.execute(_READ, {"nodes": list(nodes[start : start + chunk])}).all()
+        found.update({(r[0], r[1]): bytes(r[2]) for r in rows})
+    return found
 
 
 class MissingNodes(StorageError):

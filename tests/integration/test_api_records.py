@@ -161,6 +161,8 @@ def test_malformed_requests(api: Harness):
         400,
         "invalid_json",
     )
+    huge = b'{"envelopes": [' + b"9" * 5000 + b"]}"
+    assert_error(c.post("/v1/records", content=huge, headers=headers), 400, "invalid_json")
     assert_error(c.post("/v1/records", json=[]), 422, "schema_violation")
     assert_error(c.post("/v1/records", json={"envelopes": {}}), 422, "schema_violation")
     assert_error(c.post("/v1/records", json={"envelopes": []}), 422, "empty_batch")
@@ -237,6 +239,9 @@ def test_search_filters_and_cursor_pagination(api: Harness):
     ).json()
     assert window["count"] == 7
     assert_error(c.get("/v1/records", params={"cursor": "garbage"}), 422, "invalid_cursor")
+    for forged in ("v1:" + "9" * 30, "v1:-5", "v1:1_0", "v1:٣"):
+        cursor = base64.urlsafe_b64encode(forged.encode()).decode().rstrip("=")
+        assert_error(c.get("/v1/records", params={"cursor": cursor}), 422, "invalid_cursor")
     assert_error(c.get("/v1/records", params={"tier": 5}), 422, "schema_violation")
     assert_error(
         c.get("/v1/records", params={"since": "2020-01-01T00:00:00"}), 422, "invalid_time_range"

@@ -59,6 +59,10 @@ def test_db_and_tokens_commands(tmp_path: Path):
     listed = json.loads(ledger("tokens", "list", "--db", url, "--json").stdout)
     assert [t["token_id"] for t in listed] == [created["token_id"]]
     assert created["token"] not in json.dumps(listed)
+    nourl = ledger("audit", "--db", "not a url", check=False)
+    assert nourl.returncode == 1 and "not a database URL" in nourl.stderr
+    bad_origin = ledger("db", "current", env={"LEDGER_LOG_ORIGIN": "a b"}, check=False)
+    assert bad_origin.returncode == 1 and "LEDGER_LOG_ORIGIN" in bad_origin.stderr
     bad = ledger("tokens", "create", "--scope", "root", "--db", url, check=False)
     assert bad.returncode == 1 and "unknown scope" in bad.stderr
     ledger("tokens", "revoke", created["token_id"], "--db", url)

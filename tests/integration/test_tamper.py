@@ -254,3 +254,70 @@ def test_audit_cli_names_the_first_bad_leaf(ledger: Ledger):
         timeout=120,
     )
     assert text.returncode == 1 and f"first bad leaf index: {idx}" in text.stdout
+
+
+def delete_tail(lg: Ledger) -> int:
+    """Remove the newest record with its nodes and the checkpoint that covered it."""
+    _, idx = lg.records[-1]
+    with psycopg.connect(lg.url) as conn:
+        latest = conn.execute("SELECT max(tree_size) FROM checkpoints").fetchone()[0]
+    assert latest == idx + 1
+    nodes = list(merkle.append_leaves(idx, [b"\0" * 32], frontier_of(lg, idx)))
+    lg.sql(
+        [
+            ("DELETE FROM records WHERE log_index = %s", (idx,)),
+            ("DELETE FROM log_entries WHERE idx = %s", (idx,)),
+            ("DELETE FROM checkpoints WHERE tree_size = %s", (latest,)),
+        ]
+        + [("DELETE FROM merkle_nodes WHERE level = %s AND idx = %s", n) for n in nodes],
+        ("records", "log_entries", "checkpoints", "merkle_nodes"),
+    )
+    return idx
+
+
+def test_a_deleted_tail_is_caught_by_a_checkpoint_seen_before(ledger: Ledger, tmp_path):
+    kept = ledger.evidence(ledger.records[-1][0])  # what an auditor kept from earlier
+    idx = delete_tail(ledger)
+    alone = audit(ledger.db, ledger.log_key.public_key)
+    assert alone.ok  # indistinguishable from a log that never had the leaf, by design
+    report = audit(ledger.db, ledger.log_key.public_key, trusted_checkpoints=[kept["checkpoint"]])
+    assert not report.ok and report.first_bad_index == idx
+    assert report.findings[0].check == "trusted_checkpoint"
+    bundle = tmp_path / "kept.json"
+    bundle.write_text(json.dumps(kept))
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli", "audit", "--db", ledger.url, "--checkpoint", str(bundle)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "were removed" in proc.stdout
+
+
+def test_a_changed_inner_node_is_caught(ledger: Ledger):
+    ledger.sql(
+        [("UPDATE merkle_nodes SET hash = %s WHERE level = 1 AND idx = 0", (b"\0" * 32,))],
+        ("merkle_nodes",),
+    )
+    report = audit(ledger.db, ledger.log_key.public_key)
+    assert [f.check for f in report.findings][:1] == ["tree"]
+    assert report.first_bad_index == 0
+
+
+def test_a_malformed_key_row_is_a_finding_not_a_crash(ledger: Ledger):
+    ledger.sql(
+        [
+            (
+                "UPDATE signing_keys SET public_key = %s WHERE key_id = %s",
+                (b"\1" * 31, ledger.collector.key_id),
+            )
+        ],
+        ("signing_keys",),
+    )
+    report = audit(ledger.db, ledger.log_key.public_key)
+    assert not report.ok and {f.check for f in report.findings} == {"index"}
+
+
+def frontier_of(lg: Ledger, size: int) -> dict:
+    with lg.db.read() as s:
+        return tree.node_reader(s)(merkle.append_plan(size))

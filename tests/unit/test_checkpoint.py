@@ -71,3 +71,17 @@ def test_edited_notes_are_refused(edit):
 def test_malformed_notes(note):
     with pytest.raises(VerificationError):
         parse_checkpoint(note)
+
+
+@pytest.mark.parametrize("size", ["\u00b2", "\u0663", "-1", "01", "1 "])
+def test_tree_size_must_be_plain_ascii_decimal(size):
+    note = sign_checkpoint(CP, KEY).replace("\n1234\n", f"\n{size}\n", 1)
+    with pytest.raises(VerificationError):
+        verify_checkpoint(note, KEY.public_key)
+
+
+def test_origin_with_spaces_is_refused():
+    from ledger.errors import InvalidInput
+
+    with pytest.raises(InvalidInput):
+        sign_checkpoint(Checkpoint("has space", 1, CP.root_hash), KEY)

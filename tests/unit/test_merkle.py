@@ -183,3 +183,11 @@ def test_bad_arguments():
         verify_inclusion(LEAVES[0], 0, 0, [], EMPTY_ROOT)
     with pytest.raises(VerificationError):
         verify_consistency(2, 2, LEAVES[0], LEAVES[1], [])
+
+
+def test_hash_lengths_and_the_empty_tree_are_checked():
+    with pytest.raises(VerificationError):
+        verify_inclusion(LEAVES[0], 0, 2, [LEAVES[1][:31]], ref_mth(LEAVES[:2]))
+    with pytest.raises(VerificationError):
+        verify_consistency(0, 5, LEAVES[0], ref_mth(LEAVES[:5]), [])
+    verify_consistency(0, 5, EMPTY_ROOT, ref_mth(LEAVES[:5]), [])

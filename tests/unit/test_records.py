@@ -90,3 +90,11 @@ def test_duplicate_choice_indexes_are_refused():
     body["choices"].append(copy.deepcopy(body["choices"][0]))
     with pytest.raises(InvalidInput, match="duplicate index"):
         validate_record_body(body)
+
+
+@pytest.mark.parametrize("field", ["request_id", "worker_id", "pool"])
+def test_a_trailing_newline_is_not_part_of_a_valid_name(field):
+    body = valid()
+    body[field] = body[field] + "\n"
+    with pytest.raises(InvalidInput):
+        validate_record_body(body)
