@@ -139,7 +139,7 @@ def _check_nodes(db: Database, st: _State) -> None:
     if not st.pending:
         return
     with db.read() as s:
-        stored = tree.read_existing(s, list(st.pending), chunk=1000)
+        stored = tree.read_ranges(s, list(st.pending))
     for node, h in st.pending.items():
         level, index = node
         if level and (

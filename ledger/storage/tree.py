@@ -51,6 +51,24 @@ class MissingNodes(StorageError):
         self.missing = missing
 
 
+def read_ranges(session: Session, nodes: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
+    """Stored hashes for ``nodes`` by one primary-key range scan per level: the right read
+    for the contiguous runs of nodes that a stretch of leaves completes."""
+    spans: dict[int, tuple[int, int]] = {}
+    for level, idx in nodes:
+        lo, hi = spans.get(level, (idx, idx))
+        spans[level] = (min(lo, idx), max(hi, idx))
+    found: dict[merkle.Node, bytes] = {}
+    for level, (lo, hi) in spans.items():
+        rows = session.execute(
+            select(MerkleNode.idx, MerkleNode.hash).where(
+                MerkleNode.level == level, MerkleNode.idx.between(lo, hi)
+            )
+        ).all()
+        found.update({(level, r[0]): bytes(r[1]) for r in rows})
+    return found
+
+
 _READ = select(MerkleNode.level, MerkleNode.idx, MerkleNode.hash).where(
     tuple_(MerkleNode.level, MerkleNode.idx).in_(bindparam("nodes", expanding=True))
 )
