@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from ledger.errors import InvalidInput, TooLarge
 
@@ -66,4 +67,6 @@ async def read_json(request: Request, limit: int) -> Any:
     raw = await read_body(request, limit)
     if not raw:
         raise InvalidInput("body is empty; a JSON document is required", code="invalid_json")
+    if len(raw) > 65536:  # parsing megabytes takes milliseconds: keep the event loop free
+        return await run_in_threadpool(parse_json, raw)
     return parse_json(raw)

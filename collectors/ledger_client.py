@@ -84,10 +84,6 @@ class LedgerClient:
             raise cls(text, code=code, details=details)
         return resp.json()
 
-    def health(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", "/healthz")
-        return result
-
     def register_key(self, name: str, role: str, public_key_pem: str) -> dict[str, Any]:
         result: dict[str, Any] = self._request(
             "POST", "/v1/keys", json={"name": name, "role": role, "public_key": public_key_pem}
@@ -110,10 +106,6 @@ class LedgerClient:
         )
         return result
 
-    def get_fingerprint(self, fingerprint_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/fingerprints/{fingerprint_id}")
-        return result
-
     def post_records(self, envelopes: list[Envelope]) -> dict[str, Any]:
         body = b'{"envelopes":[' + b",".join(e.canonical for e in envelopes) + b"]}"
         result: dict[str, Any] = self._request("POST", "/v1/records", content=body, headers=_JSON)
@@ -129,12 +121,6 @@ class LedgerClient:
 
     def sign_checkpoint(self) -> dict[str, Any]:
         result: dict[str, Any] = self._request("POST", "/v1/log/checkpoint")
-        return result
-
-    def inclusion_proof(self, index: int, tree_size: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._request(
-            "GET", "/v1/log/proof/inclusion", params={"index": index, "tree_size": tree_size}
-        )
         return result
 
     def log_key(self) -> dict[str, Any]:

@@ -84,14 +84,6 @@ def _fail(message: str, code: str = "schema_violation", **details: Any) -> Inval
     return InvalidInput(message, code=code, details=details)
 
 
-def is_request_id(value: object) -> bool:
-    return isinstance(value, str) and bool(_REQUEST_ID.fullmatch(value))
-
-
-def is_fingerprint_id(value: object) -> bool:
-    return isinstance(value, str) and bool(_FINGERPRINT_ID.fullmatch(value))
-
-
 def _int(value: object, field: str, lo: int = 0, hi: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise _fail(f"{field} must be an integer", field=field)

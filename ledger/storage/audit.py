@@ -34,10 +34,10 @@ from ledger.checkpoint import Checkpoint, parse_checkpoint, verify_checkpoint
 from ledger.errors import InvalidInput, LedgerError
 from ledger.fingerprint import FINGERPRINT_KIND, fingerprint_id
 from ledger.records import RECORD_KIND
-from ledger.signing import Envelope, key_id_for, load_public_key, verify_envelope
+from ledger.signing import SIGNABLE_KINDS, Envelope, key_id_for, load_public_key, verify_envelope
 from ledger.storage import tree
 from ledger.storage.database import Database, translated_errors
-from ledger.storage.keystore import LOG_ROLE, REGISTRATION_KIND, REVOCATION_KIND, SIGNABLE
+from ledger.storage.keystore import LOG_ROLE, REGISTRATION_KIND, REVOCATION_KIND
 from ledger.storage.models import (
     CheckpointRow,
     Fingerprint,
@@ -187,7 +187,7 @@ def _check_signer(st: _State, env: Envelope, idx: int) -> None:
     if signer.revoked_at is not None:
         st.find("signature", f"signed by {env.key_id}, revoked at leaf {signer.revoked_at}", idx)
         return
-    if env.kind not in SIGNABLE.get(signer.role, ()):
+    if env.kind not in SIGNABLE_KINDS.get(signer.role, ()):
         st.find("signature", f"a {signer.role} key may not sign {env.kind}", idx)
         return
     verify_envelope(env, signer.public_key)

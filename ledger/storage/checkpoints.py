@@ -76,14 +76,6 @@ def covering(db: Database, log_key: SigningKey, origin: str, index: int) -> Stor
     return cp
 
 
-def get(db: Database, tree_size: int) -> StoredCheckpoint:
-    with db.read() as s:
-        row = s.get(CheckpointRow, tree_size)
-    if row is None:
-        raise NotFound(f"no checkpoint of tree size {tree_size}", code="no_checkpoint")
-    return _stored(row)
-
-
 def check_tree_size(session: Session, tree_size: int) -> None:
     size = log.log_size(session)
     if tree_size > size:

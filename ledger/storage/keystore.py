@@ -32,7 +32,6 @@ REGISTRATION_KIND = "key_registration"
 REVOCATION_KIND = "key_revocation"
 LOG_ROLE = "log"
 ROLES = ("collector", "replayer")
-SIGNABLE = SIGNABLE_KINDS
 
 
 @dataclass(frozen=True)
@@ -226,7 +225,7 @@ def check_signer(envelope: Envelope, keys: dict[str, KeyInfo]) -> KeyInfo:
             code="revoked_key",
             details={"key_id": envelope.key_id},
         )
-    if envelope.kind not in SIGNABLE.get(info.role, ()):
+    if envelope.kind not in SIGNABLE_KINDS.get(info.role, ()):
         raise VerificationError(
             f"a {info.role!r} key may not sign {envelope.kind!r} documents",
             code="key_role_not_allowed",
