@@ -90,8 +90,8 @@ def demo(
     t0 = time.perf_counter()
     try:
         with ledger_errors(), LedgerClient(server.url, token) as client:
-            rows = _walkthrough(client, settings.data_dir)
-            rows += _evidence_and_audit(client, db, settings.data_dir, rows[2][1].split()[0])
+            rows, request_id = _walkthrough(client, settings.data_dir)
+            rows += _evidence_and_audit(client, db, settings.data_dir, request_id)
     except BaseException:
         server.stop()
         raise
@@ -112,7 +112,9 @@ def demo(
         server.stop()
 
 
-def _walkthrough(client: LedgerClient, data_dir: Path) -> list[tuple[str, str]]:
+def _walkthrough(client: LedgerClient, data_dir: Path) -> tuple[list[tuple[str, str]], str]:
+    """Register a key and a fingerprint, ingest a signed record, read it back; return the
+    summary rows and the record's request ID."""
     rows: list[tuple[str, str]] = []
     key_path = data_dir / "demo-collector.pem"
     key = SigningKey.load(key_path) if key_path.exists() else SigningKey.generate()
@@ -144,7 +146,7 @@ def _walkthrough(client: LedgerClient, data_dir: Path) -> list[tuple[str, str]]:
     rows.append(("first logprob", repr(unpack_float32(back.body["choices"][0]["logprobs"])[0])))
     page = client.search_records(model="demo-sample", fields="meta", limit=1000)
     rows.append(("records for demo-sample", str(page["count"])))
-    return rows
+    return rows, body["request_id"]
 
 
 def _evidence_and_audit(

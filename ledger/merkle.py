@@ -56,6 +56,11 @@ def perfect_nodes(start: int, end: int) -> list[Node]:
     return nodes
 
 
+def from_hashes(hashes: dict[Node, bytes]) -> ReadNodes:
+    """A ``read_nodes`` callback over hashes already fetched."""
+    return lambda nodes: {node: hashes[node] for node in nodes}
+
+
 def range_hash(start: int, end: int, hashes: dict[Node, bytes]) -> bytes:
     """MTH(D[start:end]) from the hashes of its perfect subtrees (a right fold)."""
     parts = perfect_nodes(start, end)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
@@ -30,28 +30,22 @@ def _checked(session: Session, tree_size: int, fn: Callable[[], T]) -> T:
 
 
 def inclusion(db: Database, index: int, tree_size: int) -> dict[str, Any]:
+    """An inclusion proof and the leaf hash, from one read of stored nodes."""
+    leaf = (0, index)
     with db.read() as s:
-        read = tree.node_reader(s)
-        leaf_node = (0, index)
 
         def prove() -> tuple[list[bytes], bytes]:
-            if not 0 <= index < tree_size:  # let merkle name the bad argument
-                return merkle.inclusion_proof(index, tree_size, read), b""
-            hashes: dict[merkle.Node, bytes] = {}
+            plan = merkle.inclusion_plan(index, tree_size)  # refuses a bad index or size
+            hashes = tree.node_reader(s)([*plan, leaf])
+            proof = merkle.inclusion_proof(index, tree_size, merkle.from_hashes(hashes))
+            return proof, hashes[leaf]
 
-            def read_with_leaf(nodes: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
-                hashes.update(read([*nodes, leaf_node]))
-                return hashes
-
-            proof = merkle.inclusion_proof(index, tree_size, read_with_leaf)
-            return proof, hashes.get(leaf_node) or read([leaf_node])[leaf_node]
-
-        hashes, leaf = _checked(s, tree_size, prove)
+        proof, leaf_hash = _checked(s, tree_size, prove)
     return {
         "index": index,
         "tree_size": tree_size,
-        "leaf_hash": _b64(leaf),
-        "hashes": [_b64(h) for h in hashes],
+        "leaf_hash": _b64(leaf_hash),
+        "hashes": [_b64(h) for h in proof],
     }
 
 
@@ -98,18 +92,15 @@ def _evidence(
         if signer is None:
             raise StorageError(f"signing key {record.key_id} missing from the registry")
         registration = log.read_envelope(s, signer.log_index)
-        hashes: dict[merkle.Node, bytes] = {}
-        plan = [
-            *merkle.inclusion_plan(record.log_index, cp.tree_size),
-            *merkle.inclusion_plan(signer.log_index, cp.tree_size),
-        ]
-        hashes.update(tree.node_reader(s)(plan))
+        hashes = tree.node_reader(s)(
+            [
+                *merkle.inclusion_plan(record.log_index, cp.tree_size),
+                *merkle.inclusion_plan(signer.log_index, cp.tree_size),
+            ]
+        )
     if registration is None:
         raise StorageError(f"registration of {record.key_id} missing from the log")
-    read = hashes.__getitem__
-
-    def from_memory(nodes: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
-        return {n: read(n) for n in nodes}
+    from_memory = merkle.from_hashes(hashes)
 
     return build_bundle(
         envelope=json.loads(record.envelope),
