@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--full", action="store_true", help="also time the full audit")
+    ap.add_argument("--workers", type=int, default=1, help="processes for the full audit")
     ap.add_argument(
         "--pg",
         default=os.environ.get(
@@ -207,11 +208,13 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-    modes = [("structure-only", False)] + ([("full", True)] if args.full else [])
+    modes = [("structure-only", False)] + (
+        [(f"full, {args.workers} worker(s)", True)] if args.full else []
+    )
     for label, full in modes:
         rates = []
         for run in range(args.runs):
-            report = audit(db, log_key.public_key, signatures=full)
+            report = audit(db, log_key.public_key, signatures=full, workers=args.workers)
             assert report.ok, report.findings[:3]
             rates.append(report.leaves / report.seconds)
             print(

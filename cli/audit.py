@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -33,6 +34,9 @@ def run_audit(
         help="a checkpoint seen earlier (a signed note, or an evidence bundle holding one): "
         "the log must still hold its tree; repeatable",
     ),
+    workers: int = typer.Option(
+        os.cpu_count() or 1, "--workers", min=1, help="processes verifying signatures"
+    ),
     structure_only: bool = typer.Option(
         False,
         "--structure-only",
@@ -46,8 +50,13 @@ def run_audit(
     trusted = [_read_checkpoint(path) for path in checkpoint]
     with ledger_errors():
         _, db = open_database(db_url)
+        options = {
+            "signatures": not structure_only,
+            "trusted_checkpoints": trusted,
+            "workers": workers,
+        }
         if as_json:
-            report = audit(db, pinned, signatures=not structure_only, trusted_checkpoints=trusted)
+            report = audit(db, pinned, **options)
         else:
             with Progress(
                 TextColumn("auditing"),
@@ -62,8 +71,7 @@ def run_audit(
                     db,
                     pinned,
                     lambda done, total: bar.update(task, completed=done, total=total),
-                    signatures=not structure_only,
-                    trusted_checkpoints=trusted,
+                    **options,
                 )
     if as_json:
         print_json(report.to_dict())

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import base64
 import json
+import multiprocessing
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +37,14 @@ from ledger.checkpoint import Checkpoint, parse_checkpoint, verify_checkpoint
 from ledger.errors import InvalidInput, LedgerError
 from ledger.fingerprint import FINGERPRINT_KIND, fingerprint_id
 from ledger.records import RECORD_KIND
-from ledger.signing import SIGNABLE_KINDS, Envelope, key_id_for, load_public_key, verify_envelope
+from ledger.signing import (
+    SIGNABLE_KINDS,
+    Envelope,
+    key_id_for,
+    load_public_key,
+    public_key_raw,
+    verify_envelope,
+)
 from ledger.storage import tree
 from ledger.storage.database import Database, translated_errors
 from ledger.storage.keystore import LOG_ROLE, REGISTRATION_KIND, REVOCATION_KIND
@@ -49,6 +59,7 @@ from ledger.storage.models import (
 
 Progress = Callable[[int, int], None]
 CHUNK = 2000
+PARALLEL_FROM = 5000  # below this many leaves, starting worker processes costs more than it saves
 
 
 @dataclass(frozen=True)
@@ -164,12 +175,13 @@ def _frontier_root(frontier: list[tuple[int, bytes]]) -> bytes:
     return acc
 
 
-def _check_signer(st: _State, env: Envelope, idx: int) -> None:
+def _check_signer(st: _State, env: Envelope, idx: int) -> bool:
+    """True when the envelope verifies under the registry as of its leaf; else a finding."""
     if env.kind in (REGISTRATION_KIND, REVOCATION_KIND):
         if st.log_key_id is None:  # the first leaf registers the log key itself
             if env.kind != REGISTRATION_KIND or env.body.get("role") != LOG_ROLE:
                 st.find("signature", "the log does not start with the log key's registration", idx)
-                return
+                return False
             anchor = load_public_key(str(env.body.get("public_key")))
             if st.pinned is not None and key_id_for(st.pinned) != key_id_for(anchor):
                 st.find("signature", "the log's key is not the pinned log key", idx)
@@ -177,20 +189,21 @@ def _check_signer(st: _State, env: Envelope, idx: int) -> None:
             st.keys[st.log_key_id] = _Key(st.pinned or anchor, LOG_ROLE, "ledger", idx, "")
         if env.key_id != st.log_key_id:
             st.find("signature", f"{env.kind} is not signed by the log key", idx)
-            return
+            return False
         verify_envelope(env, st.keys[st.log_key_id].public_key)
-        return
+        return True
     signer = st.keys.get(env.key_id)
     if signer is None:
         st.find("signature", f"signed by {env.key_id}, which the log never registered", idx)
-        return
+        return False
     if signer.revoked_at is not None:
         st.find("signature", f"signed by {env.key_id}, revoked at leaf {signer.revoked_at}", idx)
-        return
+        return False
     if env.kind not in SIGNABLE_KINDS.get(signer.role, ()):
         st.find("signature", f"a {signer.role} key may not sign {env.kind}", idx)
-        return
+        return False
     verify_envelope(env, signer.public_key)
+    return True
 
 
 def _apply(st: _State, env: Envelope, idx: int) -> None:
@@ -226,8 +239,10 @@ def _leaf(st: _State, idx: int, stored_hash: bytes, data: bytes) -> None:
     _push(st, leaf)
     if leaf != stored_hash:
         st.find("leaf_hash", "stored leaf hash differs from the hash of the stored envelope", idx)
-    if not st.signatures:
-        return
+
+
+def _envelope(st: _State, idx: int, data: bytes) -> None:
+    """Canonical form, signer and registry update for one leaf, in log order."""
     try:
         env = Envelope.from_dict(json.loads(data))
     except (ValueError, LedgerError) as exc:
@@ -236,14 +251,99 @@ def _leaf(st: _State, idx: int, stored_hash: bytes, data: bytes) -> None:
     if env.canonical != data:
         st.find("canonical", "stored envelope bytes are not in canonical (RFC 8785) form", idx)
     try:
-        _check_signer(st, env, idx)
+        signed = _check_signer(st, env, idx)
     except LedgerError as exc:
         st.find("signature", exc.message, idx)
+        signed = False
+    # A key event changes the registry only when the log key signed it; records and
+    # fingerprints are indexed either way (their signature finding stands on its own).
+    if not signed and env.kind in (REGISTRATION_KIND, REVOCATION_KIND):
         return
     try:
         _apply(st, env, idx)
     except LedgerError as exc:
         st.find("signature", f"{env.kind}: {exc.message}", idx)
+
+
+# Key events (registrations, revocations) change the registry, so they are checked in log
+# order by the main process; every other leaf only reads the registry "as of its index",
+# which a timeline (registered at, revoked at) answers, so those are checked in parallel.
+_KEY_EVENT = b'"kind":"key_re'
+Timeline = dict[str, tuple[bytes, str, int, int | None]]  # key_id -> (raw, role, reg, rev)
+Checked = tuple[
+    list[tuple[str, str, int]],  # findings
+    list[tuple[str, tuple[int, str, str, str]]],  # records
+    list[tuple[str, tuple[int, str]]],  # fingerprints
+]
+
+
+def _timeline(st: _State) -> Timeline:
+    return {
+        key_id: (public_key_raw(k.public_key), k.role, k.registered_at, k.revoked_at)
+        for key_id, k in st.keys.items()
+    }
+
+
+def check_rows(timeline: Timeline, rows: list[tuple[int, bytes]]) -> Checked:
+    """Check leaves that are not key events against the registry timeline (a pure function,
+    run in worker processes)."""
+    findings: list[tuple[str, str, int]] = []
+    records: list[tuple[str, tuple[int, str, str, str]]] = []
+    fps: list[tuple[str, tuple[int, str]]] = []
+    keys: dict[str, Ed25519PublicKey] = {}
+    for idx, data in rows:
+        try:
+            env = Envelope.from_dict(json.loads(data))
+        except (ValueError, LedgerError) as exc:
+            findings.append(("canonical", f"stored envelope is not a valid envelope: {exc}", idx))
+            continue
+        if env.canonical != data:
+            findings.append(
+                ("canonical", "stored envelope bytes are not in canonical (RFC 8785) form", idx)
+            )
+        body = env.body
+        if env.kind == RECORD_KIND:
+            records.append(
+                (
+                    str(body.get("request_id")),
+                    (idx, env.body_digest, str(body.get("fingerprint_id")), env.key_id),
+                )
+            )
+        elif env.kind == FINGERPRINT_KIND:
+            fps.append((fingerprint_id(body), (idx, env.key_id)))
+        elif env.kind in (REGISTRATION_KIND, REVOCATION_KIND):
+            findings.append(("signature", f"{env.kind} outside the log's key sequence", idx))
+            continue
+        entry = timeline.get(env.key_id)
+        if entry is None or entry[2] >= idx:
+            findings.append(
+                ("signature", f"signed by {env.key_id}, which the log never registered", idx)
+            )
+            continue
+        raw, role, _, revoked = entry
+        if revoked is not None and revoked < idx:
+            findings.append(
+                ("signature", f"signed by {env.key_id}, revoked at leaf {revoked}", idx)
+            )
+            continue
+        if env.kind not in SIGNABLE_KINDS.get(role, ()):
+            findings.append(("signature", f"a {role} key may not sign {env.kind}", idx))
+            continue
+        if env.key_id not in keys:
+            keys[env.key_id] = Ed25519PublicKey.from_public_bytes(raw)
+        try:
+            verify_envelope(env, keys[env.key_id])
+        except LedgerError as exc:
+            findings.append(("signature", exc.message, idx))
+    return findings, records, fps
+
+
+def _merge(st: _State, checked: Checked) -> None:
+    findings, records, fps = checked
+    for check, message, idx in findings:
+        st.find(check, message, idx)
+    st.records.update(records)
+    st.fingerprints.update(fps)
 
 
 def audit(
@@ -253,6 +353,7 @@ def audit(
     *,
     signatures: bool = True,
     trusted_checkpoints: Sequence[str] = (),
+    workers: int = 1,
 ) -> AuditReport:
     """Audit the whole log. ``signatures=False`` checks structure only (sequence, leaf
     hashes, tree, checkpoints) and needs the pinned log key to verify the checkpoints.
@@ -260,6 +361,8 @@ def audit(
     ``trusted_checkpoints`` are signed notes seen earlier (kept from evidence bundles, or by a
     witness): the log must still hold each one's tree. Without them, deleting the newest
     leaves together with their checkpoints cannot be told from a log that never had them.
+
+    ``workers`` > 1 verifies envelope signatures in that many processes (same findings).
     """
     if not signatures and pinned_log_key is None:
         raise InvalidInput(
@@ -277,30 +380,54 @@ def audit(
     trusted = _parse_trusted(st, trusted_checkpoints)
     wanted = {cp.tree_size for cp in cps} | {cp.tree_size for _, cp in trusted}
     expected = 0
-    with translated_errors(), db.engine.connect() as conn:
-        # One streamed scan in index order (a server-side cursor on Postgres).
-        result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(
-            select(LogEntry.idx, LogEntry.leaf_hash, LogEntry.envelope).order_by(LogEntry.idx)
-        )
-        for rows in result.partitions():
-            for idx, stored_hash, data in rows:
-                if idx != expected:
-                    st.find("sequence", f"expected leaf {expected}, found leaf {idx}", expected)
-                    expected = idx
-                _leaf(st, idx, bytes(stored_hash), bytes(data))
-                expected += 1
-                if expected in wanted:
-                    st.roots[expected] = _frontier_root(st.frontier)
-            report.leaves += len(rows)
-            _check_nodes(db, st)
-            if progress is not None:
-                progress(report.leaves, total)
+    parallel = signatures and workers > 1 and total >= PARALLEL_FROM
+    pool = (
+        ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        if parallel
+        else None
+    )
+    inflight: deque[Future[Checked]] = deque()
+    try:
+        with translated_errors(), db.engine.connect() as conn:
+            # One streamed scan in index order (a server-side cursor on Postgres).
+            result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(
+                select(LogEntry.idx, LogEntry.leaf_hash, LogEntry.envelope).order_by(LogEntry.idx)
+            )
+            for rows in result.partitions():
+                batch: list[tuple[int, bytes]] = []
+                for idx, stored_hash, raw in rows:
+                    data = bytes(raw)
+                    if idx != expected:
+                        st.find("sequence", f"expected leaf {expected}, found leaf {idx}", expected)
+                        expected = idx
+                    _leaf(st, idx, bytes(stored_hash), data)
+                    if signatures:
+                        if pool is None or _KEY_EVENT in data:
+                            _envelope(st, idx, data)
+                        else:
+                            batch.append((idx, data))
+                    expected += 1
+                    if expected in wanted:
+                        st.roots[expected] = _frontier_root(st.frontier)
+                if pool is not None and batch:
+                    inflight.append(pool.submit(check_rows, _timeline(st), batch))
+                    while len(inflight) > 2 * workers:
+                        _merge(st, inflight.popleft().result())
+                report.leaves += len(rows)
+                _check_nodes(db, st)
+                if progress is not None:
+                    progress(report.leaves, total)
+        while inflight:
+            _merge(st, inflight.popleft().result())
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     _check_checkpoints(db, st, cps, expected)
     _check_trusted(st, trusted, expected)
     if signatures:
         _check_tables(db, st)
     report.seconds = time.perf_counter() - started
-    report.findings.sort(key=lambda f: (f.index is None, f.index or 0))
+    report.findings.sort(key=lambda f: (f.index is None, f.index or 0, f.check, f.message))
     return report
 
 

@@ -321,3 +321,31 @@ def test_a_malformed_key_row_is_a_finding_not_a_crash(ledger: Ledger):
 def frontier_of(lg: Ledger, size: int) -> dict:
     with lg.db.read() as s:
         return tree.node_reader(s)(merkle.append_plan(size))
+
+
+@pytest.mark.parametrize(
+    "case", ["changed_logprob_byte", "forged_row_unregistered_key", "swapped_rows"]
+)
+def test_parallel_audit_finds_the_same(ledger: Ledger, case: str, monkeypatch):
+    monkeypatch.setattr("ledger.storage.audit.PARALLEL_FROM", 0)
+    CASES[case][0](ledger)
+    one = audit(ledger.db, ledger.log_key.public_key)
+    two = audit(ledger.db, ledger.log_key.public_key, workers=2)
+    assert not one.ok
+    assert [f.to_dict() for f in one.findings] == [f.to_dict() for f in two.findings]
+
+
+def test_parallel_audit_of_an_honest_ledger_with_a_revocation(ledger: Ledger, monkeypatch):
+    monkeypatch.setattr("ledger.storage.audit.PARALLEL_FROM", 0)
+    keystore.revoke_key(ledger.db, ledger.log_key, ledger.collector.key_id, "rotated")
+    later = SigningKey.generate()
+    keystore.register_key(
+        ledger.db,
+        ledger.log_key,
+        name="c2",
+        role="collector",
+        public_key=public_key_pem(later.public_key),
+    )
+    ingest.ingest_records(ledger.db, [record_envelope(later, ledger.fp).to_dict()])
+    report = audit(ledger.db, ledger.log_key.public_key, workers=2)
+    assert report.ok, [f.to_dict() for f in report.findings]
