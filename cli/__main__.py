@@ -1,3 +1,4 @@
 from cli.main import main
 
-main()
+if __name__ == "__main__":  # guarded: worker processes (spawn) import this module too
+    main()

@@ -49,3 +49,11 @@ def test_the_rule_checker_sees_a_violation(tmp_path):
     sample = tmp_path / "x.py"
     sample.write_text("import fastapi\nfrom httpx import Client\n")
     assert {"fastapi", "httpx"} <= imported_roots(sample)
+
+
+def test_cli_main_module_is_safe_for_spawned_workers():
+    """`ledger audit --workers` spawns processes that import the parent's __main__ module
+    under the name __mp_main__: running `python -m cli` must not start the CLI again there."""
+    import runpy
+
+    runpy.run_module("cli.__main__", run_name="__mp_main__")  # raises SystemExit if unguarded
