@@ -39,11 +39,12 @@ import migrations  # noqa: E402
 from bench.ingest import machine, start_server  # noqa: E402
 from ledger import merkle  # noqa: E402
 from ledger.records import RECORD_KIND  # noqa: E402
-from ledger.signing import SigningKey, public_key_pem, sign_envelope  # noqa: E402
-from ledger.storage import checkpoints, ingest, keystore, tokenstore, tree  # noqa: E402
+from ledger.signing import SigningKey, sign_envelope  # noqa: E402
+from ledger.storage import checkpoints, tokenstore, tree  # noqa: E402
 from ledger.storage.audit import audit  # noqa: E402
 from ledger.storage.database import Database  # noqa: E402
-from tests.support.documents import fingerprint_envelope, record_body  # noqa: E402
+from tests.support.documents import record_body  # noqa: E402
+from tests.support.seed import seed_ledger  # noqa: E402
 
 CHUNK = 20_000
 
@@ -64,12 +65,8 @@ def build(url: str, leaves: int, data_dir: Path) -> None:
     migrations.upgrade(db)
     log_key = SigningKey.generate()
     log_key.write(data_dir / "log-key.pem", data_dir / "log-key.pub.pem")
-    keystore.ensure_log_key(db, log_key)
-    collector = SigningKey.generate()
-    keystore.register_key(
-        db, log_key, name="bench", role="collector", public_key=public_key_pem(collector.public_key)
-    )
-    fp = ingest.add_fingerprint(db, fingerprint_envelope(collector).to_dict()).fingerprint_id
+    seeded = seed_ledger(db, log_key, name="bench")
+    collector, fp = seeded.collector, seeded.fingerprint_id
     size = 3
     with db.read() as s:
         frontier = tree.node_reader(s)(merkle.append_plan(size))

@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 import migrations  # noqa: E402
 from bench.ingest import machine  # noqa: E402
 from ledger.evidence import verify_bundle  # noqa: E402
-from ledger.signing import SigningKey, public_key_pem  # noqa: E402
-from ledger.storage import checkpoints, ingest, keystore, proofs  # noqa: E402
+from ledger.storage import checkpoints, ingest, proofs  # noqa: E402
 from ledger.storage.database import Database  # noqa: E402
-from tests.support.documents import fingerprint_envelope, record_envelope  # noqa: E402
+from tests.support.documents import record_envelope  # noqa: E402
+from tests.support.seed import seed_ledger  # noqa: E402
 
 
 def main() -> None:
@@ -41,12 +41,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ledger-verify-bench-"))
     db = Database(f"sqlite:///{tmp / 'l.db'}")
     migrations.upgrade(db)
-    log_key, collector = SigningKey.generate(), SigningKey.generate()
-    keystore.ensure_log_key(db, log_key)
-    keystore.register_key(
-        db, log_key, name="c", role="collector", public_key=public_key_pem(collector.public_key)
-    )
-    fp = ingest.add_fingerprint(db, fingerprint_envelope(collector).to_dict()).fingerprint_id
+    seeded = seed_ledger(db)
+    log_key, collector, fp = seeded.log_key, seeded.collector, seeded.fingerprint_id
     ids = []
     for start in range(0, args.bundles, 500):
         batch = [

@@ -154,10 +154,6 @@ def inclusion_proof(index: int, tree_size: int, read_nodes: ReadNodes) -> list[b
     return [range_hash(s, e, hashes) for s, e in ranges]
 
 
-def consistency_plan(first: int, second: int) -> list[Node]:
-    return _plan(_consistency_ranges(first, second))
-
-
 def consistency_proof(first: int, second: int, read_nodes: ReadNodes) -> list[bytes]:
     ranges = _consistency_ranges(first, second)
     if not ranges:

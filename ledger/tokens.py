@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 from dataclasses import dataclass
 
@@ -49,7 +48,3 @@ class Principal:
 
     def allows(self, scope: str) -> bool:
         return "admin" in self.scopes or scope in self.scopes
-
-
-def same_hash(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())

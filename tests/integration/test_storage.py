@@ -10,23 +10,18 @@ from sqlalchemy import text
 import migrations
 from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
 from ledger.merkle import leaf_hash
-from ledger.signing import SigningKey, public_key_pem
+from ledger.signing import SigningKey
 from ledger.storage import checkpoints, ingest, keystore, queries
 from ledger.storage.database import Database
 from ledger.storage.models import APPEND_ONLY_TABLES
-from tests.support.documents import fingerprint_envelope, record_envelope
+from tests.support.documents import record_envelope
+from tests.support.seed import seed_ledger
 
 
 @pytest.fixture
 def ledger(db: Database):
-    log_key = SigningKey.generate()
-    keystore.ensure_log_key(db, log_key)
-    collector = SigningKey.generate()
-    keystore.register_key(
-        db, log_key, name="c1", role="collector", public_key=public_key_pem(collector.public_key)
-    )
-    fp = ingest.add_fingerprint(db, fingerprint_envelope(collector).to_dict())
-    return db, log_key, collector, fp.fingerprint_id
+    seeded = seed_ledger(db, name="c1")
+    return db, seeded.log_key, seeded.collector, seeded.fingerprint_id
 
 
 def test_migrations_reach_head_and_are_idempotent(db):

@@ -26,7 +26,8 @@ from ledger.signing import SigningKey, public_key_pem, public_key_raw, sign_enve
 from ledger.storage import checkpoints, ingest, keystore, proofs, tree
 from ledger.storage.audit import audit
 from ledger.storage.database import Database
-from tests.support.documents import fingerprint_envelope, record_body, record_envelope
+from tests.support.documents import record_body, record_envelope
+from tests.support.seed import seed_ledger
 
 pytestmark = pytest.mark.postgres
 ORIGIN = "test.example/log"
@@ -67,12 +68,8 @@ class Ledger:
 def ledger(postgres_databases):
     url = postgres_databases.fresh()
     db = Database(url)
-    log_key, collector = SigningKey.generate(), SigningKey.generate()
-    keystore.ensure_log_key(db, log_key)
-    keystore.register_key(
-        db, log_key, name="c", role="collector", public_key=public_key_pem(collector.public_key)
-    )
-    fp = ingest.add_fingerprint(db, fingerprint_envelope(collector).to_dict()).fingerprint_id
+    seeded = seed_ledger(db)
+    log_key, collector, fp = seeded.log_key, seeded.collector, seeded.fingerprint_id
     records = []
     for batch in (6, 3):
         envs = [record_envelope(collector, fp).to_dict() for _ in range(batch)]
