@@ -20,6 +20,7 @@ from ledger.errors import (
     Pushback,
     StorageError,
     TooLarge,
+    Unreachable,
     VerificationError,
 )
 
@@ -36,6 +37,7 @@ STATUS: list[tuple[type[LedgerError], int]] = [
     (Conflict, 409),
     (Pushback, 503),
     (StorageError, 503),
+    (Unreachable, 502),
 ]
 # Input errors that mean "this is not JSON at all" rather than "this JSON is wrong".
 BAD_REQUEST_CODES = {"invalid_json"}

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import typer
 
-from cli import audit, db, demo, evidence, keys, serve, tokens, verify
+from cli import (
+    audit,
+    db,
+    demo,
+    diff,
+    evidence,
+    fingerprint,
+    fixture_model,
+    keys,
+    serve,
+    tokens,
+    verify,
+)
 
 app = typer.Typer(
     name="ledger",
@@ -18,6 +30,9 @@ app.command("demo")(demo.demo)
 app.command("verify")(verify.verify)
 app.command("audit")(audit.run_audit)
 app.command("evidence")(evidence.evidence)
+app.command("fixture-model")(fixture_model.fixture_model)
+app.command("fingerprint")(fingerprint.fingerprint)
+app.command("diff")(diff.diff_command)
 app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
 app.add_typer(tokens.app, name="tokens")

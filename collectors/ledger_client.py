@@ -106,6 +106,10 @@ class LedgerClient:
         )
         return result
 
+    def get_fingerprint(self, fingerprint_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/v1/fingerprints/{fingerprint_id}")
+        return result
+
     def post_records(self, envelopes: list[Envelope]) -> dict[str, Any]:
         body = b'{"envelopes":[' + b",".join(e.canonical for e in envelopes) + b"]}"
         result: dict[str, Any] = self._request("POST", "/v1/records", content=body, headers=_JSON)

@@ -13,6 +13,7 @@ codes in one place (``api/errors.py``); the CLI prints ``message`` and exits non
     ├── NotFound              the named object does not exist
     ├── Conflict              the request contradicts what the ledger already holds
     ├── Pushback              the ledger is overloaded; retry later
+    ├── Unreachable           a service the caller needs (an engine) does not answer
     └── StorageError          the database failed (translated from SQLAlchemy/psycopg)
 """
 
@@ -81,6 +82,12 @@ class Pushback(LedgerError):
     def __init__(self, message: str, *, retry_after: float = 1.0, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.retry_after = retry_after
+
+
+class Unreachable(LedgerError):
+    """A service the caller depends on (an inference engine, say) cannot be reached."""
+
+    code = "unreachable"
 
 
 class StorageError(LedgerError):

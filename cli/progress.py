@@ -1,0 +1,59 @@
+"""A byte progress bar that appears only once an operation has run for a second."""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from cli.common import err_console
+
+
+class DelayedByteProgress:
+    """Callable as ``progress(done, total)``; draws on stderr after ``delay`` seconds."""
+
+    def __init__(self, label: str, delay: float = 1.0) -> None:
+        self.label = label
+        self.delay = delay
+        self.started = time.monotonic()
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._progress is None:
+            if time.monotonic() - self.started < self.delay:
+                return
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=err_console,
+                transient=True,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self.label, total=total)
+        assert self._task is not None
+        self._progress.update(self._task, completed=done, total=total)
+
+    def __enter__(self) -> DelayedByteProgress:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,100 @@
+"""A persistent cache of file digests, so an unchanged model re-snapshots in milliseconds.
+
+An entry is keyed by the file's real path and trusted only while the file's (device, inode,
+size, mtime_ns) are unchanged; any write, replacement or move invalidates it. The cache is a
+SQLite file (WAL) under the user's cache directory. It is an optimisation only: if the file
+cannot be opened or written, snapshots still work and hash everything.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_ENV = "LEDGER_DIGEST_CACHE"
+
+
+def default_cache_path() -> Path:
+    """``$LEDGER_DIGEST_CACHE``, else ``$XDG_CACHE_HOME/inference-ledger/digests.sqlite``."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "inference-ledger" / "digests.sqlite"
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """What must be unchanged for a cached digest to hold."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, stat: os.stat_result) -> FileStamp:
+        return cls(stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+class DigestCache:
+    """Thread-safe get/put of SHA-256 hex digests by (real path, stamp)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.error: str | None = None
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        if path is not None:
+            self._open(path)
+
+    def _open(self, path: Path) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS file_digests ("
+                " path TEXT PRIMARY KEY, device INTEGER NOT NULL, inode INTEGER NOT NULL,"
+                " size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, sha256 TEXT NOT NULL)"
+            )
+        except (OSError, sqlite3.Error) as exc:
+            self.error = f"digest cache {path} unusable ({exc}); hashing every file"
+            return
+        self._conn = conn
+
+    def get(self, real_path: str, stamp: FileStamp) -> str | None:
+        if self._conn is None:
+            return None
+        with self._lock:
+            try:
+                row = self._conn.execute(
+                    "SELECT device, inode, size, mtime_ns, sha256 FROM file_digests WHERE path = ?",
+                    (real_path,),
+                ).fetchone()
+            except sqlite3.Error:
+                return None
+        if row is None or FileStamp(*row[:4]) != stamp:
+            return None
+        return str(row[4])
+
+    def put(self, real_path: str, stamp: FileStamp, sha256_hex: str) -> None:
+        if self._conn is None:
+            return
+        with self._lock:
+            try:
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO file_digests VALUES (?, ?, ?, ?, ?, ?)",
+                    (real_path, stamp.device, stamp.inode, stamp.size, stamp.mtime_ns, sha256_hex),
+                )
+            except sqlite3.Error as exc:
+                self.error = f"digest cache write failed ({exc})"
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,0 +1,310 @@
+"""The engine's configuration: what the running vLLM server reports, plus its argv and env.
+
+Values come, in order of trust, from what the server itself reports (``/version``,
+``/v1/models``, the ``vllm:cache_config_info`` metric), then from the server process's command
+line, then from nothing: a flag that was not given is recorded as ``"default"``, meaning the
+built-in default of the engine version recorded beside it. ``batch_invariance`` is derived:
+
+- ``kernel``: ``VLLM_BATCH_INVARIANT=1`` (batch-invariant kernels);
+- ``serial``: ``max_num_seqs`` 1 with prefix caching and chunked prefill off (every request runs
+  alone, so batch composition cannot move its logits);
+- ``none``: anything else, including an engine whose flags could not be read.
+
+Per-machine values (host, port, local paths, the raw command line) go to ``identity``, never the
+ID-bearing body; variables whose names contain KEY, TOKEN, SECRET or PASSWORD are dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from collectors.procinfo import EngineProcess
+from ledger.errors import Unreachable
+
+DEFAULT = "default"
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+# VLLM_* variables that say where this machine keeps things, not how it computes.
+IDENTITY_ENV = frozenset({"VLLM_HOST_IP", "VLLM_PORT", "VLLM_RPC_BASE_PATH"})
+IDENTITY_ENV_SUFFIXES = ("_ROOT", "_DIR", "_PATH")
+EXTRA_ENV = frozenset({"CUBLAS_WORKSPACE_CONFIG"})
+
+# flag -> (field, kind); kind "bool" flags also accept --no-<flag>.
+FLAGS: dict[str, tuple[str, str]] = {
+    "--dtype": ("dtype", "str"),
+    "--quantization": ("quantization", "str"),
+    "-q": ("quantization", "str"),
+    "--kv-cache-dtype": ("kv_cache_dtype", "str"),
+    "--tensor-parallel-size": ("tensor_parallel_size", "int"),
+    "-tp": ("tensor_parallel_size", "int"),
+    "--pipeline-parallel-size": ("pipeline_parallel_size", "int"),
+    "-pp": ("pipeline_parallel_size", "int"),
+    "--data-parallel-size": ("data_parallel_size", "int"),
+    "-dp": ("data_parallel_size", "int"),
+    "--max-num-seqs": ("max_num_seqs", "int"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", "int"),
+    "--max-model-len": ("max_model_len", "int"),
+    "--block-size": ("block_size", "int"),
+    "--enable-chunked-prefill": ("enable_chunked_prefill", "bool"),
+    "--enable-prefix-caching": ("enable_prefix_caching", "bool"),
+    "--enforce-eager": ("enforce_eager", "bool"),
+    "--speculative-config": ("speculative_config", "str"),
+    "--attention-backend": ("attention_backend", "str"),
+    "--seed": ("seed", "str"),
+    "--generation-config": ("generation_config", "str"),
+    "--max-logprobs": ("max_logprobs", "int"),
+    "--served-model-name": ("served_model_name", "str"),
+    "--tokenizer-mode": ("tokenizer_mode", "str"),
+}
+FIELDS = tuple(dict.fromkeys(field for field, _ in FLAGS.values()))
+# Flags whose values are per-machine or secret: they stay out of the body.
+IDENTITY_FLAGS = frozenset({"--host", "--port", "--model", "--tokenizer", "--download-dir"})
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    body: dict[str, Any]
+    identity: dict[str, Any]
+
+
+def _is_secret(name: str) -> bool:
+    upper = name.upper().replace("-", "_")
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+def _convert(value: str, kind: str, flag: str, unknown: dict[str, str]) -> Any:
+    if kind == "int":
+        try:
+            return int(value)
+        except ValueError:
+            unknown[flag] = f"{flag} {value!r} is not an integer"
+            return None
+    if kind == "bool":
+        return value.lower() in ("1", "true", "yes", "on")
+    return value
+
+
+def parse_engine_args(argv: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Engine fields given on the command line (last occurrence wins), and parse problems."""
+    given: dict[str, Any] = {}
+    unknown: dict[str, str] = {}
+    i = 0
+    args = list(argv)
+    while i < len(args):
+        arg = args[i]
+        name, eq, inline = arg.partition("=")
+        name = name.replace("_", "-") if name.startswith("--") else name
+        negated = name.startswith("--no-")
+        key = "--" + name[5:] if negated else name
+        if key == "--config":
+            unknown["config_file"] = "flags given in a --config file are not read"
+        spec = FLAGS.get(key)
+        if spec is None:
+            i += 1
+            continue
+        field, kind = spec
+        if kind == "bool":
+            if negated:
+                given[field] = False
+            elif eq:
+                given[field] = _convert(inline, "bool", key, unknown)
+            else:
+                given[field] = True
+            i += 1
+            continue
+        if eq:
+            value = inline
+            i += 1
+        elif i + 1 < len(args):
+            value = args[i + 1]
+            i += 2
+        else:
+            unknown[key] = f"{key} has no value"
+            i += 1
+            continue
+        given[field] = _convert(value, kind, key, unknown)
+    return given, unknown
+
+
+def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("<redacted>")
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if name.startswith("-") and _is_secret(name):
+            out.append(f"{name}=<redacted>" if eq else name)
+            hide_next = not eq
+        else:
+            out.append(arg)
+    return out
+
+
+def split_env(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(numerics-relevant engine variables for the body, per-machine ones for identity)."""
+    body: dict[str, str] = {}
+    identity: dict[str, str] = {}
+    for name in sorted(env):
+        if not (name.startswith("VLLM_") or name in EXTRA_ENV) or _is_secret(name):
+            continue
+        if name in IDENTITY_ENV or name.endswith(IDENTITY_ENV_SUFFIXES):
+            identity[name] = env[name]
+        else:
+            body[name] = env[name]
+    return body, identity
+
+
+def parse_info_metric(text: str, name: str) -> dict[str, str] | None:
+    """Labels of the first sample of an ``*_info`` metric in Prometheus text format."""
+    prefix = name + "{"
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return {k: v.replace('\\"', '"') for k, v in _LABEL.findall(line)}
+    return None
+
+
+def batch_invariance(fields: dict[str, Any], env: dict[str, str] | None) -> str:
+    if env is not None and env.get("VLLM_BATCH_INVARIANT") == "1":
+        return "kernel"
+    if (
+        fields.get("max_num_seqs") == 1
+        and fields.get("enable_prefix_caching") is False
+        and fields.get("enable_chunked_prefill") is False
+    ):
+        return "serial"
+    return "none"
+
+
+def _get(client: httpx.Client, url: str) -> httpx.Response:
+    try:
+        response = client.get(url)
+    except httpx.HTTPError as exc:
+        raise Unreachable(
+            f"the engine at {url} does not answer: {exc}", code="engine_unreachable"
+        ) from exc
+    return response
+
+
+def server_info(engine_url: str, *, timeout: float = 10.0) -> dict[str, Any]:
+    """What the running server says about itself; raises Unreachable if it does not answer."""
+    base = engine_url.rstrip("/")
+    info: dict[str, Any] = {"unknown": {}}
+    with httpx.Client(timeout=timeout) as client:
+        models = _get(client, f"{base}/v1/models")
+        if models.status_code != 200:
+            raise Unreachable(
+                f"{base}/v1/models answered HTTP {models.status_code}; is this a vLLM server?",
+                code="engine_unreachable",
+            )
+        try:
+            data = models.json()["data"]
+            info["model"] = data[0]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise Unreachable(
+                f"{base}/v1/models did not list a model", code="engine_unreachable"
+            ) from exc
+        version = _get(client, f"{base}/version")
+        if version.status_code == 200:
+            info["version"] = version.json().get("version")
+        else:
+            info["unknown"]["version"] = f"/version answered HTTP {version.status_code}"
+        metrics = _get(client, f"{base}/metrics")
+        labels = (
+            parse_info_metric(metrics.text, "vllm:cache_config_info")
+            if metrics.status_code == 200
+            else None
+        )
+        if labels is None:
+            info["unknown"]["cache_config"] = "the server exports no vllm:cache_config_info metric"
+        info["cache_config"] = labels
+        probe = client.post(
+            f"{base}/v1/completions",
+            json={"model": info["model"]["id"], "prompt": "fingerprint", "max_tokens": 1},
+        )
+        if probe.status_code == 200:
+            info["system_fingerprint"] = probe.json().get("system_fingerprint")
+        else:
+            info["unknown"]["system_fingerprint"] = (
+                f"a one-token completion answered HTTP {probe.status_code}"
+            )
+    return info
+
+
+def _bool_label(labels: dict[str, str] | None, name: str) -> bool | None:
+    if labels is None or name not in labels:
+        return None
+    return labels[name] == "True"
+
+
+def snapshot_engine(
+    engine_url: str | None,
+    process: EngineProcess | None,
+    process_reason: str | None = None,
+    *,
+    info: dict[str, Any] | None = None,
+) -> EngineSnapshot:
+    """The ``engine`` body and identity from the server (``info``) and its process."""
+    unknown: dict[str, str] = {}
+    identity: dict[str, Any] = {"url": engine_url}
+    fields: dict[str, Any] = dict.fromkeys(FIELDS, DEFAULT)
+    env_body: dict[str, str] | None = None
+    if process is not None:
+        given, problems = parse_engine_args(process.argv)
+        fields.update(given)
+        unknown.update(problems)
+        env_body, env_identity = split_env(process.env)
+        identity.update(pid=process.pid, argv=redact_argv(process.argv), env=env_identity)
+    else:
+        reason = process_reason or "the engine process was not inspected"
+        for field in FIELDS:
+            fields[field] = None
+        unknown["flags"] = reason
+        unknown["env"] = reason
+    if info is None:
+        unknown["server"] = "no engine URL given; nothing was asked of the server"
+        version = system_fingerprint = None
+    else:
+        unknown.update({f"server.{k}": v for k, v in info["unknown"].items()})
+        version = info.get("version")
+        system_fingerprint = info.get("system_fingerprint")
+        model = info["model"]
+        fields["served_model_name"] = model.get("id")
+        if model.get("max_model_len") is not None:
+            fields["max_model_len"] = model["max_model_len"]
+        identity["model_root"] = model.get("root")
+        labels = info.get("cache_config")
+        prefix = _bool_label(labels, "enable_prefix_caching")
+        if prefix is not None:
+            fields["enable_prefix_caching"] = prefix
+        if labels is not None:
+            if labels.get("cache_dtype"):
+                fields["kv_cache_dtype"] = labels["cache_dtype"]
+            if labels.get("block_size", "None") != "None":
+                fields["block_size"] = int(labels["block_size"])
+    body: dict[str, Any] = {
+        "name": "vllm",
+        "version": version,
+        **fields,
+        "env": env_body,
+        "batch_invariance": batch_invariance(fields, env_body),
+        "system_fingerprint": system_fingerprint,
+        "unknown": unknown,
+    }
+    if process is None:
+        body["unknown"]["batch_invariance"] = "engine flags unknown; assumed none"
+    return EngineSnapshot(body, identity)
+
+
+def engine_port(engine_url: str) -> tuple[str, int]:
+    parts = urlsplit(engine_url)
+    if parts.hostname is None:
+        raise ValueError(f"engine URL {engine_url!r} has no host")
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)

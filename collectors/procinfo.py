@@ -1,0 +1,128 @@
+"""The engine's process, read from /proc: found by its listening port, then argv, env and exe.
+
+Only what this user may read is read. A process of another user hides its environment and file
+descriptors; the caller gets :class:`ProcessUnreadable` with the reason, never a guess.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+_LISTEN = "0A"
+
+
+class ProcessUnreadable(Exception):
+    """A /proc entry exists but cannot be read (another user's process, or it exited)."""
+
+
+@dataclass(frozen=True)
+class EngineProcess:
+    pid: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    exe: str | None
+    cwd: str | None
+
+    def interpreter(self) -> str | None:
+        """The Python that runs the engine, as invoked (a venv's python, not its base).
+
+        ``/proc/PID/exe`` resolves a virtual environment's symlink to the base interpreter,
+        which would see none of the engine's packages; so prefer argv[0] when it is a Python,
+        or the shebang of the console script argv[0] names, and fall back to ``exe``.
+        """
+        first = Path(self.argv[0])
+        if not first.is_absolute() and self.cwd is not None:
+            first = Path(self.cwd) / first
+        if first.name.startswith("python") and first.exists():
+            return str(first)
+        try:
+            with first.open("rb") as handle:
+                head = handle.readline(512)
+        except OSError:
+            return self.exe
+        if head.startswith(b"#!"):
+            interpreter = head[2:].split()[0].decode("utf-8", "replace")
+            if Path(interpreter).name.startswith("python"):
+                return interpreter
+        return self.exe
+
+
+def _listening_inodes(port: int, proc: Path) -> set[str]:
+    inodes: set[str] = set()
+    for table in ("net/tcp", "net/tcp6"):
+        try:
+            lines = (proc / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == _LISTEN:
+                local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                if local_port == port:
+                    inodes.add(fields[9])
+    return inodes
+
+
+def find_pid_by_port(port: int, proc: Path = PROC) -> int:
+    """The lowest PID (the parent, for forked servers) holding a socket listening on ``port``."""
+    inodes = _listening_inodes(port, proc)
+    if not inodes:
+        raise ProcessUnreadable(f"no socket is listening on port {port} on this host")
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    hidden = 0
+    holders: list[int] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in (entry / "fd").iterdir():
+                if os.readlink(fd) in wanted:
+                    holders.append(int(entry.name))
+                    break
+        except PermissionError:
+            hidden += 1
+        except OSError:
+            continue
+    if holders:
+        return min(holders)
+    reason = f"port {port} is listening but no process of this user holds it"
+    if hidden:
+        reason += f" ({hidden} processes of other users cannot be inspected; pass --engine-pid)"
+    raise ProcessUnreadable(reason)
+
+
+def read_process(pid: int, proc: Path = PROC) -> EngineProcess:
+    """argv, environment and executable of ``pid``."""
+    base = proc / str(pid)
+    try:
+        raw_argv = (base / "cmdline").read_bytes()
+    except FileNotFoundError as exc:
+        raise ProcessUnreadable(f"process {pid} does not exist") from exc
+    except PermissionError as exc:
+        raise ProcessUnreadable(f"cannot read the command line of process {pid}") from exc
+    argv = tuple(a.decode("utf-8", "replace") for a in raw_argv.split(b"\0") if a)
+    try:
+        raw_env = (base / "environ").read_bytes()
+    except PermissionError as exc:
+        raise ProcessUnreadable(
+            f"cannot read the environment of process {pid}: it belongs to another user"
+        ) from exc
+    except FileNotFoundError as exc:
+        raise ProcessUnreadable(f"process {pid} exited") from exc
+    env: dict[str, str] = {}
+    for item in raw_env.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    links: dict[str, str | None] = {}
+    for link in ("exe", "cwd"):
+        try:
+            links[link] = os.readlink(base / link)
+        except OSError:
+            links[link] = None
+    if not argv:
+        raise ProcessUnreadable(f"process {pid} has no command line (a zombie or kernel thread)")
+    return EngineProcess(pid, argv, env, links["exe"], links["cwd"])

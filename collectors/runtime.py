@@ -1,0 +1,94 @@
+"""The engine's software: Python, vLLM, torch and the CUDA libraries it loads.
+
+Versions must come from the interpreter that runs the engine, not the collector's (they live in
+different environments, as they would in different containers), so the probe
+(``runtime_probe.py``) runs as a subprocess of the engine's Python: ``--engine-python``, or the
+executable of the engine process found through /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROBE = Path(__file__).with_name("runtime_probe.py")
+PROBE_TIMEOUT = 180.0
+FIELDS = (
+    "python",
+    "python_implementation",
+    "machine",
+    "cpu_model",
+    "cpu_capability",
+    "vllm",
+    "torch",
+    "torch_cuda",
+    "transformers",
+    "tokenizers",
+    "triton",
+    "flash_attn",
+    "flashinfer",
+    "xformers",
+    "cuda_runtime",
+    "cublas",
+    "cudnn",
+    "nccl",
+)
+
+
+@dataclass(frozen=True)
+class RuntimeSnapshot:
+    body: dict[str, Any]
+    interpreter: str | None
+
+
+def _unknown_body(reason: str) -> dict[str, Any]:
+    body: dict[str, Any] = dict.fromkeys(FIELDS)
+    body["unknown"] = {"runtime": reason}
+    return body
+
+
+def snapshot_runtime(
+    engine_python: str | None, *, timeout: float = PROBE_TIMEOUT
+) -> RuntimeSnapshot:
+    """Run the probe with ``engine_python``; every field is present, unknown ones say why."""
+    if engine_python is None:
+        return RuntimeSnapshot(
+            _unknown_body(
+                "the engine's interpreter is not known: pass --engine-python, or run the "
+                "collector beside the engine so its process can be found"
+            ),
+            None,
+        )
+    try:
+        done = subprocess.run(
+            [engine_python, str(PROBE)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except FileNotFoundError:
+        return RuntimeSnapshot(_unknown_body(f"engine interpreter {engine_python} not found"), None)
+    except PermissionError:
+        return RuntimeSnapshot(
+            _unknown_body(f"engine interpreter {engine_python} is not executable"), None
+        )
+    except subprocess.TimeoutExpired:
+        return RuntimeSnapshot(
+            _unknown_body(f"the runtime probe did not finish within {timeout:.0f} s"), None
+        )
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return RuntimeSnapshot(
+            _unknown_body(f"the runtime probe failed (exit {done.returncode}): {tail}"), None
+        )
+    try:
+        found = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return RuntimeSnapshot(_unknown_body("the runtime probe printed no JSON"), None)
+    body: dict[str, Any] = {field: found.get(field) for field in FIELDS}
+    body["unknown"] = dict(found.get("unknown") or {})
+    return RuntimeSnapshot(body, engine_python)

@@ -1,0 +1,162 @@
+"""Field-by-field differences between two fingerprint bodies, each with its replay impact.
+
+Pure: takes two bodies, returns :class:`Difference` values in body order. A difference is
+``derived`` when it only follows from others (the manifest digest from the files, vLLM's own
+``system_fingerprint`` from its config, ``batch_invariance`` from the scheduler flags), so a
+reader can look at the causes first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+NOT_COMPARABLE = "outputs not comparable"
+DERIVED = frozenset(
+    {
+        "model.digest",
+        "model.weights_digest",
+        "model.config_digest",
+        "model.tokenizer_digest",
+        "model.generation_config_digest",
+        "model.chat_template.digest",
+        "engine.system_fingerprint",
+        "engine.batch_invariance",
+    }
+)
+_LIBRARIES = frozenset(
+    {
+        "vllm",
+        "torch",
+        "torch_cuda",
+        "transformers",
+        "tokenizers",
+        "triton",
+        "flash_attn",
+        "flashinfer",
+        "xformers",
+        "cuda_runtime",
+        "cublas",
+        "cudnn",
+        "nccl",
+    }
+)
+_SCHEDULER = frozenset(
+    {"max_num_seqs", "enable_prefix_caching", "enable_chunked_prefill", "max_num_batched_tokens"}
+)
+_NUMERICS = frozenset({"dtype", "quantization", "kv_cache_dtype", "speculative_config"})
+_PARALLEL = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"})
+
+
+@dataclass(frozen=True)
+class Difference:
+    path: str
+    before: Any
+    after: Any
+    impact: str
+    derived: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "before": self.before,
+            "after": self.after,
+            "impact": self.impact,
+            "derived": self.derived,
+        }
+
+
+def _invariance_change(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    before = (a.get("engine") or {}).get("batch_invariance")
+    after = (b.get("engine") or {}).get("batch_invariance")
+    if before == after:
+        return None
+    if after in (None, "none"):
+        return "batch invariance lost"
+    if before in (None, "none"):
+        return f"batch invariance gained ({after})"
+    return f"batch invariance mode {before} -> {after}"
+
+
+def impact(path: str, a: dict[str, Any], b: dict[str, Any]) -> str:
+    """What a change at ``path`` means for replaying A's records on B."""
+    section, _, rest = path.partition(".")
+    field = rest.split(".", 1)[0].split("[", 1)[0]
+    if section == "schema_version":
+        return "different fingerprint schema: compare field by field with care"
+    if section == "model":
+        if field in ("weights_digest", "config_digest", "architectures", "model_type"):
+            return f"model weights or architecture differ: {NOT_COMPARABLE}"
+        if field == "tokenizer_digest":
+            return "tokenizer differs: prompts may tokenize differently (prompt_mismatch)"
+        if field == "chat_template":
+            return "chat template differs: chat prompts may render differently (prompt_mismatch)"
+        if field == "generation_config_digest":
+            return "generation defaults differ: requests relying on defaults may sample differently"
+        if field in ("files", "digest"):
+            return "model files differ"
+        return "model metadata differs"
+    if section == "runtime":
+        if field in _LIBRARIES:
+            return f"{field} version changed: kernels may differ, bitwise reproduction not expected"
+        if field in ("cpu_capability", "cpu_model", "machine"):
+            return "CPU or its kernel dispatch changed: bitwise reproduction not expected"
+        return "runtime changed: small risk to numerics"
+    if section == "gpu":
+        if field in ("driver_version", "cuda_driver_version"):
+            return "GPU driver changed: kernels may differ, bitwise reproduction not expected"
+        return "GPU model, count or mode changed: bitwise reproduction not expected"
+    if section == "engine":
+        lost = _invariance_change(a, b)
+        if (
+            field in _SCHEDULER
+            or field == "batch_invariance"
+            or path == "engine.env.VLLM_BATCH_INVARIANT"
+        ):
+            return lost or "scheduling changed: batched outputs may differ, invariance unchanged"
+        if field in _NUMERICS:
+            return f"numerics changed: {NOT_COMPARABLE}"
+        if field in _PARALLEL:
+            return "parallelism changed: reduction order differs, bitwise reproduction not expected"
+        if field in ("version", "system_fingerprint"):
+            return "engine version or configuration changed"
+        if field == "seed":
+            return "default seed changed: sampled requests without their own seed differ"
+        if field == "env":
+            return "engine environment changed: may change kernels or scheduling"
+        if field == "unknown":
+            return "what could not be read differs"
+        return "engine setting changed: may change outputs"
+    return "may change outputs"
+
+
+def _files_by_path(value: Any) -> dict[str, Any] | None:
+    if isinstance(value, list) and all(isinstance(v, dict) and "path" in v for v in value):
+        return {v["path"]: v for v in value}
+    return None
+
+
+def _walk(path: str, x: Any, y: Any, out: list[tuple[str, Any, Any]]) -> None:
+    if x == y:
+        return
+    if isinstance(x, dict) and isinstance(y, dict):
+        for key in list(x) + [k for k in y if k not in x]:
+            _walk(f"{path}.{key}" if path else key, x.get(key), y.get(key), out)
+        return
+    fx, fy = _files_by_path(x), _files_by_path(y)
+    if fx is not None and fy is not None:
+        for name in sorted(set(fx) | set(fy)):
+            if fx.get(name) != fy.get(name):
+                out.append((f"{path}[{name}]", fx.get(name), fy.get(name)))
+        return
+    out.append((path, x, y))
+
+
+def diff(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
+    """Differences from fingerprint body ``a`` to ``b``; empty when they are the same."""
+    found: list[tuple[str, Any, Any]] = []
+    _walk("", a, b, found)
+    return [
+        Difference(path, before, after, impact(path, a, b), path in DERIVED)
+        for path, before, after in found
+    ]
