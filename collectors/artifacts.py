@@ -130,6 +130,11 @@ def list_model_files(directory: Path) -> list[ModelFile]:
                 walk(target, parts)
             elif target.is_file():
                 found.append(ModelFile("/".join(parts), str(target), FileStamp.of(target.stat())))
+            else:
+                raise InvalidInput(
+                    f"{'/'.join(parts)} is neither a regular file nor a directory",
+                    code="model_unreadable",
+                )
 
     walk(root, ())
     if not found:

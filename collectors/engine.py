@@ -269,7 +269,11 @@ def snapshot_engine(
         unknown["flags"] = reason
         unknown["env"] = reason
     if info is None:
-        unknown["server"] = "no engine URL given; nothing was asked of the server"
+        unknown["server"] = (
+            "no engine URL given; nothing was asked of the server"
+            if engine_url is None
+            else "the server was not queried"
+        )
         version = system_fingerprint = None
     else:
         unknown.update({f"server.{k}": v for k, v in info["unknown"].items()})

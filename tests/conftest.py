@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from fixture_model import build
 from ledger.storage.database import Database
 from tests.support.databases import PostgresDatabases, SqliteDatabases, require_postgres
+from tests.support.engine import STRICT_ARGS, EngineServer, engine_python, start_engines
 from tests.support.harness import Harness, start_harness
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -48,3 +51,37 @@ def api(
     harness = start_harness(backend, fresh_url(request, backend), tmp_path_factory.mktemp(backend))
     yield harness
     harness.close()
+
+
+@pytest.fixture(scope="session")
+def fixture_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The small and tiny fixture models, built once per session (about 2 s)."""
+    root = tmp_path_factory.mktemp("models")
+    return {size: build(root / size, size=size) for size in ("small", "tiny")}
+
+
+# Engine pools on the small model: the default scheduler (batch-variant, the negative control),
+# the strict serial pool (bitwise reproducible), and the default with only --max-num-seqs
+# changed (for fingerprint diffs). Started together so their start-ups overlap.
+ENGINE_CONFIGS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "strict": STRICT_ARGS,
+    "seqs8": ("--max-num-seqs", "8"),
+}
+
+
+@pytest.fixture(scope="session")
+def engines(
+    fixture_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, EngineServer]]:
+    """Real vLLM CPU servers, one per configuration, shared by the whole session."""
+    python = engine_python()
+    logs = tmp_path_factory.mktemp("engine-logs")
+    servers = {
+        name: EngineServer(fixture_models["small"], args, logs / f"{name}.log", python)
+        for name, args in ENGINE_CONFIGS.items()
+    }
+    start_engines(list(servers.values()))
+    yield servers
+    for server in servers.values():
+        server.stop()

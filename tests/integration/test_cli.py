@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,22 +16,8 @@ from cli.server_thread import free_port
 from collectors.ledger_client import LedgerClient
 from ledger.signing import SigningKey
 from ledger.storage.database import Database
+from tests.support.cli import LEDGER, ledger
 from tests.support.documents import fingerprint_envelope, record_envelope
-
-LEDGER = [sys.executable, "-m", "cli"]
-
-
-def ledger(*args: str, env: dict[str, str] | None = None, check: bool = True, timeout: int = 120):
-    proc = subprocess.run(
-        [*LEDGER, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-    if check:
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
 
 
 def test_keys_new_writes_a_pair_and_never_overwrites(tmp_path: Path):

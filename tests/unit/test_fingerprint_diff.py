@@ -1,0 +1,99 @@
+"""Fingerprint differences and their replay impact."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ledger.fingerprint_diff import diff
+
+
+def body() -> dict[str, Any]:
+    return {
+        "schema_version": 1,
+        "model": {
+            "digest": "sha256:aa",
+            "files": [
+                {"path": "config.json", "size": 10, "sha256": "c1"},
+                {"path": "model.safetensors", "size": 99, "sha256": "w1"},
+            ],
+            "weights_digest": "sha256:w",
+            "tokenizer_digest": "sha256:t",
+            "chat_template": {"source": "chat_template.jinja", "digest": "sha256:j"},
+        },
+        "runtime": {"vllm": "0.32.0", "torch": "2.13.0+cpu", "python": "3.11.7"},
+        "gpu": {"driver_version": "580.95.05", "gpus": [{"name": "NVIDIA H200"}]},
+        "engine": {
+            "max_num_seqs": 1,
+            "enable_prefix_caching": False,
+            "enable_chunked_prefill": False,
+            "batch_invariance": "serial",
+            "dtype": "bfloat16",
+            "system_fingerprint": "vllm-0.32.0-aaaa",
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+        },
+    }
+
+
+def test_identical_bodies_have_no_differences():
+    assert diff(body(), body()) == []
+
+
+def test_losing_serial_scheduling_says_batch_invariance_lost():
+    a, b = body(), body()
+    b["engine"].update(max_num_seqs=256, batch_invariance="none", system_fingerprint="vllm-x")
+    changes = {c.path: c for c in diff(a, b)}
+    assert set(changes) == {
+        "engine.max_num_seqs",
+        "engine.batch_invariance",
+        "engine.system_fingerprint",
+    }
+    seqs = changes["engine.max_num_seqs"]
+    assert (seqs.before, seqs.after, seqs.derived) == (1, 256, False)
+    assert seqs.impact == "batch invariance lost"
+    assert changes["engine.batch_invariance"].derived
+    assert changes["engine.system_fingerprint"].derived
+    back = {c.path: c for c in diff(b, a)}
+    assert back["engine.max_num_seqs"].impact == "batch invariance gained (serial)"
+
+
+def test_weights_tokenizer_and_template_each_have_their_own_impact():
+    a, b = body(), body()
+    b["model"]["files"][1]["sha256"] = "w2"
+    b["model"]["weights_digest"] = "sha256:w2"
+    b["model"]["digest"] = "sha256:bb"
+    b["model"]["tokenizer_digest"] = "sha256:t2"
+    b["model"]["chat_template"]["digest"] = "sha256:j2"
+    changes = {c.path: c for c in diff(a, b)}
+    assert changes["model.files[model.safetensors]"].after["sha256"] == "w2"
+    assert "not comparable" in changes["model.weights_digest"].impact
+    assert "prompt_mismatch" in changes["model.tokenizer_digest"].impact
+    assert "chat template" in changes["model.chat_template.digest"].impact
+    assert "model.files[config.json]" not in changes
+
+
+def test_added_and_removed_files_and_fields():
+    a, b = body(), body()
+    b["model"]["files"].append({"path": "extra.bin", "size": 1, "sha256": "e"})
+    del b["runtime"]["python"]
+    b["engine"]["env"]["VLLM_BATCH_INVARIANT"] = "1"
+    b["engine"]["batch_invariance"] = "kernel"
+    changes = {c.path: c for c in diff(a, b)}
+    assert changes["model.files[extra.bin]"].before is None
+    assert changes["runtime.python"].after is None
+    assert (
+        changes["engine.env.VLLM_BATCH_INVARIANT"].impact
+        == "batch invariance mode serial -> kernel"
+    )
+
+
+def test_library_driver_and_dtype_impacts():
+    a = body()
+    b = copy.deepcopy(a)
+    b["runtime"]["torch"] = "2.14.1"
+    b["gpu"]["driver_version"] = "590.1"
+    b["engine"]["dtype"] = "float32"
+    changes = {c.path: c.impact for c in diff(a, b)}
+    assert changes["runtime.torch"].startswith("torch version changed")
+    assert "driver" in changes["gpu.driver_version"]
+    assert "not comparable" in changes["engine.dtype"]

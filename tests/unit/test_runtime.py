@@ -1,0 +1,49 @@
+"""The runtime probe runs with the engine's interpreter and says why a value is missing."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from collectors.runtime import FIELDS, snapshot_runtime
+
+
+def test_the_probe_reports_the_interpreter_it_runs_in():
+    snap = snapshot_runtime(sys.executable)
+    body = snap.body
+    assert set(body) == {*FIELDS, "unknown"}
+    assert body["python"] == platform.python_version()
+    assert body["tokenizers"] == metadata.version("tokenizers")
+    assert body["vllm"] is None and body["torch"] is None  # not in the ledger's environment
+    assert body["cpu_model"]
+    assert snap.interpreter == sys.executable
+
+
+def test_unknown_interpreter_is_explained():
+    for python, reason in [
+        (None, "interpreter is not known"),
+        ("/nonexistent/python", "not found"),
+        ("/bin/false", "probe failed (exit 1)"),
+    ]:
+        body = snapshot_runtime(python).body
+        assert all(body[f] is None for f in FIELDS)
+        assert reason in body["unknown"]["runtime"], python
+
+
+def test_a_probe_that_hangs_is_stopped(tmp_path: Path):
+    slow = tmp_path / "python"
+    slow.write_text("#!/bin/sh\nsleep 30\n")
+    slow.chmod(0o755)
+    body = snapshot_runtime(str(slow), timeout=0.5).body
+    assert "did not finish" in body["unknown"]["runtime"]
+
+
+def test_a_probe_that_prints_garbage(tmp_path: Path):
+    noisy = tmp_path / "python"
+    noisy.write_text("#!/bin/sh\necho hello\n")
+    noisy.chmod(0o755)
+    assert snapshot_runtime(str(noisy)).body["unknown"]["runtime"] == (
+        "the runtime probe printed no JSON"
+    )
