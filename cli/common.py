@@ -13,6 +13,7 @@ import typer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 import migrations
 from api.settings import Settings
@@ -61,7 +62,8 @@ def token_file_or_default(path: Path | None) -> Path:
 
 
 def fail(message: str, code: int = 1) -> Any:
-    err_console.print(f"[bold red]error:[/] {message}")
+    # Messages carry codes in brackets ("[engine_unreachable]"): print them, not as markup.
+    err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 

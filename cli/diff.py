@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from cli.common import (
@@ -81,7 +82,8 @@ def _table(a: str, b: str, changes: list[Difference]) -> Table:
     for c in ordered:
         style = "dim" if c.derived else ""
         label = f"{c.path} (derived)" if c.derived else c.path
-        table.add_row(label, f"{_show(c.before)} -> {_show(c.after)}", c.impact, style=style)
+        change = f"{_show(c.before)} -> {_show(c.after)}"
+        table.add_row(escape(label), escape(change), escape(c.impact), style=style)
     return table
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from cli.common import (
@@ -54,13 +55,13 @@ def _table(snapshot: Snapshot) -> Table:
     template = model["chat_template"]
     table.add_row("model.chat_template", f"{template['source']} {template['digest']}")
     for field in RUNTIME_ROWS:
-        table.add_row(f"runtime.{field}", str(body["runtime"].get(field)))
+        table.add_row(f"runtime.{field}", escape(str(body["runtime"].get(field))))
     gpu = body["gpu"]
-    names = ", ".join(g["name"] or "?" for g in gpu["gpus"]) or "none"
+    names = escape(", ".join(g["name"] or "?" for g in gpu["gpus"]) or "none")
     table.add_row("gpu.gpus", names)
     table.add_row("gpu.driver_version", str(gpu["driver_version"]))
     for field in ENGINE_ROWS:
-        table.add_row(f"engine.{field}", str(body["engine"].get(field)))
+        table.add_row(f"engine.{field}", escape(str(body["engine"].get(field))))
     return table
 
 
@@ -112,7 +113,7 @@ def fingerprint(
         )
     digest_cache.close()
     if digest_cache.error:
-        err_console.print(f"[yellow]warning:[/] {digest_cache.error}")
+        err_console.print(f"[yellow]warning:[/] {escape(digest_cache.error)}")
     document: dict[str, Any] = {
         "fingerprint_id": snapshot.fingerprint_id,
         "body": snapshot.body,
@@ -142,7 +143,7 @@ def fingerprint(
         "file digests from the cache"
     )
     for field, reason in snapshot.unknown().items():
-        console.print(f"[yellow]unknown[/] {field}: {reason}")
+        console.print(f"[yellow]unknown[/] {escape(field)}: {escape(reason)}")
     if "registration" in document:
         reg = document["registration"]
         console.print(f"registered: {reg['status']} at log index {reg['log_index']}")

@@ -205,3 +205,13 @@ def test_transformers_loads_the_fixture_model(engines):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "2"
+
+
+def test_engine_pid_alone_reads_flags_and_the_engine_interpreter(engines):
+    server = engines["strict"]
+    snap = take_snapshot(server.model_dir, engine_pid=server.pid)
+    engine = snap.body["engine"]
+    assert engine["max_num_seqs"] == 1 and engine["batch_invariance"] == "serial"
+    assert engine["version"] is None and "no engine URL" in engine["unknown"]["server"]
+    assert snap.body["runtime"]["vllm"] == "0.32.0"
+    assert snap.identity["engine"]["pid"] == server.pid
