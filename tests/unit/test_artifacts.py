@@ -223,3 +223,13 @@ def test_chat_template_from_tokenizer_config(model: Path):
     del config["chat_template"]
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     assert manifest(model).body["chat_template"] == {"source": None, "digest": None}
+
+
+def test_an_empty_file_has_the_empty_digest(model: Path):
+    (model / "empty.txt").write_bytes(b"")
+    files = {f["path"]: f for f in manifest(model).body["files"]}
+    assert files["empty.txt"] == {
+        "path": "empty.txt",
+        "size": 0,
+        "sha256": hashlib.sha256(b"").hexdigest(),
+    }
