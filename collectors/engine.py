@@ -193,48 +193,60 @@ def _get(client: httpx.Client, url: str) -> httpx.Response:
     return response
 
 
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
 def server_info(engine_url: str, *, timeout: float = 10.0) -> dict[str, Any]:
-    """What the running server says about itself; raises Unreachable if it does not answer."""
+    """What the running server says about itself; raises Unreachable if it does not answer.
+
+    Only ``/v1/models`` is required; the version, the cache-config metric and the engine's own
+    ``system_fingerprint`` (from a one-token completion) are reported as unknown when missing.
+    """
     base = engine_url.rstrip("/")
-    info: dict[str, Any] = {"unknown": {}}
+    unknown: dict[str, str] = {}
+    info: dict[str, Any] = {"unknown": unknown, "cache_config": None}
     with httpx.Client(timeout=timeout) as client:
         models = _get(client, f"{base}/v1/models")
-        if models.status_code != 200:
+        listed = _json(models) if models.status_code == 200 else None
+        data = listed.get("data") if isinstance(listed, dict) else None
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict):
             raise Unreachable(
-                f"{base}/v1/models answered HTTP {models.status_code}; is this a vLLM server?",
+                f"{base}/v1/models answered HTTP {models.status_code} without a model list; "
+                "is this a vLLM server?",
                 code="engine_unreachable",
             )
+        info["model"] = data[0]
         try:
-            data = models.json()["data"]
-            info["model"] = data[0]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise Unreachable(
-                f"{base}/v1/models did not list a model", code="engine_unreachable"
-            ) from exc
-        version = _get(client, f"{base}/version")
-        if version.status_code == 200:
-            info["version"] = version.json().get("version")
-        else:
-            info["unknown"]["version"] = f"/version answered HTTP {version.status_code}"
-        metrics = _get(client, f"{base}/metrics")
-        labels = (
-            parse_info_metric(metrics.text, "vllm:cache_config_info")
-            if metrics.status_code == 200
-            else None
-        )
-        if labels is None:
-            info["unknown"]["cache_config"] = "the server exports no vllm:cache_config_info metric"
-        info["cache_config"] = labels
-        probe = client.post(
-            f"{base}/v1/completions",
-            json={"model": info["model"]["id"], "prompt": "fingerprint", "max_tokens": 1},
-        )
-        if probe.status_code == 200:
-            info["system_fingerprint"] = probe.json().get("system_fingerprint")
-        else:
-            info["unknown"]["system_fingerprint"] = (
-                f"a one-token completion answered HTTP {probe.status_code}"
+            version = client.get(f"{base}/version")
+            found = _json(version)
+            if version.status_code == 200 and isinstance(found, dict):
+                info["version"] = found.get("version")
+            else:
+                unknown["version"] = f"/version answered HTTP {version.status_code}"
+            metrics = client.get(f"{base}/metrics")
+            if metrics.status_code == 200:
+                info["cache_config"] = parse_info_metric(metrics.text, "vllm:cache_config_info")
+            if info["cache_config"] is None:
+                unknown["cache_config"] = "the server exports no vllm:cache_config_info metric"
+            probe = client.post(
+                f"{base}/v1/completions",
+                json={"model": info["model"].get("id"), "prompt": "fingerprint", "max_tokens": 1},
             )
+            answer = _json(probe)
+            if probe.status_code == 200 and isinstance(answer, dict):
+                info["system_fingerprint"] = answer.get("system_fingerprint")
+            else:
+                unknown["system_fingerprint"] = (
+                    f"a one-token completion answered HTTP {probe.status_code}"
+                )
+        except httpx.HTTPError as exc:
+            raise Unreachable(
+                f"the engine at {base} stopped answering: {exc}", code="engine_unreachable"
+            ) from exc
     return info
 
 

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
+from collectors.engine import server_info, snapshot_engine
+from ledger.errors import Unreachable
 from tests.support.cli import ledger
 from tests.support.engine import free_port
 
@@ -95,3 +101,45 @@ def test_diff_refuses_what_is_not_a_fingerprint(tmp_path: Path):
         check=False,
     )
     assert unreachable.returncode == 2 and "cannot fetch" in unreachable.stderr
+
+
+class _ModelsOnly(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server that is not vLLM: /v1/models and nothing else."""
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            body = json.dumps({"data": [{"id": "other", "max_model_len": 4096}]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_error(404)
+
+    def do_POST(self) -> None:
+        self.send_error(405)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_server_that_is_not_vllm(api):
+    with pytest.raises(Unreachable, match="without a model list"):
+        server_info(api.url)  # the ledger's own API: no /v1/models
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ModelsOnly)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        info = server_info(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+    assert info["model"]["id"] == "other"
+    assert info["unknown"] == {
+        "version": "/version answered HTTP 404",
+        "cache_config": "the server exports no vllm:cache_config_info metric",
+        "system_fingerprint": "a one-token completion answered HTTP 405",
+    }
+    body = snapshot_engine("http://127.0.0.1:1", None, "not inspected", info=info).body
+    assert body["max_model_len"] == 4096 and body["version"] is None
+    assert body["unknown"]["server.version"] == "/version answered HTTP 404"

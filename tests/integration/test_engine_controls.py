@@ -1,0 +1,79 @@
+"""The two controls every replay test stands on, measured on the real engine.
+
+The default vLLM scheduler batches concurrent requests, and batch composition moves the
+logits: the same greedy request gives other logprob bits (sometimes other tokens) when it runs
+beside others. The strict pool (max_num_seqs 1, no prefix caching, no chunked prefill) runs
+each request alone, so it reproduces bit for bit at any client concurrency.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.support.engine import EngineServer
+
+pytestmark = pytest.mark.engine
+
+CONCURRENCY = 8
+MAX_TOKENS = 32
+
+
+def prompts(count: int, seed: int = 42) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(6, 512) for _ in range(rng.randint(5, 120))] for _ in range(count)]
+
+
+def complete(url: str, prompt: list[int]) -> tuple[list[int], bytes]:
+    response = httpx.post(
+        f"{url}/v1/completions",
+        json={
+            "model": "fixture",
+            "prompt": prompt,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "logprobs": 1,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+        timeout=300,
+    )
+    response.raise_for_status()
+    choice = response.json()["choices"][0]
+    logprobs = choice["logprobs"]["token_logprobs"]
+    return choice["token_ids"], struct.pack(f"<{len(logprobs)}f", *logprobs)
+
+
+def alone_then_together(server: EngineServer) -> tuple[int, int]:
+    """(identical token sequences, bitwise-equal logprobs) out of CONCURRENCY prompts."""
+    batch = prompts(CONCURRENCY)
+    alone = [complete(server.url, p) for p in batch]
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        together = list(pool.map(lambda p: complete(server.url, p), batch))
+    for tokens, _ in alone + together:
+        assert len(tokens) == MAX_TOKENS
+    same_tokens = sum(a[0] == b[0] for a, b in zip(alone, together, strict=True))
+    same_bits = sum(a == b for a, b in zip(alone, together, strict=True))
+    return same_tokens, same_bits
+
+
+def test_the_default_pool_is_batch_variant(engines: dict[str, EngineServer]):
+    _, same_bits = alone_then_together(engines["default"])
+    assert same_bits < CONCURRENCY, "batching changed no logprob bit: not a negative control"
+
+
+def test_the_strict_pool_reproduces_bitwise(engines: dict[str, EngineServer]):
+    same_tokens, same_bits = alone_then_together(engines["strict"])
+    assert (same_tokens, same_bits) == (CONCURRENCY, CONCURRENCY)
+
+
+def test_serial_reruns_on_the_default_pool_are_bitwise(engines: dict[str, EngineServer]):
+    server = engines["default"]
+    batch = prompts(3, seed=7)
+    first = [complete(server.url, p) for p in batch]
+    second = [complete(server.url, p) for p in batch]
+    assert first == second
