@@ -6,6 +6,7 @@ import typer
 
 from cli import (
     audit,
+    collect,
     db,
     demo,
     diff,
@@ -33,6 +34,7 @@ app.command("evidence")(evidence.evidence)
 app.command("fixture-model")(fixture_model.fixture_model)
 app.command("fingerprint")(fingerprint.fingerprint)
 app.command("diff")(diff.diff_command)
+app.command("collect")(collect.collect)
 app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
 app.add_typer(tokens.app, name="tokens")

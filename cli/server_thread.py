@@ -7,7 +7,7 @@ import threading
 import time
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -18,7 +18,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class ServerThread:
-    def __init__(self, app: FastAPI, host: str, port: int, log_level: str = "warning") -> None:
+    def __init__(self, app: ASGIApp, host: str, port: int, log_level: str = "warning") -> None:
         self.host, self.port = host, port
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
         self.server = uvicorn.Server(config)

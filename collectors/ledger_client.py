@@ -101,8 +101,11 @@ class LedgerClient:
         return result
 
     def register_fingerprint(self, envelope: Envelope) -> dict[str, Any]:
+        return self.post_fingerprint(envelope.canonical)
+
+    def post_fingerprint(self, canonical: bytes) -> dict[str, Any]:
         result: dict[str, Any] = self._request(
-            "POST", "/v1/fingerprints", content=envelope.canonical, headers=_JSON
+            "POST", "/v1/fingerprints", content=canonical, headers=_JSON
         )
         return result
 
@@ -111,7 +114,11 @@ class LedgerClient:
         return result
 
     def post_records(self, envelopes: list[Envelope]) -> dict[str, Any]:
-        body = b'{"envelopes":[' + b",".join(e.canonical for e in envelopes) + b"]}"
+        return self.post_canonical([e.canonical for e in envelopes])
+
+    def post_canonical(self, envelopes: list[bytes]) -> dict[str, Any]:
+        """Post a batch of canonical envelope bytes (as a spool holds them) unchanged."""
+        body = b'{"envelopes":[' + b",".join(envelopes) + b"]}"
         result: dict[str, Any] = self._request("POST", "/v1/records", content=body, headers=_JSON)
         return result
 

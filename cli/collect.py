@@ -1,0 +1,85 @@
+"""``ledger collect``: the recording proxy beside one vLLM server."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+import typer
+import uvicorn
+
+from cli.common import console, fail, ledger_errors
+from collectors.collector import Collector, CollectorConfig
+from collectors.digest_cache import default_cache_path
+from collectors.ledger_client import read_token_file
+from collectors.proxy import create_proxy
+from collectors.tiers import TIERS
+from ledger.signing import SigningKey
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        fail(f"--listen {value!r} must be HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def collect(
+    engine_url: str = typer.Option(
+        ..., "--engine-url", help="the vLLM server, e.g. http://127.0.0.1:8000"
+    ),
+    listen: str = typer.Option("127.0.0.1:8100", "--listen", help="HOST:PORT clients connect to"),
+    ledger_url: str = typer.Option(..., "--ledger", envvar="LEDGER_API_URL", help="ledger API URL"),
+    token_file: Path = typer.Option(..., "--token-file", help="bearer token with records:write"),
+    key: Path = typer.Option(
+        ..., "--key", help="this collector's signing key (PEM, role collector)"
+    ),
+    pool: str = typer.Option(..., "--pool", help="the pool this worker serves"),
+    model_dir: Path = typer.Option(
+        ..., "--model-dir", help="the model directory the engine serves"
+    ),
+    tier: int = typer.Option(
+        0, "--tier", help="default tier (the X-Reproducibility-Tier header overrides)"
+    ),
+    worker_id: str = typer.Option(socket.gethostname(), "--worker-id", help="this worker's ID"),
+    spool: Path = typer.Option(
+        Path("collector-data/spool.sqlite"), "--spool", help="durable spool file"
+    ),
+    engine_python: str | None = typer.Option(None, "--engine-python"),
+    engine_pid: int | None = typer.Option(None, "--engine-pid"),
+) -> None:
+    """Record every request to the engine, signed, through a durable spool into the ledger."""
+    if tier not in TIERS:
+        fail("--tier must be 0, 1 or 2")
+    host, port = _listen(listen)
+    with ledger_errors():
+        config = CollectorConfig(
+            engine_url=engine_url,
+            ledger_url=ledger_url,
+            ledger_token=read_token_file(token_file),
+            key=SigningKey.load(key),
+            pool=pool,
+            worker_id=worker_id,
+            model_dir=model_dir,
+            spool_path=spool,
+            default_tier=tier,
+            engine_python=engine_python,
+            engine_pid=engine_pid,
+            digest_cache=default_cache_path(),
+        )
+        collector = Collector(config).start()
+    state = collector.state
+    console.print(
+        f"collector on http://{host}:{port} -> {engine_url}; pool {pool}, worker {worker_id}\n"
+        f"fingerprint {state.fingerprint_id} (batch invariance {state.batch_invariance})\n"
+        f"spool {spool} ({collector.spool.pending()} records pending) -> {ledger_url}"
+    )
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(None, connect=10.0),
+        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+    )
+    try:
+        uvicorn.run(create_proxy(state, client), host=host, port=port, log_level="warning")
+    finally:
+        collector.close()

@@ -1,0 +1,151 @@
+"""The collector beside one vLLM worker: snapshot, spool, shipper, engine watcher, proxy.
+
+On start it snapshots the environment and queues the signed fingerprint for registration
+(the shipper registers fingerprints before the records made under them). A watcher polls the
+engine; when the engine comes back after being away, or its process changed, it snapshots
+again and, if the fingerprint changed, records from then on carry the new ID.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from collectors.digest_cache import DigestCache
+from collectors.engine import engine_port
+from collectors.ledger_client import LedgerClient
+from collectors.metrics import CollectorMetrics
+from collectors.procinfo import ProcessUnreadable, find_pid_by_port
+from collectors.proxy import WorkerState
+from collectors.shipper import Shipper
+from collectors.snapshot import Snapshot, _is_local, take_snapshot
+from collectors.spool import Spool
+from ledger.errors import LedgerError
+from ledger.signing import SigningKey
+
+logger = logging.getLogger("ledger.collector")
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    engine_url: str
+    ledger_url: str
+    ledger_token: str
+    key: SigningKey
+    pool: str
+    worker_id: str
+    model_dir: Path
+    spool_path: Path
+    default_tier: int = 0
+    engine_python: str | None = None
+    engine_pid: int | None = None
+    digest_cache: Path | None = None
+    watch_interval: float = 2.0
+
+
+class Collector:
+    def __init__(self, config: CollectorConfig) -> None:
+        self.config = config
+        self.metrics = CollectorMetrics()
+        self.spool = Spool(config.spool_path)
+        self.cache = DigestCache(config.digest_cache)
+        self.client = LedgerClient(config.ledger_url, config.ledger_token)
+        self.snapshot = self._snapshot()
+        self.state = WorkerState(
+            engine_url=config.engine_url.rstrip("/"),
+            worker_id=config.worker_id,
+            pool=config.pool,
+            default_tier=config.default_tier,
+            key=config.key,
+            spool=self.spool,
+            fingerprint_id=self.snapshot.fingerprint_id,
+            batch_invariance=self.snapshot.body["engine"]["batch_invariance"],
+            metrics=self.metrics,
+        )
+        self._queue_fingerprint(self.snapshot)
+        self.shipper = Shipper(
+            self.spool,
+            self.client,
+            on_shipped=self.metrics.shipped.inc,
+            on_failure=lambda code: self.metrics.ship_failures.labels(code).inc(),
+        )
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="engine-watch", daemon=True)
+        self._engine_pid = self._find_pid()
+
+    def _snapshot(self) -> Snapshot:
+        c = self.config
+        return take_snapshot(
+            c.model_dir,
+            engine_url=c.engine_url,
+            engine_pid=c.engine_pid,
+            engine_python=c.engine_python,
+            cache=self.cache,
+        )
+
+    def _queue_fingerprint(self, snapshot: Snapshot) -> None:
+        envelope = snapshot.envelope(self.config.key)
+        self.spool.add_fingerprint(snapshot.fingerprint_id, envelope.canonical)
+
+    def _find_pid(self) -> int | None:
+        if self.config.engine_pid is not None:
+            return self.config.engine_pid
+        try:
+            host, port = engine_port(self.config.engine_url)
+            return find_pid_by_port(port) if _is_local(host) else None
+        except (ProcessUnreadable, ValueError):
+            return None
+
+    def start(self) -> Collector:
+        self.shipper.start()
+        self._watcher.start()
+        return self
+
+    def _watch(self) -> None:
+        away = False
+        while not self._stop.wait(self.config.watch_interval):
+            try:
+                up = httpx.get(f"{self.state.engine_url}/v1/models", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                up = False
+            if not up:
+                if not away:
+                    logger.warning("engine at %s is not answering", self.state.engine_url)
+                away = True
+                continue
+            pid = self._find_pid()
+            if away or (pid is not None and pid != self._engine_pid):
+                self._engine_pid = pid
+                self.resnapshot()
+            away = False
+
+    def resnapshot(self) -> None:
+        """Snapshot again (the engine restarted); switch to the new fingerprint if it changed."""
+        try:
+            snapshot = self._snapshot()
+        except LedgerError as exc:
+            logger.error("re-snapshot failed: %s", exc.message)
+            return
+        if snapshot.fingerprint_id != self.state.fingerprint_id:
+            logger.warning(
+                "engine fingerprint changed: %s -> %s",
+                self.state.fingerprint_id,
+                snapshot.fingerprint_id,
+            )
+            self._queue_fingerprint(snapshot)
+            self.state.fingerprint_id = snapshot.fingerprint_id
+            self.state.batch_invariance = snapshot.body["engine"]["batch_invariance"]
+            self.metrics.fingerprint_changes.inc()
+        self.snapshot = snapshot
+
+    def close(self, drain_timeout: float = 5.0) -> None:
+        self._stop.set()
+        self.state.background.shutdown(wait=True)
+        self.shipper.stop(drain_timeout)
+        self.client.close()
+        self.spool.close()
+        self.cache.close()

@@ -1,0 +1,301 @@
+"""The recording proxy: an OpenAI-compatible front for one vLLM server (Starlette, ASGI).
+
+``/v1/completions`` and ``/v1/chat/completions`` (streaming or not) are forwarded with what the
+record needs added (see ``exchange``); the client gets vLLM's answer in the shape it asked for,
+with ``X-Request-ID``. The signed record is in the durable spool before the response completes:
+before the body is sent, or, when streaming, before ``data: [DONE]``. A client that goes away
+mid-stream still leaves a record of what was generated, marked ``aborted``. Engine errors are
+passed through unchanged (status, body) and counted. ``/v1/models`` and ``/health`` pass
+through; ``/metrics`` is the collector's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from collectors.exchange import CHAT, COMPLETIONS, Accumulator, Plan, dumps, for_client, plan
+from collectors.metrics import CollectorMetrics
+from collectors.spool import Spool
+from collectors.tiers import TIER_HEADER, check_tier, parse_tier
+from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError
+from ledger.records import RECORD_KIND, build_record_body
+from ledger.signing import SigningKey, sign_envelope
+
+REQUEST_ID_HEADER = "x-request-id"
+_REQUEST_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
+_FORWARD_HEADERS = ("authorization", "content-type", "accept")
+_STATUS = {InvalidInput: 400, Conflict: 409, StorageError: 503}
+
+
+@dataclass
+class WorkerState:
+    """What every record of this worker carries; the fingerprint changes on engine restarts."""
+
+    engine_url: str
+    worker_id: str
+    pool: str
+    default_tier: int
+    key: SigningKey
+    spool: Spool
+    fingerprint_id: str
+    batch_invariance: str
+    metrics: CollectorMetrics = field(default_factory=CollectorMetrics)
+    background: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="record")
+    )
+
+
+def _error(exc: LedgerError) -> JSONResponse:
+    status = next((s for cls, s in _STATUS.items() if isinstance(exc, cls)), 500)
+    return JSONResponse(
+        {
+            "error": {
+                "message": exc.message,
+                "type": "invalid_request_error" if status < 500 else "server_error",
+                "code": exc.code,
+                "details": exc.details,
+            }
+        },
+        status_code=status,
+    )
+
+
+def _request_id(request: Request) -> str:
+    given = request.headers.get(REQUEST_ID_HEADER)
+    if given is None:
+        return f"req-{uuid.uuid4().hex}"
+    if not 0 < len(given) <= 200 or not set(given) <= _REQUEST_ID_CHARS:
+        raise InvalidInput(
+            "X-Request-ID must be 1-200 characters of A-Z a-z 0-9 . _ : -",
+            code="invalid_request_id",
+        )
+    return given
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class _Exchange:
+    state: WorkerState
+    endpoint: str
+    request_id: str
+    tier: int
+    fingerprint_id: str
+    plan: Plan
+    engine_raw: bytes
+    started_at: str
+    started_ns: int
+    acc: Accumulator
+    ttft_ns: int | None = None
+
+    def record(self, *, aborted: bool) -> bytes:
+        total = time.perf_counter_ns() - self.started_ns
+        body = build_record_body(
+            request_id=self.request_id,
+            fingerprint_id=self.fingerprint_id,
+            worker_id=self.state.worker_id,
+            pool=self.state.pool,
+            tier=self.tier,
+            endpoint=self.endpoint,
+            model=self.acc.model or str(self.plan.engine_body.get("model", "")),
+            request=self.plan.engine_body,
+            prompt_token_ids=self.acc.prompt_token_ids or [],
+            choices=self.acc.record_choices(),
+            started_at=self.started_at,
+            ttft_ns=self.ttft_ns if self.ttft_ns is not None else total,
+            total_ns=total,
+            system_fingerprint=self.acc.system_fingerprint,
+            request_raw=base64.b64encode(self.engine_raw).decode("ascii"),
+            aborted=True if aborted else None,
+        )
+        return sign_envelope(RECORD_KIND, body, self.state.key).canonical
+
+    def spool(self, *, aborted: bool) -> None:
+        self.state.spool.put(self.request_id, self.record(aborted=aborted))
+        self.state.metrics.spooled.inc()
+
+
+def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
+    metrics = state.metrics
+
+    async def passthrough(request: Request) -> Response:
+        upstream = await client.get(state.engine_url + request.url.path)
+        return Response(
+            upstream.content,
+            upstream.status_code,
+            media_type=upstream.headers.get("content-type"),
+        )
+
+    async def own_metrics(_: Request) -> Response:
+        metrics.pending.set(await run_in_threadpool(state.spool.pending))
+        metrics.dead_letters.set(await run_in_threadpool(state.spool.dead_letters))
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def headers_for_engine(request: Request, request_id: str) -> dict[str, str]:
+        headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
+        headers["content-type"] = "application/json"
+        headers[REQUEST_ID_HEADER] = request_id
+        return headers
+
+    async def forward_unrecorded(request: Request, raw: bytes, request_id: str) -> Response:
+        """A body that is not a JSON object: the engine answers it (an error), nothing to record."""
+        upstream = await client.post(
+            state.engine_url + request.url.path,
+            content=raw,
+            headers=headers_for_engine(request, request_id),
+        )
+        if upstream.status_code != 200:
+            metrics.engine_errors.labels(str(upstream.status_code)).inc()
+        return Response(
+            upstream.content,
+            upstream.status_code,
+            media_type=upstream.headers.get("content-type"),
+            headers={REQUEST_ID_HEADER: request_id},
+        )
+
+    async def generate(request: Request) -> Response:
+        began = time.perf_counter()
+        endpoint = request.url.path
+        try:
+            request_id = _request_id(request)
+            raw = await request.body()
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = None
+            if not isinstance(body, dict):
+                return await forward_unrecorded(request, raw, request_id)
+            tier = parse_tier(request.headers.get(TIER_HEADER), state.default_tier)
+            check_tier(tier, body, state.batch_invariance)
+            if await run_in_threadpool(state.spool.holds, request_id):
+                raise Conflict(
+                    f"request ID {request_id!r} is already in this collector's spool",
+                    code="request_id_in_use",
+                )
+            exchange_plan = plan(endpoint, body)
+        except LedgerError as exc:
+            metrics.refusals.labels(exc.code).inc()
+            return _error(exc)
+        engine_raw = dumps(exchange_plan.engine_body)
+        ex = _Exchange(
+            state=state,
+            endpoint=endpoint,
+            request_id=request_id,
+            tier=tier,
+            fingerprint_id=state.fingerprint_id,
+            plan=exchange_plan,
+            engine_raw=engine_raw,
+            started_at=_now(),
+            started_ns=time.perf_counter_ns(),
+            acc=Accumulator(endpoint),
+        )
+        own = time.perf_counter() - began
+        upstream_request = client.build_request(
+            "POST",
+            state.engine_url + endpoint,
+            content=engine_raw,
+            headers=headers_for_engine(request, request_id),
+        )
+        upstream = await client.send(upstream_request, stream=exchange_plan.stream)
+        if upstream.status_code != 200:
+            content = await upstream.aread()
+            await upstream.aclose()
+            metrics.engine_errors.labels(str(upstream.status_code)).inc()
+            metrics.requests.labels(endpoint, "engine_error").inc()
+            return Response(
+                content,
+                upstream.status_code,
+                media_type=upstream.headers.get("content-type"),
+                headers={REQUEST_ID_HEADER: request_id},
+            )
+        if exchange_plan.stream:
+            metrics.added_latency.observe(own)
+            return StreamingResponse(
+                _stream(ex, upstream),
+                media_type=upstream.headers.get("content-type", "text/event-stream"),
+                headers={REQUEST_ID_HEADER: request_id},
+            )
+        after = time.perf_counter()
+        data = upstream.json()
+        ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
+        ex.acc.feed(data)
+        try:
+            await run_in_threadpool(ex.spool, aborted=False)
+        except LedgerError as exc:
+            metrics.requests.labels(endpoint, "not_recorded").inc()
+            return _error(exc)
+        out = (
+            upstream.content
+            if not (exchange_plan.hide_token_ids or exchange_plan.hide_logprobs)
+            else dumps(for_client(exchange_plan, data))
+        )
+        metrics.added_latency.observe(own + time.perf_counter() - after)
+        metrics.requests.labels(endpoint, "recorded").inc()
+        return Response(
+            out, 200, media_type="application/json", headers={REQUEST_ID_HEADER: request_id}
+        )
+
+    async def _stream(ex: _Exchange, upstream: httpx.Response) -> AsyncIterator[bytes]:
+        finished = False
+        try:
+            async for line in upstream.aiter_lines():
+                if not line.startswith("data: "):
+                    if line:
+                        yield line.encode() + b"\n\n"
+                    continue
+                payload = line[6:]
+                if payload.strip() == "[DONE]":
+                    await run_in_threadpool(ex.spool, aborted=False)
+                    finished = True
+                    metrics.requests.labels(ex.endpoint, "recorded").inc()
+                    yield b"data: [DONE]\n\n"
+                    continue
+                data = json.loads(payload)
+                if ex.acc.feed(data) and ex.ttft_ns is None:
+                    ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
+                if ex.plan.hide_token_ids or ex.plan.hide_logprobs:
+                    yield b"data: " + dumps(for_client(ex.plan, data)) + b"\n\n"
+                else:
+                    yield line.encode() + b"\n\n"
+        finally:
+            if not finished:
+                # The client went away (or the engine did): record what was generated. This
+                # runs inside a cancelled scope, so hand it to a thread instead of awaiting.
+                metrics.requests.labels(ex.endpoint, "aborted").inc()
+                state.background.submit(_spool_aborted, ex, metrics)
+            await asyncio.shield(upstream.aclose())
+
+    return Starlette(
+        routes=[
+            Route(COMPLETIONS, generate, methods=["POST"]),
+            Route(CHAT, generate, methods=["POST"]),
+            Route("/v1/models", passthrough, methods=["GET"]),
+            Route("/health", passthrough, methods=["GET"]),
+            Route("/metrics", own_metrics, methods=["GET"]),
+        ]
+    )
+
+
+def _spool_aborted(ex: _Exchange, metrics: CollectorMetrics) -> None:
+    try:
+        ex.spool(aborted=True)
+    except LedgerError as exc:
+        metrics.refusals.labels(exc.code).inc()

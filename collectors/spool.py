@@ -1,0 +1,203 @@
+"""The collector's durable spool: every signed record is here before its response completes.
+
+SQLite in WAL mode with ``synchronous=FULL``: a committed record survives the collector being
+killed and the machine losing power. Writers hand records to one writer thread that commits
+whatever has queued up in one transaction (group commit), so concurrent requests share an
+fsync. A record leaves the spool only when the ledger has acknowledged it (:meth:`ack`), or,
+when the ledger refuses it for good (a conflicting duplicate, say), into ``dead_letters`` with
+the reason, where it stays for an operator.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from ledger.errors import Conflict, StorageError
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS spool ("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT, request_id TEXT NOT NULL UNIQUE,"
+    " envelope BLOB NOT NULL, spooled_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
+    " last_error TEXT)",
+    "CREATE TABLE IF NOT EXISTS fingerprints ("
+    " fingerprint_id TEXT PRIMARY KEY, envelope BLOB NOT NULL, registered INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS dead_letters ("
+    " seq INTEGER PRIMARY KEY, request_id TEXT NOT NULL, envelope BLOB NOT NULL,"
+    " reason TEXT NOT NULL, failed_at REAL NOT NULL)",
+)
+
+
+@dataclass(frozen=True)
+class Spooled:
+    seq: int
+    request_id: str
+    envelope: bytes
+
+
+class Spool:
+    """Durable FIFO of canonical signed envelopes, keyed by request ID."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = self._connect()
+        self._read = self._connect()
+        self._queue: list[tuple[str, bytes, Future[None]]] = []
+        self._cond = threading.Condition()
+        self._write_lock = threading.Lock()  # one transaction at a time on the write connection
+        self._closed = False
+        self.added = threading.Event()
+        self._writer = threading.Thread(target=self._write_loop, name="spool-writer", daemon=True)
+        self._writer.start()
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=10000")
+            for statement in _SCHEMA:
+                conn.execute(statement)
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open the spool {self.path}: {exc}") from exc
+        return conn
+
+    # -- writing -------------------------------------------------------------------------
+
+    def put(self, request_id: str, envelope: bytes, timeout: float = 30.0) -> None:
+        """Store one record durably; returns once it is committed."""
+        done: Future[None] = Future()
+        with self._cond:
+            if self._closed:
+                raise StorageError("the spool is closed")
+            self._queue.append((request_id, envelope, done))
+            self._cond.notify()
+        done.result(timeout)
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue and self._closed:
+                    return
+                batch, self._queue = self._queue, []
+            with self._write_lock:
+                self._commit(batch)
+            self.added.set()
+
+    def _commit(self, batch: list[tuple[str, bytes, Future[None]]]) -> None:
+        now = time.time()
+        results: list[BaseException | None] = []
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            for request_id, envelope, _ in batch:
+                try:
+                    self._conn.execute("SAVEPOINT one")
+                    self._conn.execute(
+                        "INSERT INTO spool (request_id, envelope, spooled_at) VALUES (?, ?, ?)",
+                        (request_id, envelope, now),
+                    )
+                    self._conn.execute("RELEASE one")
+                    results.append(None)
+                except sqlite3.IntegrityError:
+                    self._conn.execute("ROLLBACK TO one")
+                    self._conn.execute("RELEASE one")
+                    results.append(
+                        Conflict(
+                            f"request ID {request_id!r} is already in this collector's spool",
+                            code="request_id_in_use",
+                        )
+                    )
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            error = StorageError(f"the spool {self.path} failed: {exc}")
+            results = [error] * len(batch)
+        for (_, _, future), result in zip(batch, results, strict=True):
+            if result is None:
+                future.set_result(None)
+            else:
+                future.set_exception(result)
+
+    # -- shipping ------------------------------------------------------------------------
+
+    def oldest(self, limit: int) -> list[Spooled]:
+        rows = self._read.execute(
+            "SELECT seq, request_id, envelope FROM spool ORDER BY seq LIMIT ?", (limit,)
+        ).fetchall()
+        return [Spooled(int(s), str(r), bytes(e)) for s, r, e in rows]
+
+    def ack(self, seqs: list[int]) -> None:
+        """The ledger holds these records: forget them."""
+        with self._write_lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.executemany("DELETE FROM spool WHERE seq = ?", [(s,) for s in seqs])
+            self._conn.execute("COMMIT")
+
+    def failed(self, seqs: list[int], error: str) -> None:
+        with self._write_lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.executemany(
+                "UPDATE spool SET attempts = attempts + 1, last_error = ? WHERE seq = ?",
+                [(error, s) for s in seqs],
+            )
+            self._conn.execute("COMMIT")
+
+    def dead_letter(self, item: Spooled, reason: str) -> None:
+        """The ledger refuses this record for good: keep it aside for an operator."""
+        with self._write_lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute(
+                "INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?)",
+                (item.seq, item.request_id, item.envelope, reason, time.time()),
+            )
+            self._conn.execute("DELETE FROM spool WHERE seq = ?", (item.seq,))
+            self._conn.execute("COMMIT")
+
+    def add_fingerprint(self, fingerprint_id: str, envelope: bytes) -> None:
+        """Keep a fingerprint until the ledger has it: records under it ship only after."""
+        with self._write_lock:
+            self._conn.execute(
+                "INSERT OR IGNORE INTO fingerprints VALUES (?, ?, 0)", (fingerprint_id, envelope)
+            )
+        self.added.set()
+
+    def unregistered_fingerprints(self) -> list[tuple[str, bytes]]:
+        rows = self._read.execute(
+            "SELECT fingerprint_id, envelope FROM fingerprints WHERE registered = 0"
+        ).fetchall()
+        return [(str(f), bytes(e)) for f, e in rows]
+
+    def fingerprint_registered(self, fingerprint_id: str) -> None:
+        with self._write_lock:
+            self._conn.execute(
+                "UPDATE fingerprints SET registered = 1 WHERE fingerprint_id = ?",
+                (fingerprint_id,),
+            )
+
+    def holds(self, request_id: str) -> bool:
+        row = self._read.execute(
+            "SELECT 1 FROM spool WHERE request_id = ?", (request_id,)
+        ).fetchone()
+        return row is not None
+
+    def pending(self) -> int:
+        return int(self._read.execute("SELECT count(*) FROM spool").fetchone()[0])
+
+    def dead_letters(self) -> int:
+        return int(self._read.execute("SELECT count(*) FROM dead_letters").fetchone()[0])
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._writer.join(timeout=30)
+        self._conn.close()
+        self._read.close()

@@ -1,0 +1,68 @@
+"""Reproducibility tiers: which requests a worker may accept at which tier (the gateway role).
+
+- tier 0, statistical: anything.
+- tier 1, request-level: the request must pin its sampling: temperature 0, or a seed.
+- tier 2, strict: tier 1, and the worker's fingerprint must be batch-invariant (``kernel`` or
+  ``serial``), so a replay on the same fingerprint can reproduce it bit for bit.
+
+The OpenAI default temperature is 1, so a request that gives none is sampled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledger.errors import Conflict, InvalidInput
+
+TIER_HEADER = "x-reproducibility-tier"
+TIERS = (0, 1, 2)
+
+
+def parse_tier(header: str | None, default: int) -> int:
+    if header is None or header.strip() == "":
+        return default
+    try:
+        tier = int(header.strip())
+    except ValueError:
+        tier = -1
+    if tier not in TIERS:
+        raise InvalidInput(
+            f"X-Reproducibility-Tier must be 0, 1 or 2, not {header!r}", code="invalid_tier"
+        )
+    return tier
+
+
+def _temperature(body: dict[str, Any]) -> float:
+    value = body.get("temperature")
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput("temperature must be a number", code="invalid_request")
+    return float(value)
+
+
+def missing_conditions(tier: int, body: dict[str, Any], batch_invariance: str) -> list[str]:
+    """What ``body`` on a worker with ``batch_invariance`` lacks for ``tier`` (empty: accepted)."""
+    missing: list[str] = []
+    if tier == 0:
+        return missing
+    deterministic = _temperature(body) == 0.0 or body.get("seed") is not None
+    if not deterministic:
+        missing.append("deterministic sampling (temperature 0, or a seed)")
+    if tier == 2 and batch_invariance not in ("kernel", "serial"):
+        missing.append(
+            f"a batch-invariant worker (this worker's fingerprint has batch_invariance "
+            f"{batch_invariance!r}; tier 2 needs 'kernel' or 'serial')"
+        )
+    return missing
+
+
+def check_tier(tier: int, body: dict[str, Any], batch_invariance: str) -> None:
+    """Raise Conflict (409) naming every missing condition when ``tier`` cannot be honoured."""
+    missing = missing_conditions(tier, body, batch_invariance)
+    if missing:
+        raise Conflict(
+            f"tier {tier} refused: needs " + "; and ".join(missing),
+            code="tier_refused",
+            details={"tier": tier, "missing": missing},
+        )

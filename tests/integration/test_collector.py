@@ -1,0 +1,189 @@
+"""The recording collector in front of real vLLM CPU (strict pool), shipping to a real ledger."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support.collector import (
+    RunningCollector,
+    f32_bits,
+    float_bits,
+    ints,
+    start_collector,
+    wait_for_record,
+)
+from tests.support.engine import EngineServer
+from tests.support.harness import Harness
+
+pytestmark = pytest.mark.engine
+VOLATILE = ("id", "created")
+
+
+@pytest.fixture(scope="module")
+def proxy(
+    engines: dict[str, EngineServer], api: Harness, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningCollector]:
+    running = start_collector(engines["strict"], api, tmp_path_factory.mktemp("collector"))
+    yield running
+    running.close()
+
+
+def _stable(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k not in VOLATILE}
+
+
+def call(url: str, endpoint: str, body: dict[str, Any], headers: dict[str, str] | None = None):
+    """(status, headers, parsed body or list of parsed chunks)."""
+    with httpx.Client(timeout=120) as client:
+        response = client.post(url + endpoint, json=body, headers=headers or {})
+    if not body.get("stream") or response.status_code != 200:
+        return response.status_code, response.headers, response.json()
+    chunks = []
+    for line in response.text.split("\n\n"):
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunks.append(json.loads(line[6:]))
+    assert response.text.rstrip().endswith("data: [DONE]")
+    return response.status_code, response.headers, chunks
+
+
+def stable(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_stable(v) for v in value]
+    return _stable(value)
+
+
+COMPLETION = {"model": "fixture", "prompt": "The ledger keeps", "max_tokens": 6, "temperature": 0}
+CHAT = {
+    "model": "fixture",
+    "messages": [{"role": "user", "content": "What is a replay?"}],
+    "max_tokens": 6,
+    "temperature": 0,
+}
+CASES = {
+    "completion": ("/v1/completions", COMPLETION),
+    "completion-logprobs": ("/v1/completions", {**COMPLETION, "logprobs": 2}),
+    "completion-n2-seeded": (
+        "/v1/completions",
+        {**COMPLETION, "n": 2, "temperature": 0.8, "seed": 7},
+    ),
+    "chat": ("/v1/chat/completions", CHAT),
+    "chat-logprobs": ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 3}),
+    "chat-token-ids": ("/v1/chat/completions", {**CHAT, "return_token_ids": True}),
+}
+
+
+def reference(engine: EngineServer, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The engine's own token IDs and logprobs for ``body`` (strict pool: deterministic)."""
+    ask = {**copy.deepcopy(body), "stream": False, "return_token_ids": True}
+    if endpoint == "/v1/chat/completions":
+        ask.setdefault("logprobs", True)
+    else:
+        ask.setdefault("logprobs", 0)
+    status, _, data = call(engine.url, endpoint, ask)
+    assert status == 200
+    return data
+
+
+def engine_logprobs(endpoint: str, choice: dict[str, Any]) -> list[float]:
+    if endpoint == "/v1/chat/completions":
+        return [item["logprob"] for item in choice["logprobs"]["content"]]
+    return choice["logprobs"]["token_logprobs"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_client_gets_what_vllm_alone_returns_and_the_record_is_exact(
+    proxy: RunningCollector, engines: dict[str, EngineServer], api: Harness, case: str, stream: bool
+):
+    endpoint, body = CASES[case]
+    body = {**body, "stream": stream}
+    request_id = f"t-{case}-{'s' if stream else 'w'}-{api.backend}"
+    status, headers, through = call(proxy.url, endpoint, body, {"X-Request-ID": request_id})
+    assert status == 200 and headers["x-request-id"] == request_id
+    _, _, alone = call(engines["strict"].url, endpoint, body)
+    assert stable(through) == stable(alone)
+
+    record = wait_for_record(api, request_id)
+    expected = reference(engines["strict"], endpoint, body)
+    prompt_ids = expected.get("prompt_token_ids") or expected["choices"][0]["prompt_token_ids"]
+    assert ints(record["prompt_token_ids"]) == prompt_ids
+    assert record["endpoint"] == endpoint and record["pool"] == "strict"
+    assert record["fingerprint_id"] == proxy.collector.state.fingerprint_id
+    assert record["system_fingerprint"] == expected["system_fingerprint"]
+    assert len(record["choices"]) == len(expected["choices"])
+    for got, want in zip(record["choices"], expected["choices"], strict=True):
+        assert ints(got["token_ids"]) == want["token_ids"]
+        assert float_bits(got["logprobs"]) == f32_bits(engine_logprobs(endpoint, want))
+        assert got["finish_reason"] == want["finish_reason"]
+    assert record["usage"]["completion_tokens"] == sum(
+        len(c["token_ids"]) for c in expected["choices"]
+    )
+    assert record["request"]["return_token_ids"] is True
+    assert json.loads(base64.b64decode(record["request_raw"])) == record["request"]
+    timings = record["timings"]
+    assert 0 < int(timings["ttft_ns"]) <= int(timings["total_ns"])
+
+
+def test_models_pass_through_and_metrics_are_the_collectors(
+    proxy: RunningCollector, engines: dict[str, EngineServer]
+):
+    models = httpx.get(f"{proxy.url}/v1/models").json()
+    assert models["data"][0]["id"] == "fixture"
+    metrics = httpx.get(f"{proxy.url}/metrics").text
+    assert "collector_records_spooled_total" in metrics
+    assert "collector_added_latency_seconds_bucket" in metrics
+
+
+def test_engine_errors_pass_through_unchanged(
+    proxy: RunningCollector, engines: dict[str, EngineServer]
+):
+    bad = {"model": "no-such-model", "prompt": "x", "max_tokens": 2}
+    status, headers, through = call(proxy.url, "/v1/completions", bad, {"X-Request-ID": "bad-1"})
+    alone_status, _, alone = call(engines["strict"].url, "/v1/completions", bad)
+    assert (status, through) == (alone_status, alone) and status == 404
+    assert headers["x-request-id"] == "bad-1"
+    assert proxy.collector.spool.holds("bad-1") is False
+    not_json = httpx.post(
+        f"{proxy.url}/v1/completions", content=b"{", headers={"content-type": "application/json"}
+    )
+    assert not_json.status_code >= 400
+
+
+def test_refusals_name_the_problem(proxy: RunningCollector):
+    status, _, out = call(proxy.url, "/v1/completions", COMPLETION, {"X-Request-ID": "has spaces"})
+    assert status == 400 and out["error"]["code"] == "invalid_request_id"
+    many = {**COMPLETION, "prompt": ["a", "b"]}
+    status, _, out = call(proxy.url, "/v1/completions", many)
+    assert status == 400 and out["error"]["code"] == "one_prompt_per_request"
+
+
+def test_the_openai_client_works_unchanged(proxy: RunningCollector, api: Harness):
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused")
+    raw = client.completions.with_raw_response.create(
+        model="fixture", prompt="Hello", max_tokens=4, temperature=0
+    )
+    completion = raw.parse()
+    assert completion.choices[0].finish_reason == "length"
+    request_id = raw.headers["x-request-id"]
+    record = wait_for_record(api, request_id)
+    assert len(ints(record["choices"][0]["token_ids"])) == 4
+    pieces = []
+    for chunk in client.chat.completions.create(
+        model="fixture",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        temperature=0,
+        stream=True,
+        extra_headers={"X-Request-ID": f"openai-stream-{api.backend}"},
+    ):
+        pieces.extend(c.delta.content or "" for c in chunk.choices)
+    record = wait_for_record(api, f"openai-stream-{api.backend}")
+    assert record["choices"][0]["text"] == "".join(pieces)

@@ -1,0 +1,79 @@
+"""A recording proxy in-process (real HTTP) before a real engine, shipping to a real ledger."""
+
+from __future__ import annotations
+
+import base64
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from cli.server_thread import ServerThread, free_port
+from collectors.collector import Collector, CollectorConfig
+from collectors.proxy import create_proxy
+from tests.support.engine import EngineServer
+from tests.support.harness import Harness
+
+
+@dataclass
+class RunningCollector:
+    collector: Collector
+    server: ServerThread
+    client: httpx.AsyncClient
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def close(self) -> None:
+        self.server.stop()
+        self.collector.close()
+
+
+def start_collector(
+    engine: EngineServer, api: Harness, spool_dir: Path, *, pool: str = "strict"
+) -> RunningCollector:
+    key = api.collector()
+    config = CollectorConfig(
+        engine_url=engine.url,
+        ledger_url=api.url,
+        ledger_token=api.token("records:write"),
+        key=key,
+        pool=pool,
+        worker_id="w1",
+        model_dir=engine.model_dir,
+        spool_path=spool_dir / "spool.sqlite",
+        digest_cache=spool_dir / "digests.sqlite",
+    )
+    collector = Collector(config).start()
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+    server = ServerThread(create_proxy(collector.state, client), "127.0.0.1", free_port()).start()
+    return RunningCollector(collector, server, client)
+
+
+def wait_for_record(api: Harness, request_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    client = api.client()
+    while time.monotonic() < deadline:
+        response = client.get(f"/v1/records/{request_id}")
+        if response.status_code == 200:
+            body: dict[str, Any] = response.json()["envelope"]["body"]
+            return body
+        time.sleep(0.1)
+    raise AssertionError(f"record {request_id} did not reach the ledger within {timeout} s")
+
+
+def ints(packed: str) -> list[int]:
+    raw = base64.b64decode(packed)
+    return list(struct.unpack(f"<{len(raw) // 4}i", raw))
+
+
+def float_bits(packed: str) -> bytes:
+    return base64.b64decode(packed)
+
+
+def f32_bits(values: list[float]) -> bytes:
+    return struct.pack(f"<{len(values)}f", *values)
