@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 import migrations
-from cli.server_thread import free_port
 from collectors.ledger_client import LedgerClient
 from ledger.signing import SigningKey
 from ledger.storage.database import Database
-from tests.support.cli import LEDGER, ledger
+from tests.support.cli import ledger, serve
 from tests.support.documents import fingerprint_envelope, record_envelope
 
 
@@ -61,28 +56,6 @@ def test_demo_once(tmp_path: Path):
     # a second run on the same data reuses keys and the fingerprint
     again = ledger("demo", "--once", "--port", "0", "--data-dir", str(tmp_path))
     assert "(duplicate)" in again.stdout
-
-
-def serve(tmp_path: Path, extra_env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    port = free_port()
-    env = {**os.environ, "LEDGER_DATA_DIR": str(tmp_path), "LEDGER_PORT": str(port), **extra_env}
-    proc = subprocess.Popen(
-        [*LEDGER, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"ledger serve exited: {proc.stdout.read() if proc.stdout else ''}"
-            )
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("ledger serve did not answer within 60 s")
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -187,3 +189,52 @@ def test_the_openai_client_works_unchanged(proxy: RunningCollector, api: Harness
         pieces.extend(c.delta.content or "" for c in chunk.choices)
     record = wait_for_record(api, f"openai-stream-{api.backend}")
     assert record["choices"][0]["text"] == "".join(pieces)
+
+
+@pytest.mark.parametrize(
+    ("tier", "extra", "missing"),
+    [
+        ("2", {"temperature": 0}, None),
+        ("2", {"temperature": 0.7, "seed": 11}, None),
+        ("2", {"temperature": 0.7}, "temperature 0, or a seed"),
+        ("1", {"temperature": 0.7, "seed": 11}, None),
+        ("1", {"temperature": 0.7}, "temperature 0, or a seed"),
+        ("0", {"temperature": 0.7}, None),
+        ("9", {"temperature": 0}, "invalid_tier"),
+    ],
+)
+def test_tier_policy_on_the_strict_pool(
+    proxy: RunningCollector, api: Harness, tier: str, extra: dict, missing: str | None
+):
+    request_id = f"tier-{tier}-{uuid.uuid4().hex}"
+    body = {**COMPLETION, **extra}
+    headers = {"X-Request-ID": request_id, "X-Reproducibility-Tier": tier}
+    status, _, out = call(proxy.url, "/v1/completions", body, headers)
+    if missing is None:
+        assert status == 200
+        assert wait_for_record(api, request_id)["tier"] == int(tier)
+    elif missing == "invalid_tier":
+        assert status == 400 and out["error"]["code"] == "invalid_tier"
+    else:
+        assert status == 409 and out["error"]["code"] == "tier_refused"
+        assert any(missing in m for m in out["error"]["details"]["missing"])
+        assert not proxy.collector.spool.holds(request_id)
+
+
+def test_tier_2_needs_a_batch_invariant_worker(
+    engines: dict[str, EngineServer], api: Harness, tmp_path: Path
+):
+    running = start_collector(engines["default"], api, tmp_path, pool="default")
+    try:
+        assert running.collector.state.batch_invariance == "none"
+        headers = {"X-Reproducibility-Tier": "2"}
+        status, _, out = call(running.url, "/v1/completions", COMPLETION, headers)
+        assert status == 409
+        assert "batch-invariant worker" in out["error"]["message"]
+        headers["X-Reproducibility-Tier"] = "1"
+        status, response_headers, _ = call(running.url, "/v1/completions", COMPLETION, headers)
+        assert status == 200
+        record = wait_for_record(api, response_headers["x-request-id"])
+        assert record["tier"] == 1 and record["pool"] == "default"
+    finally:
+        running.close()

@@ -1,0 +1,253 @@
+"""Collector overhead: the same workload straight to vLLM and through `ledger collect`.
+
+Starts, as separate processes: a vLLM CPU server on the small fixture model (default
+scheduler), `ledger serve` (embedded SQLite) and `ledger collect` in front of the engine. Then,
+for each concurrency (default 1 and 16), it sends the same requests (fixed prompts, greedy,
+--max-tokens tokens) straight to vLLM and through the collector, alternating, --runs times, and
+reports medians: throughput (requests/s) and its ratio, p50/p99 latency and the added p50/p99
+(through minus straight), plus the collector's own added-latency histogram (parse, sign, spool,
+reshape). Targets: throughput ratio >= 0.95, added p50 <= 3 ms.
+
+    .venv/bin/python bench/proxy.py --requests 64 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.ingest import machine  # noqa: E402
+from cli.server_thread import free_port  # noqa: E402
+from collectors.ledger_client import LedgerClient  # noqa: E402
+from fixture_model import build  # noqa: E402
+from ledger.signing import SigningKey, public_key_pem  # noqa: E402
+from tests.support.engine import EngineServer, engine_python, start_engines  # noqa: E402
+
+LEDGER = [sys.executable, "-m", "cli"]
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not answer")
+
+
+def prompts(count: int) -> list[str]:
+    rng = random.Random(42)
+    words = [
+        "the",
+        "ledger",
+        "records",
+        "every",
+        "answer",
+        "a",
+        "model",
+        "gives",
+        "and",
+        "proves",
+        "it",
+        "later",
+    ]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) for _ in range(count)]
+
+
+async def run_load(
+    url: str, batch: list[str], concurrency: int, max_tokens: int
+) -> tuple[float, list[float]]:
+    latencies: list[float] = []
+    queue = list(enumerate(batch))
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+
+        async def worker() -> None:
+            while queue:
+                _, prompt = queue.pop(0)
+                body = {
+                    "model": "fixture",
+                    "prompt": prompt,
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                }
+                start = time.perf_counter()
+                response = await client.post("/v1/completions", json=body)
+                response.raise_for_status()
+                latencies.append(time.perf_counter() - start)
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    return len(batch) / elapsed, latencies
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def collector_overhead(url: str) -> tuple[float, float]:
+    """Mean added latency (ms) from the collector's histogram, and its request count."""
+    text = httpx.get(f"{url}/metrics").text
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith("collector_added_latency_seconds_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith("collector_added_latency_seconds_count"):
+            count = float(line.split()[-1])
+    return (1000 * total / count if count else 0.0), count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ledger-proxy-bench-"))
+    model = build(work / "model", size="small")
+    engine = EngineServer(model, (), work / "vllm.log", engine_python())
+    start_engines([engine])
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        ledger_port, collect_port = free_port(), free_port()
+        env = {
+            **os.environ,
+            "LEDGER_DATA_DIR": str(work / "ledger"),
+            "LEDGER_PORT": str(ledger_port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [*LEDGER, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        )
+        ledger_url = f"http://127.0.0.1:{ledger_port}"
+        wait_http(ledger_url + "/healthz", procs[-1])
+        token = (work / "ledger" / "admin.token").read_text().strip()
+        key = SigningKey.generate()
+        (work / "collector.pem").write_bytes(key.private_pem())
+        (work / "token").write_text(token)
+        LedgerClient(ledger_url, token).register_key(
+            "bench", "collector", public_key_pem(key.public_key)
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    *LEDGER,
+                    "collect",
+                    "--engine-url",
+                    engine.url,
+                    "--listen",
+                    f"127.0.0.1:{collect_port}",
+                    "--ledger",
+                    ledger_url,
+                    "--token-file",
+                    str(work / "token"),
+                    "--key",
+                    str(work / "collector.pem"),
+                    "--pool",
+                    "bench",
+                    "--model-dir",
+                    str(model),
+                    "--spool",
+                    str(work / "spool.sqlite"),
+                ],
+                env={**os.environ, "LEDGER_DIGEST_CACHE": str(work / "digests.sqlite")},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        collect_url = f"http://127.0.0.1:{collect_port}"
+        wait_http(collect_url + "/metrics", procs[-1])
+        batch = prompts(args.requests)
+        asyncio.run(run_load(engine.url, batch[:4], 4, args.max_tokens))  # warm-up
+        asyncio.run(run_load(collect_url, batch[:4], 4, args.max_tokens))
+        results = {}
+        for conc in (int(c) for c in args.concurrency.split(",")):
+            rows: dict[str, list[tuple[float, float, float]]] = {"direct": [], "collector": []}
+            for run in range(args.runs):
+                for name, url in (("direct", engine.url), ("collector", collect_url)):
+                    rps, lat = asyncio.run(run_load(url, batch, conc, args.max_tokens))
+                    rows[name].append((rps, pct(lat, 0.5), pct(lat, 0.99)))
+                    print(
+                        f"concurrency {conc} run {run + 1} {name}: {rps:.2f} req/s, "
+                        f"p50 {1000 * pct(lat, 0.5):.1f} ms, p99 {1000 * pct(lat, 0.99):.1f} ms",
+                        flush=True,
+                    )
+            med = {
+                n: [statistics.median(r[i] for r in v) for i in range(3)] for n, v in rows.items()
+            }
+            results[conc] = {
+                "direct_rps": med["direct"][0],
+                "collector_rps": med["collector"][0],
+                "ratio": med["collector"][0] / med["direct"][0],
+                "direct_p50_ms": 1000 * med["direct"][1],
+                "collector_p50_ms": 1000 * med["collector"][1],
+                "added_p50_ms": 1000 * (med["collector"][1] - med["direct"][1]),
+                "direct_p99_ms": 1000 * med["direct"][2],
+                "collector_p99_ms": 1000 * med["collector"][2],
+                "added_p99_ms": 1000 * (med["collector"][2] - med["direct"][2]),
+            }
+        own_ms, own_count = collector_overhead(collect_url)
+        pending = LedgerClient(ledger_url, token).search_records(
+            pool="bench", limit=1, fields="meta"
+        )
+        if args.json:
+            print(
+                json.dumps(
+                    {"machine": machine(), "results": results, "collector_own_mean_ms": own_ms},
+                    indent=2,
+                )
+            )
+            return
+        print(
+            f"\n{machine()}; {args.requests} requests x {args.max_tokens} tokens, "
+            f"median of {args.runs} runs"
+        )
+        print(
+            "| concurrency | straight req/s | collector req/s | ratio (>= 0.95) "
+            "| p50 straight / through | added p50 (<= 3 ms) | added p99 |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for conc, r in results.items():
+            print(
+                f"| {conc} | {r['direct_rps']:.2f} | {r['collector_rps']:.2f} | {r['ratio']:.3f} | "
+                f"{r['direct_p50_ms']:.1f} / {r['collector_p50_ms']:.1f} ms | "
+                f"{r['added_p50_ms']:.2f} ms | "
+                f"{r['added_p99_ms']:.2f} ms |"
+            )
+        print(
+            f"collector's own processing (parse, sign, spool, reshape): mean {own_ms:.2f} ms over "
+            f"{own_count:.0f} requests; ledger holds records: {bool(pending['items'])}"
+        )
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+        engine.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Tier policy: what each tier needs, and refusals that name the missing condition."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectors.tiers import check_tier, missing_conditions, parse_tier
+from ledger.errors import Conflict, InvalidInput
+
+
+@pytest.mark.parametrize(
+    ("tier", "body", "invariance", "accepted"),
+    [
+        (0, {"temperature": 1.3}, "none", True),
+        (0, {}, "none", True),
+        (1, {"temperature": 0}, "none", True),
+        (1, {"temperature": 0.7, "seed": 1}, "none", True),
+        (1, {"temperature": 0.7}, "none", False),
+        (1, {}, "none", False),  # the OpenAI default temperature is 1
+        (1, {"seed": 0}, "none", True),
+        (2, {"temperature": 0}, "serial", True),
+        (2, {"temperature": 0.9, "seed": 3}, "kernel", True),
+        (2, {"temperature": 0}, "none", False),
+        (2, {"temperature": 0.9}, "serial", False),
+    ],
+)
+def test_each_case(tier: int, body: dict, invariance: str, accepted: bool):
+    assert (missing_conditions(tier, body, invariance) == []) is accepted
+
+
+def test_a_refusal_names_every_missing_condition():
+    with pytest.raises(Conflict) as err:
+        check_tier(2, {"temperature": 0.5}, "none")
+    assert err.value.code == "tier_refused"
+    missing = err.value.details["missing"]
+    assert len(missing) == 2
+    assert "temperature 0, or a seed" in missing[0] and "batch_invariance 'none'" in missing[1]
+    assert "tier 2 refused" in err.value.message
+
+
+@pytest.mark.parametrize("header", ["3", "-1", "two", "1.0"])
+def test_bad_tier_headers(header: str):
+    with pytest.raises(InvalidInput) as err:
+        parse_tier(header, 0)
+    assert err.value.code == "invalid_tier"
+
+
+def test_header_and_default():
+    assert parse_tier(None, 1) == 1 and parse_tier(" 2 ", 0) == 2 and parse_tier("", 2) == 2
+    with pytest.raises(InvalidInput):
+        missing_conditions(1, {"temperature": "hot"}, "none")
