@@ -36,8 +36,8 @@ $(ENGINE_STAMP): engine/requirements.txt engine/constraints.txt
 
 engine: $(ENGINE_STAMP)
 
-demo: $(STAMP)
-	$(VENV)/bin/ledger demo $(DEMO_ARGS)
+demo: $(STAMP) $(ENGINE_STAMP)
+	$(VENV)/bin/ledger demo --engine-python $(ENGINE_PY) $(DEMO_ARGS)
 
 test: $(STAMP) $(ENGINE_STAMP)
 	$(VENV)/bin/ruff check .

@@ -34,8 +34,8 @@ from bench.ingest import machine  # noqa: E402
 from cli.server_thread import free_port  # noqa: E402
 from collectors.ledger_client import LedgerClient  # noqa: E402
 from fixture_model import build  # noqa: E402
+from fixture_model.engine import DEFAULT_ENGINE_PYTHON, EngineServer, start_engines  # noqa: E402
 from ledger.signing import SigningKey, public_key_pem  # noqa: E402
-from tests.support.engine import EngineServer, engine_python, start_engines  # noqa: E402
 
 LEDGER = [sys.executable, "-m", "cli"]
 
@@ -124,11 +124,23 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--engine-cpus",
+        default="0" if (os.cpu_count() or 1) <= 4 else "auto",
+        help="VLLM_CPU_OMP_THREADS_BIND for the engine's compute threads (default on a small "
+        "machine: CPU 0, leaving the others to the frontends, as a GPU would)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ledger-proxy-bench-"))
     model = build(work / "model", size="small")
-    engine = EngineServer(model, (), work / "vllm.log", engine_python())
+    engine = EngineServer(
+        model,
+        (),
+        work / "vllm.log",
+        str(DEFAULT_ENGINE_PYTHON),
+        env={"VLLM_CPU_OMP_THREADS_BIND": args.engine_cpus},
+    )
     start_engines([engine])
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -184,6 +196,12 @@ def main() -> None:
         batch = prompts(args.requests)
         asyncio.run(run_load(engine.url, batch[:4], 4, args.max_tokens))  # warm-up
         asyncio.run(run_load(collect_url, batch[:4], 4, args.max_tokens))
+        if args.engine_cpus != "auto":
+            # Everything but the engine's compute (this load generator, the ledger, the
+            # collector, vLLM's own frontend) shares the remaining CPUs, in both modes.
+            others = set(range(os.cpu_count() or 1)) - {int(c) for c in args.engine_cpus.split(",")}
+            for pid in [0, *(p.pid for p in procs)]:
+                os.sched_setaffinity(pid, others or {0})
         results = {}
         for conc in (int(c) for c in args.concurrency.split(",")):
             rows: dict[str, list[tuple[float, float, float]]] = {"direct": [], "collector": []}
@@ -224,7 +242,7 @@ def main() -> None:
             return
         print(
             f"\n{machine()}; {args.requests} requests x {args.max_tokens} tokens, "
-            f"median of {args.runs} runs"
+            f"median of {args.runs} runs; engine compute on CPUs {args.engine_cpus}"
         )
         print(
             "| concurrency | straight req/s | collector req/s | ratio (>= 0.95) "

@@ -1,8 +1,11 @@
 """``ledger demo``: the main job on embedded defaults.
 
-Starts the API on SQLite, registers a collector key and a fingerprint, signs and ingests a
-sample inference record over HTTP, reads it back, checks that every logprob bit survived and
-that the signature verifies, prints a summary, then keeps serving (``--once`` exits).
+Starts the API on SQLite. With ``--engine-python`` (what ``make demo`` passes) it then starts
+real vLLM CPU on the fixture model behind a recording collector and sends traffic through it
+(see ``demo_engine``); without, it signs and ingests a synthetic sample record. Either way it
+reads the record back, checks that every logprob bit survived and that the signature verifies,
+exports and verifies an evidence bundle offline, audits the ledger, prints a summary, then keeps
+serving (``--once`` exits).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import migrations
 from api.app import create_app
 from api.bootstrap import bootstrap
 from cli.common import console, fail, ledger_errors, load_settings
+from cli.demo_engine import EngineDemo, register_demo_key
 from cli.server_thread import ServerThread, free_port
 from collectors.ledger_client import LedgerClient
 from ledger.evidence import verify_bundle
@@ -72,8 +76,13 @@ def demo(
     once: bool = typer.Option(False, "--once", help="exit after the demo instead of serving"),
     port: int = typer.Option(8700, help="API port (0 picks a free one)"),
     data_dir: Path | None = typer.Option(None, help="data directory (LEDGER_DATA_DIR)"),
+    engine_python: Path | None = typer.Option(
+        None,
+        "--engine-python",
+        help="the vLLM environment's Python: send real engine traffic through a collector",
+    ),
 ) -> None:
-    """Run the ledger on embedded defaults and push a signed sample record through it."""
+    """Run the ledger on embedded defaults and record inference traffic in it."""
     settings = load_settings(data_dir=data_dir)
     with ledger_errors():
         db = Database(settings.resolved_database_url)
@@ -88,11 +97,23 @@ def demo(
         fail(f"{exc} (is port {server.port} in use? try --port 0)")
     console.print(f"[bold]ledger API[/] on {server.url} (database {db.describe()})")
     t0 = time.perf_counter()
+    engine: EngineDemo | None = None
+    if engine_python is not None and not engine_python.exists():
+        server.stop()
+        fail(f"{engine_python} does not exist (run `make engine`)")
     try:
         with ledger_errors(), LedgerClient(server.url, token) as client:
-            rows, request_id = _walkthrough(client, settings.data_dir)
+            if engine_python is None:
+                rows, request_id = _walkthrough(client, settings.data_dir)
+            else:
+                key = register_demo_key(client, settings.data_dir)
+                engine = EngineDemo(str(engine_python), settings.data_dir, server.url, token)
+                engine.start(key)
+                rows, request_id = engine.traffic(key, client)
             rows += _evidence_and_audit(client, db, settings.data_dir, request_id)
     except BaseException:
+        if engine is not None:
+            engine.close()
         server.stop()
         raise
     table = Table("step", "result", title=f"demo ({time.perf_counter() - t0:.2f} s)")
@@ -100,15 +121,23 @@ def demo(
         table.add_row(step, result)
     console.print(table)
     if once:
+        if engine is not None:
+            engine.close()
         server.stop()
         return
     console.print(
         f"serving on {server.url} (OpenAPI at {server.url}/docs); admin token in "
         f"{settings.resolved_admin_token_file} if this was the first start. Ctrl-C to stop."
     )
+    if engine is not None and engine.proxy is not None:
+        console.print(f"OpenAI-compatible collector on {engine.proxy.url}/v1 (records everything)")
     try:
         server.wait()
     except KeyboardInterrupt:
+        pass
+    finally:
+        if engine is not None:
+            engine.close()
         server.stop()
 
 

@@ -117,11 +117,15 @@ class Collector:
                     logger.warning("engine at %s is not answering", self.state.engine_url)
                 away = True
                 continue
-            pid = self._find_pid()
-            if away or (pid is not None and pid != self._engine_pid):
-                self._engine_pid = pid
+            if away or not self._same_process():
+                # Finding a process by port scans /proc: only when the engine came back.
+                self._engine_pid = self._find_pid()
                 self.resnapshot()
             away = False
+
+    def _same_process(self) -> bool:
+        """Cheap check that the engine process we know still runs."""
+        return self._engine_pid is None or Path(f"/proc/{self._engine_pid}").exists()
 
     def resnapshot(self) -> None:
         """Snapshot again (the engine restarted); switch to the new fingerprint if it changed."""

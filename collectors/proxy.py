@@ -132,6 +132,13 @@ class _Exchange:
         self.state.spool.put(self.request_id, self.record(aborted=aborted))
         self.state.metrics.spooled.inc()
 
+    async def spool_async(self) -> None:
+        """Sign here (a fraction of a millisecond) and wait for the spool's durable commit."""
+        await asyncio.wrap_future(
+            self.state.spool.submit(self.request_id, self.record(aborted=False))
+        )
+        self.state.metrics.spooled.inc()
+
 
 def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
     metrics = state.metrics
@@ -185,7 +192,7 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
                 return await forward_unrecorded(request, raw, request_id)
             tier = parse_tier(request.headers.get(TIER_HEADER), state.default_tier)
             check_tier(tier, body, state.batch_invariance)
-            if await run_in_threadpool(state.spool.holds, request_id):
+            if state.spool.holds(request_id):
                 raise Conflict(
                     f"request ID {request_id!r} is already in this collector's spool",
                     code="request_id_in_use",
@@ -238,7 +245,7 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
         ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
         ex.acc.feed(data)
         try:
-            await run_in_threadpool(ex.spool, aborted=False)
+            await ex.spool_async()
         except LedgerError as exc:
             metrics.requests.labels(endpoint, "not_recorded").inc()
             return _error(exc)
@@ -263,7 +270,7 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
                     continue
                 payload = line[6:]
                 if payload.strip() == "[DONE]":
-                    await run_in_threadpool(ex.spool, aborted=False)
+                    await ex.spool_async()
                     finished = True
                     metrics.requests.labels(ex.endpoint, "recorded").inc()
                     yield b"data: [DONE]\n\n"

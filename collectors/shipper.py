@@ -23,6 +23,7 @@ logger = logging.getLogger("ledger.collector.shipper")
 BATCH = 200
 BACKOFF_START = 0.2
 BACKOFF_MAX = 15.0
+LINGER = 0.05  # wait this long for more records before posting a partial batch
 
 
 class Shipper:
@@ -32,12 +33,14 @@ class Shipper:
         client: LedgerClient,
         *,
         batch: int = BATCH,
+        linger: float = LINGER,
         on_shipped: Callable[[int], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.spool = spool
         self.client = client
         self.batch = batch
+        self.linger = linger
         self.on_shipped = on_shipped
         self.on_failure = on_failure
         self._stop = threading.Event()
@@ -82,6 +85,10 @@ class Shipper:
                 self.spool.added.wait(1.0)
                 self.spool.added.clear()
                 continue
+            if len(items) < self.batch and self.linger > 0:
+                # Let concurrent requests join the batch: one ledger round trip for many.
+                self._stop.wait(self.linger)
+                items = self.spool.oldest(self.batch)
             try:
                 self.client.post_canonical([i.envelope for i in items])
             except (InvalidInput, Conflict) as exc:

@@ -47,6 +47,8 @@ class Spool:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = self._connect()
         self._read = self._connect()
+        # Request IDs in the spool, so the proxy can refuse a reused ID without a query.
+        self._ids = {str(r) for (r,) in self._read.execute("SELECT request_id FROM spool")}
         self._queue: list[tuple[str, bytes, Future[None]]] = []
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()  # one transaction at a time on the write connection
@@ -71,13 +73,17 @@ class Spool:
 
     def put(self, request_id: str, envelope: bytes, timeout: float = 30.0) -> None:
         """Store one record durably; returns once it is committed."""
+        self.submit(request_id, envelope).result(timeout)
+
+    def submit(self, request_id: str, envelope: bytes) -> Future[None]:
+        """Queue one record; the future resolves once it is committed (or fails)."""
         done: Future[None] = Future()
         with self._cond:
             if self._closed:
                 raise StorageError("the spool is closed")
             self._queue.append((request_id, envelope, done))
             self._cond.notify()
-        done.result(timeout)
+        return done
 
     def _write_loop(self) -> None:
         while True:
@@ -120,8 +126,9 @@ class Spool:
                 self._conn.execute("ROLLBACK")
             error = StorageError(f"the spool {self.path} failed: {exc}")
             results = [error] * len(batch)
-        for (_, _, future), result in zip(batch, results, strict=True):
+        for (request_id, _, future), result in zip(batch, results, strict=True):
             if result is None:
+                self._ids.add(request_id)
                 future.set_result(None)
             else:
                 future.set_exception(result)
@@ -138,8 +145,13 @@ class Spool:
         """The ledger holds these records: forget them."""
         with self._write_lock:
             self._conn.execute("BEGIN IMMEDIATE")
+            gone = self._conn.execute(
+                f"SELECT request_id FROM spool WHERE seq IN ({','.join('?' * len(seqs))})",
+                seqs,
+            ).fetchall()
             self._conn.executemany("DELETE FROM spool WHERE seq = ?", [(s,) for s in seqs])
             self._conn.execute("COMMIT")
+        self._ids.difference_update(str(r) for (r,) in gone)
 
     def failed(self, seqs: list[int], error: str) -> None:
         with self._write_lock:
@@ -160,6 +172,7 @@ class Spool:
             )
             self._conn.execute("DELETE FROM spool WHERE seq = ?", (item.seq,))
             self._conn.execute("COMMIT")
+        self._ids.discard(item.request_id)
 
     def add_fingerprint(self, fingerprint_id: str, envelope: bytes) -> None:
         """Keep a fingerprint until the ledger has it: records under it ship only after."""
@@ -183,10 +196,7 @@ class Spool:
             )
 
     def holds(self, request_id: str) -> bool:
-        row = self._read.execute(
-            "SELECT 1 FROM spool WHERE request_id = ?", (request_id,)
-        ).fetchone()
-        return row is not None
+        return request_id in self._ids
 
     def pending(self) -> int:
         return int(self._read.execute("SELECT count(*) FROM spool").fetchone()[0])

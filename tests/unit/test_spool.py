@@ -1,0 +1,72 @@
+"""The durable spool: commit before answer, survive reopening, ack and dead letters."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from collectors.spool import Spool
+from ledger.errors import Conflict
+
+
+def test_put_is_durable_and_survives_reopening(tmp_path: Path):
+    spool = Spool(tmp_path / "s.sqlite")
+    spool.put("r1", b'{"a":1}')
+    spool.put("r2", b'{"a":2}')
+    assert spool.holds("r1") and spool.pending() == 2
+    spool.close()
+    again = Spool(tmp_path / "s.sqlite")
+    assert [(i.request_id, i.envelope) for i in again.oldest(10)] == [
+        ("r1", b'{"a":1}'),
+        ("r2", b'{"a":2}'),
+    ]
+    assert again.holds("r2")
+    again.close()
+
+
+def test_a_reused_request_id_is_refused(tmp_path: Path):
+    spool = Spool(tmp_path / "s.sqlite")
+    spool.put("r1", b"x")
+    with pytest.raises(Conflict) as err:
+        spool.put("r1", b"y")
+    assert err.value.code == "request_id_in_use"
+    assert spool.pending() == 1
+    spool.close()
+
+
+def test_ack_and_dead_letter(tmp_path: Path):
+    spool = Spool(tmp_path / "s.sqlite")
+    for i in range(5):
+        spool.put(f"r{i}", b"x")
+    items = spool.oldest(10)
+    spool.ack([items[0].seq, items[1].seq])
+    spool.dead_letter(items[2], "record_conflict: held with other content")
+    assert spool.pending() == 2 and spool.dead_letters() == 1
+    assert not spool.holds("r0") and not spool.holds("r2") and spool.holds("r3")
+    spool.failed([items[3].seq], "ledger_unreachable")
+    spool.close()
+
+
+def test_concurrent_puts_are_group_committed(tmp_path: Path):
+    spool = Spool(tmp_path / "s.sqlite")
+    threads = [
+        threading.Thread(target=lambda i=i: spool.put(f"r{i}", b"x" * 100)) for i in range(64)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert spool.pending() == 64
+    spool.close()
+
+
+def test_fingerprints_wait_for_registration(tmp_path: Path):
+    spool = Spool(tmp_path / "s.sqlite")
+    spool.add_fingerprint("sha256:a", b"{}")
+    spool.add_fingerprint("sha256:a", b"{}")
+    assert spool.unregistered_fingerprints() == [("sha256:a", b"{}")]
+    spool.fingerprint_registered("sha256:a")
+    assert spool.unregistered_fingerprints() == []
+    spool.close()
