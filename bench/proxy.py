@@ -101,6 +101,12 @@ async def run_load(
     return len(batch) / elapsed, latencies
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -203,11 +209,16 @@ def main() -> None:
             for pid in [0, *(p.pid for p in procs)]:
                 os.sched_setaffinity(pid, others or {0})
         results = {}
+        cpu_before = {
+            name: cpu_seconds(p.pid) for name, p in zip(("ledger", "collector"), procs, strict=True)
+        }
+        proxied = 0
         for conc in (int(c) for c in args.concurrency.split(",")):
             rows: dict[str, list[tuple[float, float, float]]] = {"direct": [], "collector": []}
             for run in range(args.runs):
                 for name, url in (("direct", engine.url), ("collector", collect_url)):
                     rps, lat = asyncio.run(run_load(url, batch, conc, args.max_tokens))
+                    proxied += len(batch) if name == "collector" else 0
                     rows[name].append((rps, pct(lat, 0.5), pct(lat, 0.99)))
                     print(
                         f"concurrency {conc} run {run + 1} {name}: {rps:.2f} req/s, "
@@ -229,13 +240,23 @@ def main() -> None:
                 "added_p99_ms": 1000 * (med["collector"][2] - med["direct"][2]),
             }
         own_ms, own_count = collector_overhead(collect_url)
+        time.sleep(1)  # let the last batch ship
+        cpu_ms = {
+            name: 1000 * (cpu_seconds(p.pid) - cpu_before[name]) / max(1, proxied)
+            for name, p in zip(("ledger", "collector"), procs, strict=True)
+        }
         pending = LedgerClient(ledger_url, token).search_records(
             pool="bench", limit=1, fields="meta"
         )
         if args.json:
             print(
                 json.dumps(
-                    {"machine": machine(), "results": results, "collector_own_mean_ms": own_ms},
+                    {
+                        "machine": machine(),
+                        "results": results,
+                        "collector_own_mean_ms": own_ms,
+                        "cpu_ms_per_request": cpu_ms,
+                    },
                     indent=2,
                 )
             )
@@ -256,6 +277,10 @@ def main() -> None:
                 f"{r['added_p50_ms']:.2f} ms | "
                 f"{r['added_p99_ms']:.2f} ms |"
             )
+        print(
+            f"CPU per recorded request: collector {cpu_ms['collector']:.2f} ms, "
+            f"ledger {cpu_ms['ledger']:.2f} ms"
+        )
         print(
             f"collector's own processing (parse, sign, spool, reshape): mean {own_ms:.2f} ms over "
             f"{own_count:.0f} requests; ledger holds records: {bool(pending['items'])}"

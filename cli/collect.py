@@ -78,7 +78,7 @@ def collect(
     )
     # The proxy's event loop shares the GIL with the spool writer and the shipper: hand it back
     # sooner than the default 5 ms, so a request never waits behind a batch being shipped.
-    sys.setswitchinterval(0.0005)
+    sys.setswitchinterval(0.002)
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(None, connect=10.0),
         limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),

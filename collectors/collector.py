@@ -106,10 +106,16 @@ class Collector:
         return self
 
     def _watch(self) -> None:
+        # One client for the watcher's life: a new one per poll would build a TLS context
+        # (tens of milliseconds of CPU) every few seconds, beside the engine.
+        with httpx.Client(timeout=5) as http:
+            self._watch_with(http)
+
+    def _watch_with(self, http: httpx.Client) -> None:
         away = False
         while not self._stop.wait(self.config.watch_interval):
             try:
-                up = httpx.get(f"{self.state.engine_url}/v1/models", timeout=5).status_code == 200
+                up = http.get(f"{self.state.engine_url}/v1/models").status_code == 200
             except httpx.HTTPError:
                 up = False
             if not up:
