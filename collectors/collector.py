@@ -22,7 +22,7 @@ from collectors.metrics import CollectorMetrics
 from collectors.procinfo import ProcessUnreadable, find_pid_by_port
 from collectors.proxy import WorkerState
 from collectors.shipper import Shipper
-from collectors.snapshot import Snapshot, _is_local, take_snapshot
+from collectors.snapshot import Snapshot, is_local, take_snapshot
 from collectors.spool import Spool
 from ledger.errors import LedgerError
 from ledger.signing import SigningKey
@@ -96,7 +96,7 @@ class Collector:
             return self.config.engine_pid
         try:
             host, port = engine_port(self.config.engine_url)
-            return find_pid_by_port(port) if _is_local(host) else None
+            return find_pid_by_port(port) if is_local(host) else None
         except (ProcessUnreadable, ValueError):
             return None
 

@@ -33,14 +33,14 @@ from collectors.exchange import CHAT, COMPLETIONS, Accumulator, Plan, dumps, for
 from collectors.metrics import CollectorMetrics
 from collectors.spool import Spool
 from collectors.tiers import TIER_HEADER, check_tier, parse_tier
-from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError
+from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError, Unreachable
 from ledger.records import RECORD_KIND, build_record_body
 from ledger.signing import SigningKey, sign_envelope
 
 REQUEST_ID_HEADER = "x-request-id"
 _REQUEST_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 _FORWARD_HEADERS = ("authorization", "content-type", "accept")
-_STATUS = {InvalidInput: 400, Conflict: 409, StorageError: 503}
+_STATUS = {InvalidInput: 400, Conflict: 409, Unreachable: 502, StorageError: 503}
 
 
 @dataclass
@@ -73,6 +73,12 @@ def _error(exc: LedgerError) -> JSONResponse:
             }
         },
         status_code=status,
+    )
+
+
+def _engine_unreachable(state: WorkerState, exc: httpx.HTTPError) -> Unreachable:
+    return Unreachable(
+        f"the engine at {state.engine_url} does not answer: {exc}", code="engine_unreachable"
     )
 
 
@@ -144,7 +150,10 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
     metrics = state.metrics
 
     async def passthrough(request: Request) -> Response:
-        upstream = await client.get(state.engine_url + request.url.path)
+        try:
+            upstream = await client.get(state.engine_url + request.url.path)
+        except httpx.HTTPError as exc:
+            return _error(_engine_unreachable(state, exc))
         return Response(
             upstream.content,
             upstream.status_code,
@@ -164,11 +173,14 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
 
     async def forward_unrecorded(request: Request, raw: bytes, request_id: str) -> Response:
         """A body that is not a JSON object: the engine answers it (an error), nothing to record."""
-        upstream = await client.post(
-            state.engine_url + request.url.path,
-            content=raw,
-            headers=headers_for_engine(request, request_id),
-        )
+        try:
+            upstream = await client.post(
+                state.engine_url + request.url.path,
+                content=raw,
+                headers=headers_for_engine(request, request_id),
+            )
+        except httpx.HTTPError as exc:
+            return _error(_engine_unreachable(state, exc))
         if upstream.status_code != 200:
             metrics.engine_errors.labels(str(upstream.status_code)).inc()
         return Response(
@@ -221,7 +233,11 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
             content=engine_raw,
             headers=headers_for_engine(request, request_id),
         )
-        upstream = await client.send(upstream_request, stream=exchange_plan.stream)
+        try:
+            upstream = await client.send(upstream_request, stream=exchange_plan.stream)
+        except httpx.HTTPError as exc:
+            metrics.requests.labels(endpoint, "engine_unreachable").inc()
+            return _error(_engine_unreachable(state, exc))
         if upstream.status_code != 200:
             content = await upstream.aread()
             await upstream.aclose()
@@ -247,8 +263,14 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
         try:
             await ex.spool_async()
         except LedgerError as exc:
+            # Fail closed: an answer that cannot be recorded is not handed out.
             metrics.requests.labels(endpoint, "not_recorded").inc()
-            return _error(exc)
+            return _error(
+                StorageError(
+                    f"the answer could not be recorded, so it is withheld: {exc.message}",
+                    code="not_recorded",
+                )
+            )
         out = (
             upstream.content
             if not (exchange_plan.hide_token_ids or exchange_plan.hide_logprobs)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ledger.fingerprint import RUNTIME_LIBRARIES
+
 PROBE = Path(__file__).with_name("runtime_probe.py")
 PROBE_TIMEOUT = 180.0
 FIELDS = (
@@ -22,19 +24,7 @@ FIELDS = (
     "machine",
     "cpu_model",
     "cpu_capability",
-    "vllm",
-    "torch",
-    "torch_cuda",
-    "transformers",
-    "tokenizers",
-    "triton",
-    "flash_attn",
-    "flashinfer",
-    "xformers",
-    "cuda_runtime",
-    "cublas",
-    "cudnn",
-    "nccl",
+    *RUNTIME_LIBRARIES,
 )
 
 

@@ -49,7 +49,7 @@ class Snapshot:
         return found
 
 
-def _is_local(host: str) -> bool:
+def is_local(host: str) -> bool:
     if host in LOCAL_HOSTS or host.startswith("127."):
         return True
     try:
@@ -69,7 +69,7 @@ def locate_engine(
         if engine_url is None:
             return None, "no --engine-url or --engine-pid given"
         host, port = engine_port(engine_url)
-        if not _is_local(host):
+        if not is_local(host):
             return None, f"the engine ({host}) is not on this host; pass --engine-pid"
         return read_process(find_pid_by_port(port)), None
     except ProcessUnreadable as exc:

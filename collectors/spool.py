@@ -143,6 +143,8 @@ class Spool:
 
     def ack(self, seqs: list[int]) -> None:
         """The ledger holds these records: forget them."""
+        if not seqs:
+            return
         with self._write_lock:
             self._conn.execute("BEGIN IMMEDIATE")
             gone = self._conn.execute(

@@ -15,6 +15,22 @@ from ledger.canonical import digest_of
 from ledger.errors import InvalidInput
 
 FINGERPRINT_KIND = "fingerprint"
+# The libraries a fingerprint's ``runtime`` section names, one field each (version or null).
+RUNTIME_LIBRARIES = (
+    "vllm",
+    "torch",
+    "torch_cuda",
+    "transformers",
+    "tokenizers",
+    "triton",
+    "flash_attn",
+    "flashinfer",
+    "xformers",
+    "cuda_runtime",
+    "cublas",
+    "cudnn",
+    "nccl",
+)
 FINGERPRINT_SCHEMA_VERSION = 1
 _FORBIDDEN_IDENTITY = ("hostname", "worker_id", "gpu_uuid")
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.fingerprint import RUNTIME_LIBRARIES
+
 NOT_COMPARABLE = "outputs not comparable"
 DERIVED = frozenset(
     {
@@ -24,23 +26,7 @@ DERIVED = frozenset(
         "engine.batch_invariance",
     }
 )
-_LIBRARIES = frozenset(
-    {
-        "vllm",
-        "torch",
-        "torch_cuda",
-        "transformers",
-        "tokenizers",
-        "triton",
-        "flash_attn",
-        "flashinfer",
-        "xformers",
-        "cuda_runtime",
-        "cublas",
-        "cudnn",
-        "nccl",
-    }
-)
+_LIBRARIES = frozenset(RUNTIME_LIBRARIES)
 _SCHEDULER = frozenset(
     {"max_num_seqs", "enable_prefix_caching", "enable_chunked_prefill", "max_num_batched_tokens"}
 )

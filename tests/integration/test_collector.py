@@ -238,3 +238,27 @@ def test_tier_2_needs_a_batch_invariant_worker(
         assert record["tier"] == 1 and record["pool"] == "default"
     finally:
         running.close()
+
+
+def test_a_client_that_leaves_mid_stream_still_leaves_an_aborted_record(
+    proxy: RunningCollector, api: Harness
+):
+    request_id = f"aborted-{uuid.uuid4().hex}"
+    body = {**COMPLETION, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    seen = 0
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream(
+            "POST", f"{proxy.url}/v1/completions", json=body, headers={"X-Request-ID": request_id}
+        ) as response,
+    ):
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                seen += 1
+            if seen == 3:
+                break  # hang up with most of the answer still to come
+    record = wait_for_record(api, request_id)
+    assert record["aborted"] is True
+    generated = len(ints(record["choices"][0]["token_ids"]))
+    assert 0 < generated < 200
+    assert len(float_bits(record["choices"][0]["logprobs"])) == 4 * generated
