@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,4 @@ def fingerprint(
 
 
 def _dumps(value: Any) -> str:
-    import json
-
     return json.dumps(value, indent=2, sort_keys=True) + "\n"
