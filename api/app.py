@@ -12,7 +12,17 @@ from starlette.concurrency import run_in_threadpool
 
 from api import errors
 from api.metrics import Metrics, MetricsMiddleware
-from api.routes import fingerprints, health, keys, log, records
+from api.routes import (
+    cache,
+    certifications,
+    fingerprints,
+    health,
+    keys,
+    log,
+    records,
+    replays,
+    workers,
+)
 from api.settings import Settings
 from api.state import AppState, InflightLimit, TokenCache
 from ledger import __version__
@@ -54,6 +64,8 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         if settings.checkpoint_interval > 0:
             task = asyncio.create_task(_checkpointer(state, settings.checkpoint_interval))
         yield
+        if state.http is not None:
+            await state.http.aclose()
         if task is not None:
             task.cancel()
             with suppress(asyncio.CancelledError):
@@ -71,6 +83,16 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
     app.state.ledger = state
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     errors.install(app)
-    for module in (health, keys, fingerprints, records, log):
+    for module in (
+        health,
+        keys,
+        fingerprints,
+        records,
+        log,
+        workers,
+        replays,
+        cache,
+        certifications,
+    ):
         app.include_router(module.router)
     return app

@@ -53,4 +53,5 @@ def require(scope: str) -> Callable[..., object]:
 
 ReadRecords = Annotated[Principal, Depends(require("records:read"))]
 WriteRecords = Annotated[Principal, Depends(require("records:write"))]
+ReplayScope = Annotated[Principal, Depends(require("replay"))]
 Admin = Annotated[Principal, Depends(require("admin"))]

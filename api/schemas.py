@@ -91,3 +91,41 @@ RECORD_BATCH_SCHEMA: dict[str, Any] = {
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 409, 413, 422, 503)
 }
+
+
+class WorkerHeartbeat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    worker_id: str = Field(min_length=1, max_length=100)
+    pool: str = Field(min_length=1, max_length=100)
+    url: str = Field(min_length=1, max_length=500, description="the worker's collector URL")
+    fingerprint_id: str
+    batch_invariance: str = Field(description="kernel | serial | none")
+    key_id: str = Field(description="the collector key that signs this worker's replay outputs")
+
+
+class ReplayCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    request_id: str = Field(min_length=1, max_length=200)
+    pool: str | None = Field(default=None, description="replay only on this pool")
+    force: bool = Field(
+        default=False, description="replay on `pool` even if it does not match: not_comparable"
+    )
+
+
+class CacheKeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    endpoint: str = Field(description="/v1/completions or /v1/chat/completions")
+    request: dict[str, Any] = Field(description="the OpenAI request body")
+    fingerprint_id: str
+    prompt_token_ids: list[int] | None = Field(
+        default=None, description="completions: key the prompt by these token IDs"
+    )
+
+
+class CertifyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pool: str = Field(min_length=1, max_length=100)
+    prompts: int = Field(default=8, ge=1, le=256)
+    concurrency: list[int] = Field(default=[1, 8, 32], min_length=1, max_length=8)
+    max_tokens: list[int] = Field(default=[16, 128], min_length=1, max_length=8)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)

@@ -37,6 +37,12 @@ class Settings(BaseSettings):
     max_inflight_batches: int = Field(
         default=8, ge=1, description="ingest batches processed at once per worker; more get 503"
     )
+    worker_ttl: float = Field(
+        default=15.0, gt=0, description="a worker is live while its last heartbeat is this recent"
+    )
+    replay_timeout: float = Field(
+        default=300.0, gt=0, description="seconds a worker may take to answer a replay order"
+    )
     host: str = "127.0.0.1"
     port: int = 8700
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)

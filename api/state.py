@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Annotated
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
+import httpx
 from fastapi import Depends, Request
 
 from api.metrics import Metrics
@@ -69,6 +70,23 @@ class AppState:
     origin: str
     token_cache: TokenCache
     ingest_limit: InflightLimit
+    # For replay orders and certification probes to workers' collectors (set in lifespan).
+    http: httpx.AsyncClient | None = None
+    jobs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def workers_http(self) -> httpx.AsyncClient:
+        if self.http is None:
+            self.http = _new_client(self.settings.replay_timeout)
+        return self.http
+
+
+def _new_client(timeout: float) -> httpx.AsyncClient:
+    # Certification waves send up to 256 probes at once: the pool must not queue them.
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout, connect=10.0),
+        limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+    )
 
 
 def get_state(request: Request) -> AppState:

@@ -10,7 +10,7 @@ import httpx
 import typer
 import uvicorn
 
-from cli.common import console, fail, ledger_errors
+from cli.common import console, fail, ledger_errors, read_public_key
 from collectors.collector import Collector, CollectorConfig
 from collectors.digest_cache import default_cache_path
 from collectors.ledger_client import read_token_file
@@ -49,11 +49,26 @@ def collect(
     ),
     engine_python: str | None = typer.Option(None, "--engine-python"),
     engine_pid: int | None = typer.Option(None, "--engine-pid"),
+    advertise_url: str | None = typer.Option(
+        None,
+        "--advertise-url",
+        help="URL the ledger reaches this collector at, for replays "
+        "(default: http://LISTEN, or this host's name when listening on all addresses)",
+    ),
+    no_register: bool = typer.Option(
+        False, "--no-register", help="do not register as a worker (no replays here)"
+    ),
+    log_key: Path | None = typer.Option(
+        None, "--log-key", help="pin the ledger's log public key (default: ask the ledger)"
+    ),
 ) -> None:
     """Record every request to the engine, signed, through a durable spool into the ledger."""
     if tier not in TIERS:
         fail("--tier must be 0, 1 or 2")
     host, port = _listen(listen)
+    if advertise_url is None and not no_register:
+        shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
+        advertise_url = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
     with ledger_errors():
         config = CollectorConfig(
             engine_url=engine_url,
@@ -68,13 +83,16 @@ def collect(
             engine_python=engine_python,
             engine_pid=engine_pid,
             digest_cache=default_cache_path(),
+            advertise_url=None if no_register else advertise_url,
+            log_public_key=read_public_key(log_key) if log_key else None,
         )
         collector = Collector(config).start()
     state = collector.state
     console.print(
         f"collector on http://{host}:{port} -> {engine_url}; pool {pool}, worker {worker_id}\n"
         f"fingerprint {state.fingerprint_id} (batch invariance {state.batch_invariance})\n"
-        f"spool {spool} ({collector.spool.pending()} records pending) -> {ledger_url}"
+        f"spool {spool} ({collector.spool.pending()} records pending) -> {ledger_url}\n"
+        + (f"registers as a worker at {advertise_url}" if not no_register else "not registered")
     )
     # The proxy's event loop shares the GIL with the spool writer and the shipper: hand it back
     # sooner than the default 5 ms, so a request never waits behind a batch being shipped.

@@ -68,12 +68,12 @@ def fail(message: str, code: int = 1) -> Any:
 
 
 @contextmanager
-def ledger_errors() -> Iterator[None]:
-    """Print a LedgerError as a one-line message and exit non-zero."""
+def ledger_errors(code: int = 1) -> Iterator[None]:
+    """Print a LedgerError as a one-line message and exit with ``code``."""
     try:
         yield
     except LedgerError as exc:
-        fail(f"{exc.message} [{exc.code}]")
+        fail(f"{exc.message} [{exc.code}]", code)
 
 
 def run(fn: Callable[[], T]) -> T:

@@ -1,9 +1,10 @@
 """``ledger demo``: the main job on embedded defaults.
 
 Starts the API on SQLite. With ``--engine-python`` (what ``make demo`` passes) it then starts
-real vLLM CPU on the fixture model behind a recording collector and sends traffic through it
-(see ``demo_engine``); without, it signs and ingests a synthetic sample record. Either way it
-reads the record back, checks that every logprob bit survived and that the signature verifies,
+two real vLLM CPU pools on the fixture model (throughput: the default scheduler; strict:
+serial), a recording collector beside each (``demo_engine``), and sends them concurrent mixed
+traffic, replays request IDs, looks one up by cache key and certifies both pools
+(``demo_traffic``); without, it signs and ingests a synthetic sample record. Either way it
 exports and verifies an evidence bundle offline, audits the ledger, prints a summary, then keeps
 serving (``--once`` exits).
 """
@@ -24,6 +25,7 @@ from rich.table import Table
 import migrations
 from api.app import create_app
 from api.bootstrap import bootstrap
+from cli import demo_traffic
 from cli.common import console, fail, ledger_errors, load_settings
 from cli.demo_engine import EngineDemo, register_demo_key
 from cli.server_thread import ServerThread, free_port
@@ -88,7 +90,9 @@ def demo(
         db = Database(settings.resolved_database_url)
         migrations.upgrade(db)
         boot = bootstrap(settings, db)
-        token, _ = tokenstore.create_token(db, "demo", ["records:write", "records:read", "admin"])
+        token, _ = tokenstore.create_token(
+            db, "demo", ["records:write", "records:read", "replay", "admin"]
+        )
     app = create_app(settings, db, boot.log_key)
     server = ServerThread(app, settings.host, port or free_port(settings.host))
     try:
@@ -109,7 +113,10 @@ def demo(
                 key = register_demo_key(client, settings.data_dir)
                 engine = EngineDemo(str(engine_python), settings.data_dir, server.url, token)
                 engine.start(key)
-                rows, request_id = engine.traffic(key, client)
+                rows, ids, request_id = demo_traffic.traffic(engine.workers, client, key)
+                rows += demo_traffic.replays(client, ids)
+                rows += demo_traffic.cache_lookup(client, request_id)
+                rows += [demo_traffic.certify(client, pool) for pool in ("strict", "throughput")]
             rows += _evidence_and_audit(client, db, settings.data_dir, request_id)
     except BaseException:
         if engine is not None:
@@ -129,8 +136,12 @@ def demo(
         f"serving on {server.url} (OpenAPI at {server.url}/docs); admin token in "
         f"{settings.resolved_admin_token_file} if this was the first start. Ctrl-C to stop."
     )
-    if engine is not None and engine.proxy is not None:
-        console.print(f"OpenAI-compatible collector on {engine.proxy.url}/v1 (records everything)")
+    if engine is not None:
+        for worker in engine.workers.values():
+            console.print(
+                f"pool {worker.pool}: OpenAI-compatible collector on {worker.url}/v1 "
+                "(records everything)"
+            )
     try:
         server.wait()
     except KeyboardInterrupt:
@@ -193,7 +204,12 @@ def _evidence_and_audit(
     rows.append(
         (
             "evidence verified offline",
-            f"{path} (leaf {result.leaf_index} of {result.tree_size}, log key pinned)",
+            f"{path} (leaf {result.leaf_index} of {result.tree_size}, log key pinned"
+            + (
+                f"; replay verdicts: {', '.join(result.replay_verdicts)})"
+                if result.replay_verdicts
+                else ")"
+            ),
         )
     )
     report = audit(db, pinned)

@@ -6,6 +6,7 @@ import typer
 
 from cli import (
     audit,
+    certify,
     collect,
     db,
     demo,
@@ -14,6 +15,7 @@ from cli import (
     fingerprint,
     fixture_model,
     keys,
+    replay,
     serve,
     tokens,
     verify,
@@ -35,6 +37,8 @@ app.command("fixture-model")(fixture_model.fixture_model)
 app.command("fingerprint")(fingerprint.fingerprint)
 app.command("diff")(diff.diff_command)
 app.command("collect")(collect.collect)
+app.command("replay")(replay.replay)
+app.command("certify")(certify.certify)
 app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
 app.add_typer(tokens.app, name="tokens")

@@ -51,6 +51,7 @@ def verify(
                 "collector_key_id": result.collector_key_id,
                 "log_key_id": result.log_key_id,
                 "log_key_pinned": result.log_key_pinned,
+                "replay_verdicts": list(result.replay_verdicts),
             }
         )
         return
@@ -58,6 +59,8 @@ def verify(
     console.print(f"  leaf {result.leaf_index} of {result.tree_size} in {result.origin}")
     console.print(f"  signed by collector key {result.collector_key_id}")
     console.print(f"  checkpoint signed by log key {result.log_key_id}")
+    if result.replay_verdicts:
+        console.print(f"  replay verdicts (signed, logged): {', '.join(result.replay_verdicts)}")
     if not result.log_key_pinned:
         err_console.print(
             "[yellow]warning:[/] the log key was taken from the bundle itself; pin it with "

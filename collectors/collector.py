@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from collectors.digest_cache import DigestCache
 from collectors.engine import engine_port
@@ -25,7 +26,7 @@ from collectors.shipper import Shipper
 from collectors.snapshot import Snapshot, is_local, take_snapshot
 from collectors.spool import Spool
 from ledger.errors import LedgerError
-from ledger.signing import SigningKey
+from ledger.signing import SigningKey, load_public_key
 
 logger = logging.getLogger("ledger.collector")
 
@@ -45,6 +46,11 @@ class CollectorConfig:
     engine_pid: int | None = None
     digest_cache: Path | None = None
     watch_interval: float = 2.0
+    # Where the ledger reaches this collector (for replays); None: the worker never registers.
+    advertise_url: str | None = None
+    heartbeat_interval: float = 5.0
+    # The ledger's log key, pinned; None: fetched from the ledger (GET /v1/log/key) at start.
+    log_public_key: Ed25519PublicKey | None = None
 
 
 class Collector:
@@ -64,6 +70,7 @@ class Collector:
             spool=self.spool,
             fingerprint_id=self.snapshot.fingerprint_id,
             batch_invariance=self.snapshot.body["engine"]["batch_invariance"],
+            log_public_key=config.log_public_key,
             metrics=self.metrics,
         )
         self._queue_fingerprint(self.snapshot)
@@ -75,6 +82,8 @@ class Collector:
         )
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="engine-watch", daemon=True)
+        self._heart = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
+        self.registered = threading.Event()
         self._engine_pid = self._find_pid()
 
     def _snapshot(self) -> Snapshot:
@@ -103,7 +112,38 @@ class Collector:
     def start(self) -> Collector:
         self.shipper.start()
         self._watcher.start()
+        self._heart.start()
         return self
+
+    def _heartbeat(self) -> None:
+        """Learn the log key, then register this worker and keep it live with heartbeats."""
+        wait = 0.0
+        while not self._stop.wait(wait):
+            wait = 0.5  # quick retries until registered (the fingerprint may be in flight)
+            try:
+                if self.state.log_public_key is None:
+                    self.state.log_public_key = load_public_key(self.client.log_key()["public_key"])
+                if self.config.advertise_url is None:
+                    return
+                self.client.heartbeat(self.registration())
+            except LedgerError as exc:
+                self.metrics.heartbeat_failures.labels(exc.code).inc()
+                if self.registered.is_set():
+                    logger.warning("heartbeat failed: %s", exc.message)
+                continue
+            self.registered.set()
+            wait = self.config.heartbeat_interval
+
+    def registration(self) -> dict[str, str]:
+        assert self.config.advertise_url is not None
+        return {
+            "worker_id": self.config.worker_id,
+            "pool": self.config.pool,
+            "url": self.config.advertise_url,
+            "fingerprint_id": self.state.fingerprint_id,
+            "batch_invariance": self.state.batch_invariance,
+            "key_id": self.config.key.key_id,
+        }
 
     def _watch(self) -> None:
         # One client for the watcher's life: a new one per poll would build a TLS context
@@ -150,12 +190,15 @@ class Collector:
             self.state.fingerprint_id = snapshot.fingerprint_id
             self.state.batch_invariance = snapshot.body["engine"]["batch_invariance"]
             self.metrics.fingerprint_changes.inc()
+            self.registered.clear()  # the next heartbeat re-registers under the new ID
         self.snapshot = snapshot
 
     def close(self, drain_timeout: float = 5.0) -> None:
         self._stop.set()
         self.state.background.shutdown(wait=True)
         self.shipper.stop(drain_timeout)
+        if self._heart.is_alive():
+            self._heart.join(timeout=35)  # at most one ledger call in flight (30 s timeout)
         self.client.close()
         self.spool.close()
         self.cache.close()

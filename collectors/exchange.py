@@ -94,6 +94,7 @@ class _ChoiceState:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     logprobs_complete: bool = True
+    margins: list[float] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
@@ -132,6 +133,7 @@ class Accumulator:
                     state.logprobs_complete = False
             else:
                 state.logprobs.extend(values)
+            state.margins.extend(self._margins(choice.get("logprobs"), len(ids)))
             text = self._text(choice)
             if text:
                 state.text.append(text)
@@ -156,6 +158,32 @@ class Accumulator:
         if len(values) != count or any(not isinstance(v, int | float) for v in values):
             return None
         return [float(v) for v in values]
+
+    def _margins(self, logprobs: Any, count: int) -> list[float]:
+        """Top-1 minus top-2 logprob per position, where the engine sent two alternatives."""
+        if count == 0 or not isinstance(logprobs, dict):
+            return []
+        if self.endpoint == CHAT:
+            rows = [
+                [t.get("logprob") for t in (item.get("top_logprobs") or [])]
+                for item in logprobs.get("content") or []
+            ]
+        else:
+            rows = [list((row or {}).values()) for row in logprobs.get("top_logprobs") or []]
+        margins = []
+        for row in rows[-count:]:
+            values = sorted((v for v in row if isinstance(v, int | float)), reverse=True)
+            if len(values) < 2:
+                return []
+            margins.append(float(values[0] - values[1]))
+        return margins
+
+    def margins(self) -> list[list[float] | None]:
+        """Per choice, the margins when every output position has them (else None)."""
+        return [
+            state.margins if state.margins and len(state.margins) == len(state.token_ids) else None
+            for _, state in sorted(self.choices.items())
+        ]
 
     def _text(self, choice: dict[str, Any]) -> str:
         if self.endpoint == CHAT:

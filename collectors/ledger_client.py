@@ -138,6 +138,39 @@ class LedgerClient:
         result: dict[str, Any] = self._request("GET", "/v1/log/key")
         return result
 
+    def heartbeat(self, registration: dict[str, str]) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", "/v1/workers", json=registration)
+        return result
+
+    def pools(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._request("GET", "/v1/pools")["items"]
+        return result
+
+    def replay(self, request_id: str, pool: str | None, force: bool) -> dict[str, Any]:
+        payload = {"request_id": request_id, "pool": pool, "force": force}
+        result: dict[str, Any] = self._request("POST", "/v1/replays", json=payload)
+        return result
+
+    def get_replay(self, replay_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/v1/replays/{replay_id}")
+        return result
+
+    def certify(self, payload: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", "/v1/certifications", json=payload)
+        return result
+
+    def certification(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/v1/certifications/{job_id}")
+        return result
+
+    def cache_key(self, payload: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", "/v1/cache/key", json=payload)
+        return result
+
+    def cache_lookup(self, key: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/v1/cache/{key}")
+        return result
+
     def search_records(self, **params: Any) -> dict[str, Any]:
         clean = {k: v for k, v in params.items() if v is not None}
         result: dict[str, Any] = self._request("GET", "/v1/records", params=clean)

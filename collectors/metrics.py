@@ -45,3 +45,9 @@ class CollectorMetrics:
         self.fingerprint_changes = Counter(
             "collector_fingerprint_changes", "Re-snapshots that changed the fingerprint", registry=r
         )
+        self.replays = Counter(
+            "collector_replays", "Ledger replay orders run (not recorded as traffic)", registry=r
+        )
+        self.heartbeat_failures = Counter(
+            "collector_heartbeat_failures", "Failed worker registrations", ["code"], registry=r
+        )

@@ -6,7 +6,8 @@ with ``X-Request-ID``. The signed record is in the durable spool before the resp
 before the body is sent, or, when streaming, before ``data: [DONE]``. A client that goes away
 mid-stream still leaves a record of what was generated, marked ``aborted``. Engine errors are
 passed through unchanged (status, body) and counted. ``/v1/models`` and ``/health`` pass
-through; ``/metrics`` is the collector's own.
+through; ``/metrics`` is the collector's own; ``/ledger/v1/replay`` runs the ledger's signed
+replay orders (``collectors/replay.py``), never recorded as traffic.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -31,6 +33,7 @@ from starlette.routing import Route
 
 from collectors.exchange import CHAT, COMPLETIONS, Accumulator, Plan, dumps, for_client, plan
 from collectors.metrics import CollectorMetrics
+from collectors.replay import REPLAY_PATH, handle_replay
 from collectors.spool import Spool
 from collectors.tiers import TIER_HEADER, check_tier, parse_tier
 from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError, Unreachable
@@ -55,6 +58,9 @@ class WorkerState:
     spool: Spool
     fingerprint_id: str
     batch_invariance: str
+    # The ledger's log key: replay orders must be signed by it (None: no replays taken).
+    log_public_key: Ed25519PublicKey | None = None
+    seen_orders: dict[str, float] = field(default_factory=dict)  # replay IDs already run
     metrics: CollectorMetrics = field(default_factory=CollectorMetrics)
     background: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="record")
@@ -312,8 +318,12 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
                 state.background.submit(_spool_aborted, ex, metrics)
             await asyncio.shield(upstream.aclose())
 
+    async def replay(request: Request) -> Response:
+        return await handle_replay(request, state, client)
+
     return Starlette(
         routes=[
+            Route(REPLAY_PATH, replay, methods=["POST"]),
             Route(COMPLETIONS, generate, methods=["POST"]),
             Route(CHAT, generate, methods=["POST"]),
             Route("/v1/models", passthrough, methods=["GET"]),

@@ -18,15 +18,21 @@ Format ``inference-ledger/evidence/v1``::
         "log": {"key_id": "ed25519:…", "public_key": "ed25519:<base64 raw>",
                 "origin": "…", "vkey": "<C2SP verifier key>"}
       },
+      "replays": [{"envelope": {<replay_verdict, signed by the log key>},
+                   "leaf_index": 57, "hashes": ["<base64>", …]}],
       "exported_at": "2026-11-29T10:00:00+00:00"
     }
 
+``replays`` (optional; absent in bundles from before replays existed) holds the record's
+replay verdicts logged under the same checkpoint, each with its inclusion proof.
+
 :func:`verify_bundle` runs the checks in order and raises :class:`VerificationError` whose
 ``details["check"]`` names the first that failed: ``format``, ``jcs``, ``collector_signature``,
-``log_key_pin``, ``checkpoint_signature``, ``inclusion_proof``, ``collector_key``. The last
-proves that the collector key was registered in the same log, by the log key, before the
-record: a row slipped into the database with a key the log never registered fails it. A
-revocation after the record cannot be proven absent offline; ``ledger audit`` checks it.
+``log_key_pin``, ``checkpoint_signature``, ``inclusion_proof``, ``collector_key``,
+``replays``. ``collector_key`` proves that the collector key was registered in the same log,
+by the log key, before the record: a row slipped into the database with a key the log never
+registered fails it. A revocation after the record cannot be proven absent offline; ``ledger
+audit`` checks it.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ CHECKS = (
     "checkpoint_signature",
     "inclusion_proof",
     "collector_key",
+    "replays",
 )
 
 
@@ -82,9 +89,10 @@ def build_bundle(
     registration_proof: list[bytes],
     log_key: dict[str, Any],
     exported_at: str,
+    replays: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     request_id = envelope.get("body", {}).get("request_id")
-    return {
+    bundle = {
         "format": FORMAT,
         "request_id": request_id,
         "envelope": envelope,
@@ -105,6 +113,9 @@ def build_bundle(
         },
         "exported_at": exported_at,
     }
+    if replays:
+        bundle["replays"] = replays
+    return bundle
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,7 @@ class VerifiedBundle:
     log_key_id: str
     origin: str
     log_key_pinned: bool
+    replay_verdicts: tuple[str, ...] = ()
 
 
 def _fail(check: str, message: str, code: str = "bad_evidence") -> VerificationError:
@@ -194,6 +206,9 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -
     except VerificationError as exc:
         raise _fail("inclusion_proof", exc.message, exc.code) from exc
     _verify_registration(keys["collector"], envelope, index, tree_size, cp.root_hash, log_pub)
+    replays = _verify_replays(
+        bundle.get("replays"), envelope, index, tree_size, cp.root_hash, log_pub
+    )
     return VerifiedBundle(
         request_id=envelope.body.get("request_id"),
         kind=envelope.kind,
@@ -204,7 +219,56 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -
         log_key_id=key_id_for(log_pub),
         origin=cp.origin,
         log_key_pinned=pinned_log_key is not None,
+        replay_verdicts=replays,
     )
+
+
+def _verify_replays(
+    items: Any,
+    record: Envelope,
+    record_index: int,
+    tree_size: int,
+    root_hash: bytes,
+    log_pub: Ed25519PublicKey,
+) -> tuple[str, ...]:
+    """Each replay verdict: signed by the log key, about this record, in the same tree."""
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise _fail("replays", "replays must be a list")
+    verdicts = []
+    for i, item in enumerate(items):
+        try:
+            env = Envelope.from_dict(item.get("envelope"))
+            idx = item["leaf_index"]
+            hashes = [base64.b64decode(h, validate=True) for h in item["hashes"]]
+            if not isinstance(idx, int):
+                raise TypeError("leaf_index")
+        except (
+            AttributeError,
+            KeyError,
+            TypeError,
+            ValueError,
+            binascii.Error,
+            LedgerError,
+        ) as exc:
+            raise _fail("replays", f"replays[{i}] is malformed: {exc}") from exc
+        body = env.body
+        if env.kind != "replay_verdict" or body.get("request_id") != record.body.get("request_id"):
+            raise _fail("replays", f"replays[{i}] is not a verdict about this record")
+        if (body.get("record") or {}).get("content_hash") != record.body_digest:
+            raise _fail("replays", f"replays[{i}] compares another version of the record")
+        if idx <= record_index:
+            raise _fail("replays", f"replays[{i}] is logged before the record")
+        try:
+            verify_envelope(env, log_pub)
+            merkle.verify_inclusion(
+                merkle.leaf_hash(env.canonical), idx, tree_size, hashes, root_hash
+            )
+        except VerificationError as exc:
+            raise _fail("replays", f"replays[{i}]: {exc.message}", exc.code) from exc
+        verdicts.append(str(body.get("verdict")))
+    return tuple(verdicts)
 
 
 def _verify_registration(

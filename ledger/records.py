@@ -116,7 +116,7 @@ class RecordSummary:
     output_tokens: int
 
 
-def _check_choice(choice: object, i: int) -> int:
+def check_choice(choice: object, i: int) -> int:
     where = f"choices[{i}]"
     if not isinstance(choice, dict):
         raise _fail(f"{where} must be an object", field=where)
@@ -211,7 +211,7 @@ def validate_record_body(body: dict[str, Any]) -> RecordSummary:
     choices = body["choices"]
     if not isinstance(choices, list) or not choices:
         raise _fail("choices must be a non-empty list")
-    output_tokens = sum(_check_choice(c, i) for i, c in enumerate(choices))
+    output_tokens = sum(check_choice(c, i) for i, c in enumerate(choices))
     indexes = [c["index"] for c in choices]
     if len(set(indexes)) != len(indexes):
         raise _fail("choices have duplicate index values")

@@ -27,8 +27,10 @@ ALG = "ed25519"
 KEY_ID_PREFIX = "ed25519:"
 # What a registered key's role may sign (the log key signs key events and checkpoints).
 SIGNABLE_KINDS: dict[str, tuple[str, ...]] = {
-    "collector": ("fingerprint", "inference_record"),
+    "collector": ("fingerprint", "inference_record", "replay_output"),
     "replayer": ("replay_verdict",),
+    # The ledger's own key signs key events (checked apart), replay verdicts, certificates.
+    "log": ("replay_verdict", "pool_certificate"),
 }
 
 

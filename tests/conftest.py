@@ -62,11 +62,13 @@ def fixture_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 # Engine pools on the small model: the default scheduler (batch-variant, the negative control),
 # the strict serial pool (bitwise reproducible), and the default with only --max-num-seqs
-# changed (for fingerprint diffs). Started together so their start-ups overlap.
+# changed (for fingerprint diffs), and a strict pool computing in float32 (forced replays).
+# Started together so their start-ups overlap.
 ENGINE_CONFIGS: dict[str, tuple[str, ...]] = {
     "default": (),
     "strict": STRICT_ARGS,
     "seqs8": ("--max-num-seqs", "8"),
+    "f32": (*STRICT_ARGS, "--dtype", "float32"),
 }
 
 

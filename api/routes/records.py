@@ -14,7 +14,7 @@ from api.body import read_json
 from api.schemas import ERRORS, RECORD_BATCH_SCHEMA, IngestResponse
 from api.state import AppState, StateDep
 from ledger.errors import InvalidInput, TooLarge
-from ledger.storage import ingest, proofs, queries
+from ledger.storage import ingest, proofs, queries, verdicts
 
 router = APIRouter(prefix="/v1/records", tags=["records"], responses=ERRORS)
 
@@ -74,8 +74,8 @@ async def _ingest(request: Request, state: AppState, response: Response) -> dict
     }
 
 
-def _render(item: queries.StoredRecord, with_envelope: bool) -> bytes:
-    meta = json.dumps(item.meta()).encode()
+def render_record(item: queries.StoredRecord, with_envelope: bool = True, **extra: object) -> bytes:
+    meta = json.dumps({**item.meta(), **extra}).encode()
     if not with_envelope:
         return meta
     # The stored canonical envelope is spliced in unchanged: the logprob bits are the signed ones.
@@ -85,7 +85,8 @@ def _render(item: queries.StoredRecord, with_envelope: bool) -> bytes:
 @router.get("/{request_id}", summary="One record and its signed envelope, by request ID")
 async def get_record(request_id: str, state: StateDep, _: ReadRecords) -> Response:
     item = await run_in_threadpool(queries.get_record, state.db, request_id)
-    return Response(_render(item, True), media_type="application/json")
+    replays = await run_in_threadpool(verdicts.verdicts_of, state.db, request_id)
+    return Response(render_record(item, replays=replays), media_type="application/json")
 
 
 @router.get(
@@ -138,6 +139,6 @@ async def search_records(
     page = await run_in_threadpool(
         queries.search_records, state.db, flt, limit=limit, cursor=cursor
     )
-    items = b",".join(_render(i, fields == "full") for i in page.items)
+    items = b",".join(render_record(i, fields == "full") for i in page.items)
     tail = json.dumps({"next_cursor": page.next_cursor, "count": len(page.items)}).encode()
     return Response(b'{"items":[' + items + b"]," + tail[1:], media_type="application/json")

@@ -12,7 +12,8 @@ first leaf registers). It streams every leaf in index order and checks
 - ``checkpoint``: every stored checkpoint is signed by the log key, its row matches its note,
   its root equals the root rebuilt from the leaves, successive checkpoints are consistent
   (RFC 9162 proof from the stored nodes, verified), and the stored nodes give the same roots;
-- ``index``: the records, fingerprints, keys and revocations tables agree with the leaves.
+- ``index``: the records, fingerprints, keys, revocations and replays tables agree with the
+  leaves.
 
 It returns a report with every finding; the first bad leaf index is the lowest one named.
 """
@@ -37,6 +38,7 @@ from ledger.checkpoint import Checkpoint, parse_checkpoint, verify_checkpoint
 from ledger.errors import InvalidInput, LedgerError
 from ledger.fingerprint import FINGERPRINT_KIND, fingerprint_id
 from ledger.records import RECORD_KIND
+from ledger.replay import VERDICT_KIND
 from ledger.signing import (
     SIGNABLE_KINDS,
     Envelope,
@@ -54,6 +56,7 @@ from ledger.storage.models import (
     KeyRevocation,
     LogEntry,
     Record,
+    Replay,
     SigningKey,
 )
 
@@ -121,6 +124,7 @@ class _State:
     records: dict[str, tuple[int, str, str, str]] = field(default_factory=dict)
     fingerprints: dict[str, tuple[int, str]] = field(default_factory=dict)
     revocations: dict[str, int] = field(default_factory=dict)
+    replays: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     frontier: list[tuple[int, bytes]] = field(default_factory=list)  # (level, hash), left to right
     size: int = 0  # leaves pushed so far
     pending: dict[merkle.Node, bytes] = field(default_factory=dict)  # rebuilt, not yet compared
@@ -232,6 +236,12 @@ def _apply(st: _State, env: Envelope, idx: int) -> None:
         )
     elif env.kind == FINGERPRINT_KIND:
         st.fingerprints[fingerprint_id(body)] = (idx, env.key_id)
+    elif env.kind == VERDICT_KIND:
+        st.replays[str(body.get("replay_id"))] = _verdict_row(idx, body)
+
+
+def _verdict_row(idx: int, body: dict[str, Any]) -> tuple[int, str, str]:
+    return (idx, str(body.get("verdict")), str(body.get("request_id")))
 
 
 def _leaf(st: _State, idx: int, stored_hash: bytes, data: bytes) -> None:
@@ -274,6 +284,7 @@ Checked = tuple[
     list[tuple[str, str, int]],  # findings
     list[tuple[str, tuple[int, str, str, str]]],  # records
     list[tuple[str, tuple[int, str]]],  # fingerprints
+    list[tuple[str, tuple[int, str, str]]],  # replay verdicts
 ]
 
 
@@ -290,6 +301,7 @@ def check_rows(timeline: Timeline, rows: list[tuple[int, bytes]]) -> Checked:
     findings: list[tuple[str, str, int]] = []
     records: list[tuple[str, tuple[int, str, str, str]]] = []
     fps: list[tuple[str, tuple[int, str]]] = []
+    replays: list[tuple[str, tuple[int, str, str]]] = []
     keys: dict[str, Ed25519PublicKey] = {}
     for idx, data in rows:
         try:
@@ -311,6 +323,8 @@ def check_rows(timeline: Timeline, rows: list[tuple[int, bytes]]) -> Checked:
             )
         elif env.kind == FINGERPRINT_KIND:
             fps.append((fingerprint_id(body), (idx, env.key_id)))
+        elif env.kind == VERDICT_KIND:
+            replays.append((str(body.get("replay_id")), _verdict_row(idx, body)))
         elif env.kind in (REGISTRATION_KIND, REVOCATION_KIND):
             findings.append(("signature", f"{env.kind} outside the log's key sequence", idx))
             continue
@@ -335,15 +349,16 @@ def check_rows(timeline: Timeline, rows: list[tuple[int, bytes]]) -> Checked:
             verify_envelope(env, keys[env.key_id])
         except LedgerError as exc:
             findings.append(("signature", exc.message, idx))
-    return findings, records, fps
+    return findings, records, fps, replays
 
 
 def _merge(st: _State, checked: Checked) -> None:
-    findings, records, fps = checked
+    findings, records, fps, replays = checked
     for check, message, idx in findings:
         st.find(check, message, idx)
     st.records.update(records)
     st.fingerprints.update(fps)
+    st.replays.update(replays)
 
 
 def audit(
@@ -529,6 +544,10 @@ def _check_tables(db: Database, st: _State) -> None:
             for r in s.execute(select(Fingerprint).where(Fingerprint.log_index < size)).scalars()
         }
         keys = list(s.execute(select(SigningKey).where(SigningKey.log_index < size)).scalars())
+        replays = {
+            r.replay_id: (r.log_index, r.verdict, r.request_id)
+            for r in s.execute(select(Replay).where(Replay.log_index < size)).scalars()
+        }
         revs = {
             r.key_id: r.log_index
             for r in s.execute(
@@ -538,6 +557,7 @@ def _check_tables(db: Database, st: _State) -> None:
     _compare(st, "records", records, st.records)
     _compare(st, "fingerprints", fps, st.fingerprints)
     _compare(st, "key_revocations", revs, st.revocations)
+    _compare(st, "replays", replays, st.replays)
     seen = set()
     for row in keys:
         seen.add(row.key_id)

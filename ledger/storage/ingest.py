@@ -20,7 +20,7 @@ from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
 from ledger.fingerprint import FINGERPRINT_KIND, validate_fingerprint_body
 from ledger.records import RECORD_KIND, RecordSummary, validate_record_body
 from ledger.signing import Envelope
-from ledger.storage import keystore, log
+from ledger.storage import cache, keystore, log
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import Fingerprint, Record
 
@@ -200,6 +200,7 @@ def ingest_records(db: Database, items: Sequence[Any]) -> list[IngestResult]:
                     for c, idx in zip(new, indexes, strict=True)
                 ],
             )
+        cache.index_records(s, [(c.envelope, idx) for c, idx in zip(new, indexes, strict=True)])
         for c, idx in zip(new, indexes, strict=True):
             rid = c.summary.request_id
             results[rid] = IngestResult(rid, "created", idx, c.content_hash)

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
@@ -25,6 +26,9 @@ APPEND_ONLY_TABLES = (
     "records",
     "merkle_nodes",
     "checkpoints",
+    "replays",
+    "certificates",
+    "cache_keys",
 )
 
 
@@ -129,3 +133,60 @@ class ApiToken(Base):
     scopes: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class Worker(Base):
+    """A registered worker (its collector's URL), refreshed by heartbeats. Live state."""
+
+    __tablename__ = "workers"
+    __table_args__ = (Index("ix_workers_pool", "pool"),)
+
+    worker_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(100))
+    url: Mapped[str] = mapped_column(String(500))
+    fingerprint_id: Mapped[str] = mapped_column(String(80))
+    batch_invariance: Mapped[str] = mapped_column(String(20))
+    key_id: Mapped[str] = mapped_column(String(80))
+    registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Replay(Base):
+    """Index row of a signed replay verdict (the verdict itself is a log leaf)."""
+
+    __tablename__ = "replays"
+    __table_args__ = (Index("ix_replays_request", "request_id", "log_index"),)
+
+    replay_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    request_id: Mapped[str] = mapped_column(ForeignKey("records.request_id"))
+    log_index: Mapped[int] = mapped_column(ForeignKey("log_entries.idx"), unique=True)
+    verdict: Mapped[str] = mapped_column(String(40))
+    pool: Mapped[str] = mapped_column(String(100))
+    worker_id: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Certificate(Base):
+    """Index row of a signed pool certificate (a log leaf)."""
+
+    __tablename__ = "certificates"
+    __table_args__ = (Index("ix_certificates_fingerprint", "fingerprint_id"),)
+
+    certificate_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(100))
+    fingerprint_id: Mapped[str] = mapped_column(String(80))
+    log_index: Mapped[int] = mapped_column(ForeignKey("log_entries.idx"), unique=True)
+    invariant: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class CacheKey(Base):
+    """A record indexed under a ``ck1`` cache key (see ``ledger.cachekey``)."""
+
+    __tablename__ = "cache_keys"
+
+    cache_key: Mapped[str] = mapped_column(String(80), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    log_index: Mapped[int] = mapped_column(BigInteger)
+    tier: Mapped[int] = mapped_column(SmallInteger)
+    deterministic: Mapped[bool] = mapped_column(Boolean)

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger import merkle
@@ -16,6 +17,7 @@ from ledger.evidence import build_bundle
 from ledger.signing import SigningKey, public_key_raw
 from ledger.storage import checkpoints, keystore, log, queries, tree
 from ledger.storage.database import Database, utcnow
+from ledger.storage.models import LogEntry, Replay
 
 T = TypeVar("T")
 
@@ -92,10 +94,17 @@ def _evidence(
         if signer is None:
             raise StorageError(f"signing key {record.key_id} missing from the registry")
         registration = log.read_envelope(s, signer.log_index)
+        replays = s.execute(
+            select(Replay.log_index, LogEntry.envelope)
+            .join(LogEntry, LogEntry.idx == Replay.log_index)
+            .where(Replay.request_id == request_id, Replay.log_index < cp.tree_size)
+            .order_by(Replay.log_index)
+        ).all()
         hashes = tree.node_reader(s)(
             [
                 *merkle.inclusion_plan(record.log_index, cp.tree_size),
                 *merkle.inclusion_plan(signer.log_index, cp.tree_size),
+                *(i for r in replays for i in merkle.inclusion_plan(r.log_index, cp.tree_size)),
             ]
         )
     if registration is None:
@@ -119,4 +128,14 @@ def _evidence(
         registration_proof=merkle.inclusion_proof(signer.log_index, cp.tree_size, from_memory),
         log_key=log_key_entry(log_key, origin),
         exported_at=utcnow().isoformat(),
+        replays=[
+            {
+                "envelope": json.loads(r.envelope),
+                "leaf_index": r.log_index,
+                "hashes": [
+                    _b64(h) for h in merkle.inclusion_proof(r.log_index, cp.tree_size, from_memory)
+                ],
+            }
+            for r in replays
+        ],
     )

@@ -1,4 +1,4 @@
-"""`make demo`'s command: real vLLM traffic through a collector into the embedded ledger."""
+"""`make demo`'s command: two real vLLM pools with collectors, traffic, replays, certification."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.support.engine import engine_python
 pytestmark = pytest.mark.engine
 
 
-def test_demo_sends_engine_traffic_through_a_collector(tmp_path: Path):
+def test_demo_records_replays_and_certifies_two_pools(tmp_path: Path):
     python = engine_python()
     out = ledger(
         "demo",
@@ -25,20 +25,33 @@ def test_demo_sends_engine_traffic_through_a_collector(tmp_path: Path):
         "--engine-python",
         python,
         timeout=900,
+        env={"COLUMNS": "400"},  # one table row per line, whatever the terminal
     )
     for step in (
-        "batch invariance",
-        "completion (tier 2)",
-        "logprob bits",
-        "streamed chat recorded",
+        "batch invariance serial",
+        "batch invariance none",
+        "tier 2 on the throughput pool",
+        "tier_refused",
+        "logprob bits equal to the answer",
+        "bitwise, every logprob bit",
+        "no_matching_pool",
+        "not_comparable",
+        "engine.max_num_seqs",
+        "cache lookup",
+        "certify strict",
+        "certify throughput",
+        "replay verdicts: bitwise",
         "evidence verified offline",
         "all checks pass",
     ):
         assert step in out.stdout, out.stdout
+    strict = next(line for line in out.stdout.splitlines() if "certify strict" in line)
+    assert "NOT invariant" not in strict
     bundles = list(tmp_path.glob("evidence-req-*.json"))
     assert len(bundles) == 1
     bundle = json.loads(bundles[0].read_text())
-    assert bundle["envelope"]["body"]["pool"] == "demo-strict"
+    assert bundle["envelope"]["body"]["pool"] == "strict"
+    assert {r["envelope"]["body"]["verdict"] for r in bundle["replays"]} == {"bitwise"}
     assert bundle["envelope"]["body"]["tier"] == 2
     verified = ledger("verify", str(bundles[0]), "--log-key", str(tmp_path / "log-key.pem"))
     assert verified.returncode == 0

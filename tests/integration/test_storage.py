@@ -11,7 +11,7 @@ import migrations
 from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
 from ledger.merkle import leaf_hash
 from ledger.signing import SigningKey
-from ledger.storage import checkpoints, ingest, keystore, queries
+from ledger.storage import checkpoints, ingest, keystore, queries, verdicts
 from ledger.storage.database import Database
 from ledger.storage.models import APPEND_ONLY_TABLES
 from tests.support.documents import record_envelope
@@ -74,7 +74,25 @@ def test_concurrent_writers_never_fork_the_sequence(ledger):
 @pytest.mark.parametrize("table", APPEND_ONLY_TABLES)
 def test_raw_sql_update_and_delete_are_refused(ledger, table):
     db, _, collector, fp = ledger
-    ingest.ingest_records(db, [record_envelope(collector, fp).to_dict()])
+    env = record_envelope(collector, fp)
+    ingest.ingest_records(db, [env.to_dict()])  # indexes its cache keys too
+    request_id = env.body["request_id"]
+    verdicts.append_verdict(
+        db,
+        ledger[1],
+        {
+            "replay_id": "rpl-1",
+            "request_id": request_id,
+            "verdict": "bitwise",
+            "pool": "p",
+            "worker_id": "w",
+        },
+    )
+    verdicts.append_certificate(
+        db,
+        ledger[1],
+        {"certificate_id": "cert-1", "pool": "p", "fingerprint_id": fp, "invariant_observed": True},
+    )
     checkpoints.sign_if_new(db, ledger[1], "test/log")
     column = {
         "log_entries": "kind",
@@ -84,6 +102,9 @@ def test_raw_sql_update_and_delete_are_refused(ledger, table):
         "fingerprints": "key_id",
         "merkle_nodes": "hash",
         "checkpoints": "note",
+        "replays": "verdict",
+        "certificates": "pool",
+        "cache_keys": "tier",
     }[table]
     if table == "key_revocations":
         keystore.revoke_key(db, ledger[1], collector.key_id, "test")

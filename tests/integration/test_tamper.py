@@ -23,7 +23,7 @@ from ledger.canonical import canonicalize
 from ledger.errors import LedgerError, VerificationError
 from ledger.evidence import verify_bundle
 from ledger.signing import SigningKey, public_key_pem, public_key_raw, sign_envelope
-from ledger.storage import checkpoints, ingest, keystore, proofs, tree
+from ledger.storage import checkpoints, ingest, keystore, proofs, tree, verdicts
 from ledger.storage.audit import audit
 from ledger.storage.database import Database
 from tests.support.documents import record_body, record_envelope
@@ -346,3 +346,29 @@ def test_parallel_audit_of_an_honest_ledger_with_a_revocation(ledger: Ledger, mo
     ingest.ingest_records(ledger.db, [record_envelope(later, ledger.fp).to_dict()])
     report = audit(ledger.db, ledger.log_key.public_key, workers=2)
     assert report.ok, [f.to_dict() for f in report.findings]
+
+
+def test_a_rewritten_replay_verdict_row_is_caught(ledger: Ledger):
+    request_id, _ = ledger.records[0]
+    stored = verdicts.append_verdict(
+        ledger.db,
+        ledger.log_key,
+        {
+            "replay_id": "rpl-tamper",
+            "request_id": request_id,
+            "verdict": "diverged",
+            "pool": "p",
+            "worker_id": "w",
+        },
+    )
+    checkpoints.sign_if_new(ledger.db, ledger.log_key, ORIGIN)
+    assert audit(ledger.db, ledger.log_key.public_key).ok
+    ledger.sql(
+        [("UPDATE replays SET verdict = 'bitwise' WHERE replay_id = 'rpl-tamper'", ())],
+        ("replays",),
+    )
+    report = audit(ledger.db, ledger.log_key.public_key)
+    assert not report.ok
+    finding = report.findings[0]
+    assert finding.check == "index" and "replays" in finding.message
+    assert finding.index == stored.log_index

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import struct
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,23 +35,33 @@ class RunningCollector:
 
 
 def start_collector(
-    engine: EngineServer, api: Harness, spool_dir: Path, *, pool: str = "strict"
+    engine: EngineServer,
+    api: Harness,
+    spool_dir: Path,
+    *,
+    pool: str = "strict",
+    worker_id: str | None = None,
+    register: bool = False,
 ) -> RunningCollector:
+    """A collector before ``engine``; with ``register`` it registers as a worker (replays)."""
     key = api.collector()
+    port = free_port()
     config = CollectorConfig(
         engine_url=engine.url,
         ledger_url=api.url,
         ledger_token=api.token("records:write"),
         key=key,
         pool=pool,
-        worker_id="w1",
+        worker_id=worker_id or f"w-{uuid.uuid4().hex[:8]}",
         model_dir=engine.model_dir,
         spool_path=spool_dir / "spool.sqlite",
         digest_cache=spool_dir / "digests.sqlite",
+        advertise_url=f"http://127.0.0.1:{port}" if register else None,
+        heartbeat_interval=1.0,
     )
     collector = Collector(config).start()
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
-    server = ServerThread(create_proxy(collector.state, client), "127.0.0.1", free_port()).start()
+    server = ServerThread(create_proxy(collector.state, client), "127.0.0.1", port).start()
     return RunningCollector(collector, server, client)
 
 

@@ -35,6 +35,7 @@ def record_body(
     top_k: int = 0,
     seed: int | None = None,
     text_prompt: bool = False,
+    request_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     prompt = [rng.randrange(0, 50_000) for _ in range(prompt_len)]
@@ -55,6 +56,7 @@ def record_body(
             "prompt": " ".join(f"w{t}" for t in prompt) if text_prompt else prompt,
             "max_tokens": out_len,
             "temperature": 0.7,
+            **(request_extra or {}),
         },
         prompt_token_ids=prompt,
         choices=[Choice(out, lps, top_ids, top_lps, finish_reason="length")],

@@ -119,3 +119,59 @@ def test_missing_logprobs_are_not_invented():
     )
     assert acc.record_choices()[0].logprobs is None
     assert acc.record_choices()[0].text == "hi"
+
+
+def test_margins_from_completions_and_chat_top_logprobs() -> None:
+    completions = Accumulator("/v1/completions")
+    completions.feed(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": [5, 6],
+                    "logprobs": {
+                        "token_logprobs": [-0.1, -0.7],
+                        "top_logprobs": [{"a": -0.1, "b": -2.1}, {"c": -0.5, "d": -0.7, "e": -3}],
+                    },
+                }
+            ]
+        }
+    )
+    assert completions.margins() == [pytest.approx([2.0, 0.2])]
+    chat = Accumulator("/v1/chat/completions")
+    chat.feed(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": [5],
+                    "logprobs": {
+                        "content": [
+                            {
+                                "logprob": -0.25,
+                                "top_logprobs": [
+                                    {"token": "x", "logprob": -0.25},
+                                    {"token": "y", "logprob": -1.25},
+                                ],
+                            }
+                        ]
+                    },
+                }
+            ]
+        }
+    )
+    assert chat.margins() == [[1.0]]
+    # one alternative only: no margin, rather than a wrong one
+    lone = Accumulator("/v1/completions")
+    lone.feed(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": [5],
+                    "logprobs": {"token_logprobs": [-0.1], "top_logprobs": [{"a": -0.1}]},
+                }
+            ]
+        }
+    )
+    assert lone.margins() == [None]

@@ -1,0 +1,176 @@
+"""Replay orchestration: pick a worker, re-run the recorded request, compare, log a verdict.
+
+A worker qualifies when it is live, its fingerprint ID equals the record's and its
+batch_invariance is not ``none``. Without one: 409 ``no_matching_pool`` listing the nearest
+pools with the field-level fingerprint diff. With ``force`` the named pool's worker is used and
+the verdict is ``not_comparable`` (the comparison is still reported) unless that worker does
+qualify. A worker that fails to answer yields a logged ``error`` verdict.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from api.state import AppState
+from api.workers_client import describe_failure, new_replay_id, run_order
+from ledger import compare
+from ledger.cachekey import is_deterministic
+from ledger.errors import Conflict, InvalidInput, LedgerError
+from ledger.fingerprint_diff import diff
+from ledger.replay import build_verdict, output_generation, record_generation
+from ledger.storage import cache, queries, verdicts, workers
+from ledger.storage.database import Database
+from ledger.storage.workers import WorkerInfo
+
+MAX_DIFF_ENTRIES = 60
+
+
+@dataclass(frozen=True)
+class Choice:
+    worker: WorkerInfo
+    comparable: bool
+
+
+def _qualifies(w: WorkerInfo, fingerprint_id: str) -> bool:
+    return w.live and w.fingerprint_id == fingerprint_id and w.batch_invariance != "none"
+
+
+def _fp_body(db: Database, fingerprint_id: str) -> dict[str, Any]:
+    with db.read() as s:
+        return cache.fingerprint_body(s, fingerprint_id)
+
+
+def fingerprint_diff(db: Database, a: str, b: str) -> list[dict[str, Any]]:
+    """Causes first (derived fields after), capped at MAX_DIFF_ENTRIES."""
+    found = diff(_fp_body(db, a), _fp_body(db, b))
+    found.sort(key=lambda d: d.derived)
+    return [d.to_json() for d in found[:MAX_DIFF_ENTRIES]]
+
+
+def nearest_pools(db: Database, live: list[WorkerInfo], fingerprint_id: str) -> list[Any]:
+    seen: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for w in live:
+        key = (w.pool, w.fingerprint_id, w.batch_invariance)
+        if key in seen:
+            continue
+        differences = fingerprint_diff(db, fingerprint_id, w.fingerprint_id)
+        seen[key] = {
+            "pool": w.pool,
+            "fingerprint_id": w.fingerprint_id,
+            "batch_invariance": w.batch_invariance,
+            "differences": len(differences),
+            "diff": differences,
+        }
+    return sorted(seen.values(), key=lambda p: (p["differences"], p["pool"]))[:5]
+
+
+def choose_worker(
+    db: Database, ttl: float, fingerprint_id: str, pool: str | None, force: bool
+) -> Choice:
+    if force and pool is None:
+        raise InvalidInput("force needs a pool to replay on", code="pool_required")
+    everyone = workers.list_workers(db, ttl)
+    live = [w for w in everyone if w.live]
+    if pool is not None and not any(w.pool == pool for w in everyone):
+        raise InvalidInput(f"no pool {pool!r}: no worker has registered in it", code="unknown_pool")
+    candidates = [w for w in live if (pool is None or w.pool == pool)]
+    matching = [w for w in candidates if _qualifies(w, fingerprint_id)]
+    if matching:
+        return Choice(max(matching, key=lambda w: w.last_seen), True)
+    if force:
+        if not candidates:
+            raise Conflict(f"pool {pool!r} has no live worker", code="no_live_worker")
+        return Choice(max(candidates, key=lambda w: w.last_seen), False)
+    where = f"pool {pool!r}" if pool else "any pool"
+    raise Conflict(
+        f"no live batch-invariant worker in {where} runs fingerprint {fingerprint_id}; "
+        "the nearest pools and their differences are listed (use force with a pool to "
+        "replay anyway, labelled not_comparable)",
+        code="no_matching_pool",
+        details={
+            "fingerprint_id": fingerprint_id,
+            "nearest_pools": nearest_pools(db, candidates or live, fingerprint_id),
+        },
+    )
+
+
+async def replay(
+    state: AppState, request_id: str, pool: str | None, force: bool
+) -> verdicts.Stored:
+    db = state.db
+    record = await run_in_threadpool(queries.get_record, db, request_id)
+    body = json.loads(record.envelope)["body"]
+    choice = await run_in_threadpool(
+        choose_worker, db, state.settings.worker_ttl, record.fingerprint_id, pool, force
+    )
+    worker = choice.worker
+    replay_id = new_replay_id()
+    raw = (
+        base64.b64decode(body["request_raw"])
+        if "request_raw" in body
+        # a record without its raw bytes: the parsed request, compact (as vLLM's clients send)
+        else json.dumps(body["request"], ensure_ascii=False, separators=(",", ":")).encode()
+    )
+    verdict_args: dict[str, Any] = {
+        "replay_id": replay_id,
+        "request_id": request_id,
+        "record": {
+            "log_index": record.log_index,
+            "content_hash": record.content_hash,
+            "fingerprint_id": record.fingerprint_id,
+        },
+        "pool": worker.pool,
+        "worker_id": worker.worker_id,
+        "forced": force,
+    }
+    try:
+        answer = await run_order(
+            state.workers_http,
+            db,
+            state.log_key,
+            worker,
+            replay_id=replay_id,
+            request_id=request_id,
+            endpoint=body["endpoint"],
+            request_raw=raw,
+        )
+    except LedgerError as exc:
+        verdict = build_verdict(
+            **verdict_args,
+            worker_fingerprint_id=worker.fingerprint_id,
+            verdict=compare.ERROR,
+            reason=describe_failure(exc),
+            comparison=None,
+            fingerprint_diff=None,
+            output=None,
+        )
+        return await run_in_threadpool(verdicts.append_verdict, db, state.log_key, verdict)
+    produced_under = answer.body["fingerprint_id"]
+    result = compare.compare(record_generation(body), output_generation(answer.body))
+    comparable = choice.comparable and produced_under == record.fingerprint_id
+    differences = None
+    reason = None
+    if produced_under != record.fingerprint_id:
+        differences = await run_in_threadpool(
+            fingerprint_diff, db, record.fingerprint_id, produced_under
+        )
+        reason = f"replayed under fingerprint {produced_under}, recorded under another"
+    elif not comparable:
+        reason = f"pool {worker.pool!r} is not batch-invariant ({worker.batch_invariance})"
+    elif not is_deterministic(body["request"]):
+        reason = "the recorded request samples without a seed: a difference is expected"
+    verdict = build_verdict(
+        **verdict_args,
+        worker_fingerprint_id=produced_under,
+        verdict=result.verdict if comparable else compare.NOT_COMPARABLE,
+        reason=reason,
+        comparison=result.to_dict(),
+        fingerprint_diff=differences,
+        output=answer.output,
+    )
+    return await run_in_threadpool(verdicts.append_verdict, db, state.log_key, verdict)

@@ -1,0 +1,50 @@
+"""Pool certification jobs (the replay matrix) and the signed certificates they log."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Response
+from starlette.concurrency import run_in_threadpool
+
+from api import certifier
+from api.auth import ReadRecords, ReplayScope
+from api.schemas import ERRORS, CertifyCreate
+from api.state import StateDep
+from ledger.storage import verdicts
+
+router = APIRouter(tags=["certifications"], responses=ERRORS)
+
+
+@router.post(
+    "/v1/certifications",
+    status_code=202,
+    summary="Start certifying a pool (runs in the background; poll for progress)",
+    description="Probe prompts of short, medium and near-limit length run alone and in "
+    "concurrent waves of mixed lengths on one live worker of the pool; every result is "
+    "compared bitwise with its prompt's run alone. The signed certificate is logged when done.",
+)
+async def start(payload: CertifyCreate, state: StateDep, _: ReplayScope) -> dict[str, Any]:
+    job = await run_in_threadpool(
+        certifier.start,
+        state,
+        payload.pool,
+        payload.prompts,
+        payload.concurrency,
+        payload.max_tokens,
+        payload.seed,
+    )
+    job.task = asyncio.create_task(certifier.run(state, job))
+    return job.to_dict()
+
+
+@router.get("/v1/certifications/{certification_id}", summary="Progress and result of a job")
+async def status(certification_id: str, state: StateDep, _: ReadRecords) -> dict[str, Any]:
+    return certifier.get(state, certification_id).to_dict()
+
+
+@router.get("/v1/certificates/{certificate_id}", summary="A logged pool certificate")
+async def certificate(certificate_id: str, state: StateDep, _: ReadRecords) -> Response:
+    stored = await run_in_threadpool(verdicts.get_certificate, state.db, certificate_id)
+    return Response(stored.render("certificate_id"), media_type="application/json")

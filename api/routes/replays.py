@@ -1,0 +1,34 @@
+"""Replays: re-run a recorded request on a matching batch-invariant worker, log the verdict."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from starlette.concurrency import run_in_threadpool
+
+from api import replayer
+from api.auth import ReadRecords, ReplayScope
+from api.schemas import ERRORS, ReplayCreate
+from api.state import StateDep
+from ledger.storage import verdicts
+
+router = APIRouter(prefix="/v1/replays", tags=["replays"], responses=ERRORS)
+
+
+@router.post(
+    "",
+    status_code=201,
+    summary="Replay a recorded request and log a signed verdict",
+    description="Verdicts: bitwise, tokens_match_logprobs_drift, diverged, prompt_mismatch, "
+    "not_comparable (forced onto a pool that does not match; the comparison is reported), "
+    "error (the worker did not answer). 409 no_matching_pool lists the nearest pools with "
+    "their fingerprint differences.",
+)
+async def create_replay(payload: ReplayCreate, state: StateDep, _: ReplayScope) -> Response:
+    stored = await replayer.replay(state, payload.request_id, payload.pool, payload.force)
+    return Response(stored.render("replay_id"), 201, media_type="application/json")
+
+
+@router.get("/{replay_id}", summary="A replay verdict and its signed envelope")
+async def get_replay(replay_id: str, state: StateDep, _: ReadRecords) -> Response:
+    stored = await run_in_threadpool(verdicts.get_verdict, state.db, replay_id)
+    return Response(stored.render("replay_id"), media_type="application/json")

@@ -1,0 +1,110 @@
+"""``ledger replay REQUEST_ID``: re-run a recorded request and print the signed verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from cli.common import (
+    ApiOption,
+    JsonOption,
+    TokenFileOption,
+    console,
+    ledger_errors,
+    print_json,
+    token_file_or_default,
+)
+from collectors.ledger_client import LedgerClient, read_token_file
+from ledger.errors import Conflict
+
+# Exit status: 0 bitwise, 1 any other verdict (the figures say what differed), 2 trouble.
+REPRODUCED = "bitwise"
+
+
+def replay(
+    request_id: str = typer.Argument(..., help="the recorded request's ID"),
+    pool: str | None = typer.Option(None, "--pool", help="replay only on this pool"),
+    force: bool = typer.Option(
+        False, "--force", help="replay on --pool even if it does not match (not_comparable)"
+    ),
+    api: str = ApiOption,
+    token_file: Path | None = TokenFileOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Replay a request on a matching batch-invariant pool; exit 0 only when bitwise."""
+    with (
+        ledger_errors(code=2),
+        LedgerClient(
+            api, read_token_file(token_file_or_default(token_file)), timeout=600
+        ) as client,
+    ):
+        try:
+            result = client.replay(request_id, pool, force)
+        except Conflict as exc:
+            if as_json:
+                print_json({"error": exc.to_dict()})
+            else:
+                _print_nearest(exc.message, exc.details.get("nearest_pools") or [])
+            raise typer.Exit(2) from None
+    verdict = result["envelope"]["body"]
+    if as_json:
+        print_json(result)
+    else:
+        print_verdict(result["replay_id"], result["log_index"], verdict)
+    raise typer.Exit(0 if verdict["verdict"] == REPRODUCED else 1)
+
+
+def print_verdict(replay_id: str, log_index: int, verdict: dict[str, Any]) -> None:
+    style = "green" if verdict["verdict"] == REPRODUCED else "yellow"
+    console.print(
+        f"[bold {style}]{verdict['verdict']}[/]  {verdict['request_id']} replayed on pool "
+        f"{verdict['pool']} (worker {verdict['worker_id']}); verdict {replay_id} is log leaf "
+        f"{log_index}"
+    )
+    if verdict.get("reason"):
+        console.print(f"reason: {verdict['reason']}")
+    comparison = verdict.get("comparison")
+    if comparison:
+        table = Table(
+            "choice",
+            "tokens rec/rep",
+            "first divergence",
+            "logprobs differing",
+            "max |Δ logprob|",
+            "top-2 margin there",
+            "verdict",
+        )
+        for c in comparison["choices"]:
+            table.add_row(
+                str(c["index"]),
+                f"{c['recorded_tokens']}/{c['replayed_tokens']}",
+                _dash(c["first_divergence"]),
+                f"{c['logprobs_differing']}/{c['logprobs_compared']}",
+                _dash(c["max_abs_logprob_delta"]),
+                _dash(c["top2_margin_at_divergence"]),
+                c["verdict"],
+            )
+        console.print(table)
+        if not comparison["prompt_equal"]:
+            console.print("[yellow]prompt token IDs differ: tokenizer or template drift[/]")
+    for d in (verdict.get("fingerprint_diff") or [])[:15]:
+        console.print(f"  {d['path']}: {d['before']!r} -> {d['after']!r}  ({d['impact']})")
+
+
+def _dash(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _print_nearest(message: str, pools: list[dict[str, Any]]) -> None:
+    console.print(f"[bold red]no matching pool:[/] {message}")
+    for p in pools:
+        console.print(
+            f"  pool {p['pool']} ({p['batch_invariance']}): {p['differences']} differences"
+        )
+        for d in p["diff"][:8]:
+            console.print(f"    {d['path']}: {d['before']!r} -> {d['after']!r}")

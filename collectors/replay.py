@@ -1,0 +1,144 @@
+"""The collector's replay endpoint: run a ledger-signed order once, unrecorded, sign the output.
+
+``POST /ledger/v1/replay`` takes a replay order envelope signed by the ledger's log key (the
+collector learns that key from the ledger at start, or has it pinned), addressed to this worker
+and recent. It sends the order's exact request bytes to the engine (streaming or not, as
+recorded), gathers the tokens and logprobs with the same code that makes records, and answers
+a replay output envelope signed with the collector key. Nothing is spooled: a replay is not
+traffic. Without a valid order the answer is 403 and the engine is never called.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
+from collectors.exchange import Accumulator
+from ledger.errors import InvalidInput, LedgerError, Unreachable, VerificationError
+from ledger.replay import (
+    ORDER_KIND,
+    ORDER_MAX_AGE,
+    OUTPUT_KIND,
+    ReplayedChoice,
+    build_output,
+    check_order,
+)
+from ledger.signing import Envelope, key_id_for, sign_envelope, verify_envelope
+
+REPLAY_PATH = "/ledger/v1/replay"
+
+
+def _order(raw: bytes, state: Any) -> dict[str, Any]:
+    if state.log_public_key is None:
+        raise VerificationError(
+            "this collector does not know the ledger's log key, so it takes no replay orders",
+            code="replays_disabled",
+        )
+    try:
+        env = Envelope.from_dict(json.loads(raw))
+    except ValueError as exc:
+        raise InvalidInput(f"not a JSON envelope: {exc}", code="invalid_order") from exc
+    if env.kind != ORDER_KIND:
+        raise InvalidInput(f"expected a {ORDER_KIND}, got {env.kind!r}", code="invalid_order")
+    if env.key_id != key_id_for(state.log_public_key):
+        raise VerificationError(
+            f"the order is signed by {env.key_id}, not by the ledger's log key",
+            code="not_signed_by_ledger",
+        )
+    verify_envelope(env, state.log_public_key)
+    order = check_order(env.body, state.worker_id)
+    _once(state.seen_orders, order["replay_id"])
+    return order
+
+
+def _once(seen: dict[str, float], replay_id: str) -> None:
+    """An order runs once: a captured order re-sent within its lifetime is refused."""
+    now = time.monotonic()
+    if len(seen) > 10_000:
+        horizon = now - ORDER_MAX_AGE.total_seconds() * 2
+        for key in [k for k, t in seen.items() if t < horizon]:
+            del seen[key]
+    if replay_id in seen:
+        raise VerificationError(f"order {replay_id} was already run", code="order_replayed")
+    seen[replay_id] = now
+
+
+async def _run(
+    client: httpx.AsyncClient, state: Any, endpoint: str, raw: bytes
+) -> tuple[Accumulator, int]:
+    acc = Accumulator(endpoint)
+    began = time.perf_counter_ns()
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidInput("the order's request is not JSON", code="invalid_order") from exc
+    request = client.build_request(
+        "POST",
+        state.engine_url + endpoint,
+        content=raw,
+        headers={"content-type": "application/json"},
+    )
+    try:
+        upstream = await client.send(request, stream=bool(body.get("stream")))
+        try:
+            if upstream.status_code != 200:
+                text = (await upstream.aread())[:500].decode("utf-8", "replace")
+                raise Unreachable(
+                    f"the engine answered HTTP {upstream.status_code}: {text}",
+                    code="engine_error",
+                )
+            if body.get("stream"):
+                async for line in upstream.aiter_lines():
+                    if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+                        acc.feed(json.loads(line[6:]))
+            else:
+                acc.feed(json.loads(await upstream.aread()))
+        finally:
+            await upstream.aclose()
+    except httpx.HTTPError as exc:
+        raise Unreachable(
+            f"the engine at {state.engine_url} does not answer: {exc!r}", code="engine_unreachable"
+        ) from exc
+    return acc, time.perf_counter_ns() - began
+
+
+async def handle_replay(request: Request, state: Any, client: httpx.AsyncClient) -> Response:
+    """The endpoint body; ``state`` is the proxy's WorkerState."""
+    try:
+        order = _order(await request.body(), state)
+        try:
+            raw = binascii.a2b_base64(order["request_raw"].encode("ascii"), strict_mode=True)
+        except (binascii.Error, ValueError, AttributeError) as exc:
+            raise InvalidInput("request_raw is not base64", code="invalid_order") from exc
+        started = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        fingerprint_id = state.fingerprint_id  # the environment the replay actually ran under
+        acc, elapsed = await _run(client, state, order["endpoint"], raw)
+        choices = [
+            ReplayedChoice(choice, margins)
+            for choice, margins in zip(acc.record_choices(), acc.margins(), strict=True)
+        ]
+        body = build_output(
+            order=order,
+            fingerprint_id=fingerprint_id,
+            prompt_token_ids=acc.prompt_token_ids or [],
+            choices=choices,
+            system_fingerprint=acc.system_fingerprint,
+            started_at=started,
+            total_ns=elapsed,
+        )
+    except LedgerError as exc:
+        state.metrics.refusals.labels(exc.code).inc()
+        status = 403 if isinstance(exc, VerificationError) else 400
+        if isinstance(exc, Unreachable):
+            status = 502
+        return Response(json.dumps({"error": exc.to_dict()}), status, media_type="application/json")
+    state.metrics.replays.inc()
+    envelope = sign_envelope(OUTPUT_KIND, body, state.key)
+    return Response(envelope.canonical, 200, media_type="application/json")

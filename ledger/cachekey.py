@@ -1,0 +1,168 @@
+"""Cache keys: one key for every request that must produce the same output, algorithm ``ck1``.
+
+    key = "ck1:sha256:" + hex(SHA-256(JCS({
+        "algorithm": "ck1",
+        "fingerprint_id": "sha256:…",          # never matches across environments
+        "endpoint": "/v1/completions" | "/v1/chat/completions",
+        "prompt": {"token_ids": [..]} | {"text": "…"}          # completions
+                | {"messages": [..], "chat_template": "sha256:…" | null},   # chat
+        "params": {…}                          # every other field, defaults filled in
+    })))
+
+Normalization (so equivalent requests agree):
+
+- fields that do not change the generated tokens are dropped: ``stream``, ``stream_options``,
+  ``user``, ``model`` (the fingerprint names the model), ``logprobs``, ``top_logprobs``,
+  ``return_token_ids``, ``request_id``, ``priority``;
+- absent sampling parameters get their documented defaults (``temperature`` 1, ``top_p`` 1,
+  ``top_k`` -1 (0 means the same), ``min_p`` 0, penalties 0 / 1, ``n`` 1, ``max_tokens`` 16
+  for completions, unbounded for chat (``max_completion_tokens`` is the same field there);
+  ``stop`` as a sorted list, ``stop_token_ids`` sorted, ``ignore_eos`` false);
+- under greedy decoding (``temperature`` 0) the sampler's randomness and truncation do not
+  matter: ``seed``, ``top_p``, ``top_k`` and ``min_p`` are dropped;
+- any other field is kept as given: an unknown parameter may change the output.
+
+A completions prompt can be text or token IDs; the ledger indexes a record under both forms
+(the text it was sent and the token IDs the engine saw), so either lookup finds it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledger.canonical import canonicalize, sha256_digest
+from ledger.errors import InvalidInput
+
+ALGORITHM = "ck1"
+PREFIX = "ck1:sha256:"
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+
+IGNORED = frozenset(
+    {
+        "stream",
+        "stream_options",
+        "user",
+        "model",
+        "logprobs",
+        "top_logprobs",
+        "return_token_ids",
+        "request_id",
+        "priority",
+    }
+)
+DEFAULTS: dict[str, Any] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "n": 1,
+    "seed": None,
+    "stop": [],
+    "stop_token_ids": [],
+    "ignore_eos": False,
+}
+_GREEDY_IRRELEVANT = ("seed", "top_p", "top_k", "min_p")
+
+
+def _number(value: Any, name: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{name} must be a number, got {value!r}", code="invalid_request")
+    return value
+
+
+def normalize_params(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The request's parameters other than the prompt, normalized as the module says."""
+    prompt_fields = ("prompt",) if endpoint == COMPLETIONS else ("messages",)
+    params = {k: v for k, v in request.items() if k not in IGNORED and k not in prompt_fields}
+    if endpoint == CHAT and "max_completion_tokens" in params:
+        params.setdefault("max_tokens", params.pop("max_completion_tokens"))
+    for name, default in DEFAULTS.items():
+        if params.get(name) is None:
+            params[name] = default
+    if endpoint == COMPLETIONS and params.get("max_tokens") is None:
+        params["max_tokens"] = 16
+    params.setdefault("max_tokens", None)
+    for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+        _number(params[name], name)
+    if params["top_k"] == 0:
+        params["top_k"] = -1
+    stop = params["stop"]
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise InvalidInput("stop must be a string or a list of strings", code="invalid_request")
+    params["stop"] = sorted(set(stop))
+    ids = params["stop_token_ids"]
+    if not isinstance(ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in ids
+    ):
+        raise InvalidInput("stop_token_ids must be a list of integers", code="invalid_request")
+    params["stop_token_ids"] = sorted(set(ids))
+    if params["temperature"] == 0:
+        for name in _GREEDY_IRRELEVANT:
+            params.pop(name, None)
+    return params
+
+
+def is_deterministic(request: dict[str, Any]) -> bool:
+    """Greedy (temperature 0) or seeded sampling: the same environment gives the same output."""
+    temperature = request.get("temperature")
+    return temperature == 0 or request.get("seed") is not None
+
+
+def _prompt(
+    endpoint: str,
+    request: dict[str, Any],
+    prompt_token_ids: list[int] | None,
+    chat_template: str | None,
+) -> dict[str, Any]:
+    if endpoint == CHAT:
+        messages = request.get("messages")
+        if not isinstance(messages, list):
+            raise InvalidInput("a chat request needs a messages list", code="invalid_request")
+        return {"messages": messages, "chat_template": chat_template}
+    if endpoint != COMPLETIONS:
+        raise InvalidInput(f"no cache key for endpoint {endpoint!r}", code="invalid_request")
+    if prompt_token_ids is not None:
+        return {"token_ids": list(prompt_token_ids)}
+    prompt = request.get("prompt")
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return {"token_ids": prompt}
+    if isinstance(prompt, str):
+        return {"text": prompt}
+    raise InvalidInput(
+        "a completions request needs one prompt: a string or a list of token IDs",
+        code="invalid_request",
+    )
+
+
+def cache_key(
+    endpoint: str,
+    request: dict[str, Any],
+    fingerprint_id: str,
+    *,
+    prompt_token_ids: list[int] | None = None,
+    chat_template: str | None = None,
+) -> str:
+    """The ``ck1`` key of ``request`` under ``fingerprint_id``.
+
+    ``prompt_token_ids`` (completions only) keys the prompt by the IDs the engine saw instead
+    of the request's text; ``chat_template`` is the template digest of the fingerprint's model.
+    """
+    if not isinstance(request, dict):
+        raise InvalidInput("the request must be a JSON object", code="invalid_request")
+    document = {
+        "algorithm": ALGORITHM,
+        "fingerprint_id": fingerprint_id,
+        "endpoint": endpoint,
+        "prompt": _prompt(endpoint, request, prompt_token_ids, chat_template),
+        "params": normalize_params(endpoint, request),
+    }
+    return PREFIX + sha256_digest(canonicalize(document)).removeprefix("sha256:")

@@ -1,0 +1,182 @@
+"""Pool certification (the replay matrix): probe prompts, per-cell figures, the certificate.
+
+Pure functions; the API runs the probes. For every ``max_tokens`` value the probes run alone,
+one after another (the baseline), alone again (the ``concurrency 1`` row: serial
+reproducibility), and then in waves of ``c`` concurrent requests of mixed lengths for every
+other concurrency ``c``; every result is compared (``ledger.compare``) with its prompt's
+baseline. A pool is ``invariant_observed`` only when every comparison was bitwise.
+
+Certificate body (schema version 1, kind ``pool_certificate``, signed by the log key):
+
+    {"schema_version", "certificate_id", "pool", "worker_id", "fingerprint_id",
+     "batch_invariance", "parameters": {"prompts", "concurrency", "max_tokens", "seed",
+     "prompt_chars"}, "results": [<cell>], "invariant_observed", "issued_at"}
+    cell: {"max_tokens", "concurrency", "requests", "exact_tokens", "bitwise",
+           "exact_token_rate", "bitwise_rate", "first_divergences", "min_margin",
+           "min_margin_at_divergence"}
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ledger.compare import BITWISE, Comparison, Generation
+
+SCHEMA_VERSION = 1
+_WORDS = [
+    "ledger",
+    "record",
+    "replay",
+    "token",
+    "engine",
+    "batch",
+    "kernel",
+    "model",
+    "prompt",
+    "output",
+    "signed",
+    "proof",
+    "audit",
+    "logit",
+    "float",
+    "seed",
+    "cache",
+    "pool",
+    "worker",
+    "tree",
+    "root",
+    "leaf",
+    "check",
+    "bit",
+    "sample",
+    "drift",
+    "order",
+    "merge",
+    "scheduler",
+    "prefill",
+    "chunk",
+    "prefix",
+    "reduce",
+    "sum",
+    "matrix",
+    "vector",
+    "tensor",
+    "layer",
+    "head",
+    "attention",
+]
+
+
+@dataclass(frozen=True)
+class Probe:
+    index: int
+    kind: str  # short | medium | long
+    text: str
+
+
+def probe_prompts(count: int, seed: int, char_budget: int) -> list[Probe]:
+    """``count`` prompts cycling short, medium and near-limit lengths, from ``seed``.
+
+    ``char_budget`` bounds the longest prompt in characters: ASCII text never takes more
+    tokens than characters in a byte-level or SentencePiece tokenizer (plus a BOS token).
+    """
+    rng = random.Random(seed)
+    budgets = {"short": min(24, char_budget), "medium": min(160, char_budget)}
+    budgets["long"] = max(char_budget, 1)
+    probes = []
+    for i in range(count):
+        kind = ("short", "medium", "long")[i % 3]
+        words: list[str] = []
+        limit = budgets[kind] if kind == "long" else rng.randint(budgets[kind] // 2, budgets[kind])
+        while True:
+            word = rng.choice(_WORDS)
+            if len(" ".join([*words, word])) > limit:
+                break
+            words.append(word)
+        probes.append(Probe(i, kind, " ".join(words) or rng.choice(_WORDS)[: max(limit, 1)]))
+    return probes
+
+
+def probe_request(probe: Probe, max_tokens: int, model: str | None) -> dict[str, Any]:
+    """A greedy completions request asking for what the comparison needs."""
+    body: dict[str, Any] = {
+        "prompt": probe.text,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "logprobs": 2,  # the sampled token's logprob and the top-2 margin
+        "return_token_ids": True,
+        "ignore_eos": True,  # full-length outputs: every position is compared
+    }
+    if model is not None:
+        body["model"] = model
+    return body
+
+
+def _min(values: Sequence[float]) -> float | None:
+    return min(values) if values else None
+
+
+def cell(
+    max_tokens: int,
+    concurrency: int,
+    comparisons: Sequence[Comparison],
+    baselines: Sequence[Generation],
+) -> dict[str, Any]:
+    """Figures of one matrix cell; ``baselines`` supply the margins (closest calls)."""
+    n = len(comparisons)
+    exact = sum(c.prompt_equal and all(ch.tokens_equal for ch in c.choices) for c in comparisons)
+    bitwise = sum(c.verdict == BITWISE for c in comparisons)
+    firsts = sorted(c.first_divergence for c in comparisons if c.first_divergence is not None)
+    at_divergence = [
+        ch.top2_margin_at_divergence
+        for c in comparisons
+        for ch in c.choices
+        if ch.top2_margin_at_divergence is not None
+    ]
+    margins = [
+        row[0] - row[1]
+        for g in baselines
+        for out in g.choices
+        for row in (out.top_logprobs or [])
+        if len(row) >= 2
+    ]
+    return {
+        "max_tokens": max_tokens,
+        "concurrency": concurrency,
+        "requests": n,
+        "exact_tokens": exact,
+        "bitwise": bitwise,
+        "exact_token_rate": exact / n if n else 0.0,
+        "bitwise_rate": bitwise / n if n else 0.0,
+        "first_divergences": firsts,
+        "min_margin": _min(margins),
+        "min_margin_at_divergence": _min(at_divergence),
+    }
+
+
+def certificate(
+    *,
+    certificate_id: str,
+    pool: str,
+    worker_id: str,
+    fingerprint_id: str,
+    batch_invariance: str,
+    parameters: dict[str, Any],
+    results: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "certificate_id": certificate_id,
+        "pool": pool,
+        "worker_id": worker_id,
+        "fingerprint_id": fingerprint_id,
+        "batch_invariance": batch_invariance,
+        "parameters": parameters,
+        "results": results,
+        "invariant_observed": bool(results) and all(r["bitwise"] == r["requests"] for r in results),
+        "issued_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+    }

@@ -1,0 +1,126 @@
+"""Signed replay verdicts and pool certificates: appended as log leaves and indexed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import insert, select
+
+from ledger.errors import NotFound
+from ledger.replay import VERDICT_KIND
+from ledger.signing import SigningKey, sign_envelope
+from ledger.storage import log
+from ledger.storage.database import Database, as_utc, utcnow
+from ledger.storage.models import Certificate, LogEntry, Replay
+
+CERTIFICATE_KIND = "pool_certificate"
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A logged verdict or certificate: its index row facts and the canonical envelope."""
+
+    id: str
+    log_index: int
+    created_at: str
+    envelope: bytes
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = json.loads(self.envelope)["body"]
+        return body
+
+    def render(self, id_name: str) -> bytes:
+        meta = json.dumps(
+            {id_name: self.id, "log_index": self.log_index, "created_at": self.created_at}
+        ).encode()
+        return meta[:-1] + b',"envelope":' + self.envelope + b"}"
+
+
+def append_verdict(db: Database, log_key: SigningKey, body: dict[str, Any]) -> Stored:
+    env = sign_envelope(VERDICT_KIND, body, log_key)
+    with db.write() as s:
+        at = utcnow()
+        (idx,) = log.append(s, [env], at)
+        s.execute(
+            insert(Replay),
+            [
+                {
+                    "replay_id": body["replay_id"],
+                    "request_id": body["request_id"],
+                    "log_index": idx,
+                    "verdict": body["verdict"],
+                    "pool": body["pool"],
+                    "worker_id": body["worker_id"],
+                    "created_at": at,
+                }
+            ],
+        )
+    return Stored(body["replay_id"], idx, at.isoformat(), env.canonical)
+
+
+def get_verdict(db: Database, replay_id: str) -> Stored:
+    with db.read() as s:
+        found = s.execute(
+            select(Replay, LogEntry.envelope)
+            .join(LogEntry, LogEntry.idx == Replay.log_index)
+            .where(Replay.replay_id == replay_id)
+        ).first()
+    if found is None:
+        raise NotFound(f"no replay {replay_id!r}", code="replay_not_found")
+    row, envelope = found
+    return Stored(row.replay_id, row.log_index, as_utc(row.created_at).isoformat(), envelope)
+
+
+def verdicts_of(db: Database, request_id: str) -> list[dict[str, Any]]:
+    """A record's replays, oldest first (summary rows; fetch one for its envelope)."""
+    with db.read() as s:
+        rows = s.execute(
+            select(Replay).where(Replay.request_id == request_id).order_by(Replay.log_index)
+        ).scalars()
+        return [
+            {
+                "replay_id": r.replay_id,
+                "verdict": r.verdict,
+                "pool": r.pool,
+                "worker_id": r.worker_id,
+                "log_index": r.log_index,
+                "created_at": as_utc(r.created_at).isoformat(),
+            }
+            for r in rows
+        ]
+
+
+def append_certificate(db: Database, log_key: SigningKey, body: dict[str, Any]) -> Stored:
+    env = sign_envelope(CERTIFICATE_KIND, body, log_key)
+    with db.write() as s:
+        at = utcnow()
+        (idx,) = log.append(s, [env], at)
+        s.execute(
+            insert(Certificate),
+            [
+                {
+                    "certificate_id": body["certificate_id"],
+                    "pool": body["pool"],
+                    "fingerprint_id": body["fingerprint_id"],
+                    "log_index": idx,
+                    "invariant": body["invariant_observed"],
+                    "created_at": at,
+                }
+            ],
+        )
+    return Stored(body["certificate_id"], idx, at.isoformat(), env.canonical)
+
+
+def get_certificate(db: Database, certificate_id: str) -> Stored:
+    with db.read() as s:
+        found = s.execute(
+            select(Certificate, LogEntry.envelope)
+            .join(LogEntry, LogEntry.idx == Certificate.log_index)
+            .where(Certificate.certificate_id == certificate_id)
+        ).first()
+    if found is None:
+        raise NotFound(f"no certificate {certificate_id!r}", code="certificate_not_found")
+    row, envelope = found
+    return Stored(row.certificate_id, row.log_index, as_utc(row.created_at).isoformat(), envelope)

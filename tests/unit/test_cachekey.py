@@ -1,0 +1,154 @@
+"""Cache keys (ck1): equivalent requests agree; any change that matters gives another key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ledger.cachekey import CHAT, COMPLETIONS, PREFIX, cache_key, is_deterministic
+from ledger.errors import InvalidInput
+
+FP = "sha256:" + "a" * 64
+FP2 = "sha256:" + "b" * 64
+TEMPLATE = "sha256:" + "c" * 64
+
+
+def key(request: dict[str, Any], fp: str = FP, **kw: Any) -> str:
+    return cache_key(COMPLETIONS, request, fp, **kw)
+
+
+BASE = {"model": "fixture", "prompt": "Hello", "max_tokens": 8, "temperature": 0}
+
+
+def test_format_is_labelled() -> None:
+    k = key(BASE)
+    assert k.startswith(PREFIX) and len(k) == len(PREFIX) + 64
+
+
+def test_fields_that_do_not_change_output_are_ignored() -> None:
+    same = {
+        **BASE,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "user": "alice",
+        "model": "another-name",
+        "logprobs": 5,
+        "return_token_ids": True,
+    }
+    assert key(same) == key(BASE)
+
+
+def test_defaults_are_filled_in() -> None:
+    explicit = {
+        **BASE,
+        "n": 1,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1,
+        "stop": [],
+        "top_k": 0,
+    }
+    assert key(explicit) == key(BASE)
+    assert key({"prompt": "Hello"}) == key({"prompt": "Hello", "max_tokens": 16, "temperature": 1})
+
+
+def test_greedy_ignores_sampler_randomness_and_truncation() -> None:
+    assert key({**BASE, "seed": 7, "top_p": 0.5, "top_k": 3}) == key(BASE)
+    sampled = {**BASE, "temperature": 0.7}
+    assert key({**sampled, "seed": 7}) != key({**sampled, "seed": 8})
+    assert key({**sampled, "top_p": 0.5}) != key(sampled)
+
+
+def test_stop_order_and_form_do_not_matter() -> None:
+    assert key({**BASE, "stop": "x"}) == key({**BASE, "stop": ["x"]})
+    assert key({**BASE, "stop": ["b", "a"]}) == key({**BASE, "stop": ["a", "b", "a"]})
+    assert key({**BASE, "stop": ["a"]}) != key(BASE)
+
+
+def test_text_and_token_id_forms() -> None:
+    by_ids = key({**BASE, "prompt": [72, 101]})
+    assert key(BASE, prompt_token_ids=[72, 101]) == by_ids
+    assert key(BASE) != by_ids  # the text form is its own key (the ledger indexes both)
+
+
+def test_fingerprint_always_separates() -> None:
+    assert key(BASE, FP) != key(BASE, FP2)
+
+
+def test_chat_uses_messages_and_the_template_digest() -> None:
+    chat = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    k = cache_key(CHAT, chat, FP, chat_template=TEMPLATE)
+    assert k == cache_key(CHAT, {**chat, "stream": True}, FP, chat_template=TEMPLATE)
+    assert k != cache_key(CHAT, chat, FP, chat_template="sha256:" + "d" * 64)
+    assert k != cache_key(COMPLETIONS, {"prompt": "hi", "temperature": 0}, FP)
+    assert cache_key(CHAT, {**chat, "max_completion_tokens": 5}, FP) == cache_key(
+        CHAT, {**chat, "max_tokens": 5}, FP
+    )
+
+
+@pytest.mark.parametrize(
+    "request_body",
+    [
+        {"prompt": ["a", 1]},
+        {"prompt": None},
+        {"prompt": "x", "temperature": "hot"},
+        {"prompt": "x", "stop": [1]},
+        {"prompt": "x", "stop_token_ids": ["1"]},
+    ],
+)
+def test_bad_requests_are_refused(request_body: dict[str, Any]) -> None:
+    with pytest.raises(InvalidInput):
+        key(request_body)
+
+
+def test_chat_without_messages_is_refused() -> None:
+    with pytest.raises(InvalidInput):
+        cache_key(CHAT, {"prompt": "x"}, FP)
+
+
+def test_determinism() -> None:
+    assert is_deterministic({"temperature": 0})
+    assert is_deterministic({"temperature": 0.8, "seed": 1})
+    assert not is_deterministic({"temperature": 0.8})
+    assert not is_deterministic({})  # the default temperature is 1
+
+
+params = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": st.sampled_from([0, 0.5, 1.0]),
+        "top_p": st.sampled_from([0.5, 1.0]),
+        "max_tokens": st.integers(1, 64),
+        "seed": st.integers(0, 2**31),
+        "presence_penalty": st.sampled_from([0.0, 0.5]),
+        "stop": st.lists(st.sampled_from(["a", "b", "\n"]), max_size=3),
+    },
+)
+prompts = st.one_of(st.text(max_size=20), st.lists(st.integers(0, 511), min_size=1, max_size=20))
+
+
+@given(params, prompts)
+def test_property_key_ignores_presentation(p: dict[str, Any], prompt: Any) -> None:
+    request = {"prompt": prompt, **p}
+    noisy = {**request, "stream": True, "user": "u", "logprobs": 2}
+    assert key(request) == key(noisy)
+    assert key(dict(reversed(list(request.items())))) == key(request)
+
+
+@given(params, prompts, st.sampled_from(["max_tokens", "presence_penalty", "prompt"]))
+def test_property_changing_what_matters_changes_the_key(
+    p: dict[str, Any], prompt: Any, field: str
+) -> None:
+    request = {"prompt": prompt, **p}
+    changed = dict(request)
+    if field == "max_tokens":
+        changed["max_tokens"] = request.get("max_tokens", 16) + 1
+    elif field == "presence_penalty":
+        changed["presence_penalty"] = request.get("presence_penalty", 0.0) + 0.25
+    else:
+        changed["prompt"] = prompt + "!" if isinstance(prompt, str) else [*prompt, 7]
+    assert key(changed) != key(request)
+    assert key(request, FP) != key(request, FP2)

@@ -1,0 +1,150 @@
+"""Replay documents, certification figures and the evidence check of replay verdicts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from ledger import certify
+from ledger.compare import BITWISE, DIVERGED, Generation, Output, compare
+from ledger.errors import InvalidInput
+from ledger.records import Choice
+from ledger.replay import (
+    ReplayedChoice,
+    build_order,
+    build_output,
+    build_verdict,
+    check_order,
+    check_output,
+    output_generation,
+)
+
+ORDER = build_order(
+    replay_id="rpl-1",
+    request_id="req-1",
+    worker_id="w1",
+    endpoint="/v1/completions",
+    request_raw="e30=",
+)
+
+
+def test_an_order_is_for_one_worker_and_expires() -> None:
+    assert check_order(ORDER, "w1")["request_id"] == "req-1"
+    with pytest.raises(InvalidInput, match="for worker"):
+        check_order(ORDER, "w2")
+    later = datetime.now(UTC) + timedelta(minutes=6)
+    with pytest.raises(InvalidInput, match="too old"):
+        check_order(ORDER, "w1", now=later)
+    with pytest.raises(InvalidInput, match="endpoint"):
+        check_order({**ORDER, "endpoint": "/v1/embeddings"}, "w1")
+    with pytest.raises(InvalidInput, match="lacks"):
+        check_order({k: v for k, v in ORDER.items() if k != "request_raw"}, "w1")
+
+
+def _output(margins: list[float] | None) -> dict:
+    return build_output(
+        order=ORDER,
+        fingerprint_id="sha256:" + "a" * 64,
+        prompt_token_ids=[1, 2, 3],
+        choices=[ReplayedChoice(Choice([4, 5], [-0.5, -1.5], finish_reason="length"), margins)],
+        system_fingerprint=None,
+        started_at="2026-11-29T00:00:00Z",
+        total_ns=1000,
+    )
+
+
+def test_output_round_trips_into_a_generation_with_margins() -> None:
+    body = check_output(_output([0.25, 3.0]))
+    generation = output_generation(body)
+    assert list(generation.prompt_token_ids) == [1, 2, 3]
+    (out,) = generation.choices
+    assert list(out.token_ids) == [4, 5] and list(out.logprobs or []) == [-0.5, -1.5]
+    assert out.top_logprobs is not None
+    assert [row[0] - row[1] for row in out.top_logprobs] == [0.25, 3.0]
+    assert "margins" not in _output(None)["choices"][0]
+
+
+def test_output_with_bad_margins_is_refused() -> None:
+    body = _output([0.25, 3.0])
+    body["choices"][0]["margins"] = body["choices"][0]["logprobs"][:8]
+    with pytest.raises(InvalidInput, match="margins"):
+        check_output(body)
+
+
+def test_verdict_names_only_known_verdicts() -> None:
+    args = dict(
+        replay_id="rpl-1",
+        request_id="req-1",
+        record={},
+        pool="p",
+        worker_id="w",
+        worker_fingerprint_id="sha256:x",
+        forced=False,
+        reason=None,
+        comparison=None,
+        fingerprint_diff=None,
+        output=None,
+    )
+    assert build_verdict(**args, verdict="error")["verdict"] == "error"
+    with pytest.raises(InvalidInput):
+        build_verdict(**args, verdict="maybe")
+
+
+def test_probe_prompts_are_seeded_mixed_and_within_budget() -> None:
+    probes = certify.probe_prompts(9, seed=3, char_budget=120)
+    assert probes == certify.probe_prompts(9, seed=3, char_budget=120)
+    assert probes != certify.probe_prompts(9, seed=4, char_budget=120)
+    assert [p.kind for p in probes[:3]] == ["short", "medium", "long"]
+    assert all(0 < len(p.text) <= 120 for p in probes)
+    assert max(len(p.text) for p in probes if p.kind == "long") > 100
+    assert all(p.text.isascii() for p in probes)
+    request = certify.probe_request(probes[0], 16, "fixture")
+    assert request["temperature"] == 0 and request["logprobs"] == 2 and request["ignore_eos"]
+
+
+def test_cell_figures_and_the_certificate_verdict() -> None:
+    base = Generation(
+        [1], [Output([5, 6, 7], [-1.0, -2.0, -3.0], [[0, -0.5], [0, -0.01], [0, -2]])]
+    )
+    same = Generation([1], [Output([5, 6, 7], [-1.0, -2.0, -3.0])])
+    forked = Generation([1], [Output([5, 9, 7], [-1.0, -2.5, -3.0])])
+    comparisons = [compare(base, same), compare(base, forked)]
+    assert [c.verdict for c in comparisons] == [BITWISE, DIVERGED]
+    cell = certify.cell(16, 8, comparisons, [base])
+    assert cell["requests"] == 2 and cell["bitwise"] == 1 and cell["exact_tokens"] == 1
+    assert cell["bitwise_rate"] == 0.5 and cell["first_divergences"] == [1]
+    assert cell["min_margin"] == 0.01 and cell["min_margin_at_divergence"] == 0.01
+    cert = certify.certificate(
+        certificate_id="c",
+        pool="p",
+        worker_id="w",
+        fingerprint_id="f",
+        batch_invariance="none",
+        parameters={},
+        results=[cell],
+    )
+    assert cert["invariant_observed"] is False
+    clean = certify.cell(16, 1, [comparisons[0]], [base])
+    assert (
+        certify.certificate(
+            certificate_id="c",
+            pool="p",
+            worker_id="w",
+            fingerprint_id="f",
+            batch_invariance="serial",
+            parameters={},
+            results=[clean],
+        )["invariant_observed"]
+        is True
+    )
+    empty = certify.certificate(
+        certificate_id="c",
+        pool="p",
+        worker_id="w",
+        fingerprint_id="f",
+        batch_invariance="serial",
+        parameters={},
+        results=[],
+    )
+    assert empty["invariant_observed"] is False
