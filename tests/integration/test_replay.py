@@ -408,3 +408,36 @@ def test_evidence_carries_the_replay_verdicts(pools: Pools) -> None:
     with pytest.raises(VerificationError) as failed:
         verify_bundle(forged, log_key)
     assert failed.value.details["check"] == "replays"
+
+
+def test_the_replay_cli_prints_the_verdict_and_exits_by_it(pools: Pools, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(pools.api.token("replay", "records:read"))
+    common = ("--api", pools.api.url, "--token-file", str(token))
+    strict_id = send(pools.strict, "The CLI replays")
+    throughput_id = send(pools.throughput, "The CLI refuses")
+    wait_for_record(pools.api, strict_id)
+    wait_for_record(pools.api, throughput_id)
+    ok = ledger("replay", strict_id, *common, check=False, timeout=300, env={"COLUMNS": "200"})
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "bitwise" in ok.stdout and "strict" in ok.stdout
+    as_json = ledger("replay", strict_id, *common, "--json", check=False, timeout=300)
+    assert as_json.returncode == 0
+    assert json.loads(as_json.stdout)["envelope"]["body"]["verdict"] == "bitwise"
+    forced = ledger(
+        "replay",
+        strict_id,
+        "--pool",
+        "f32",
+        "--force",
+        *common,
+        check=False,
+        timeout=300,
+        env={"COLUMNS": "200"},
+    )
+    assert forced.returncode == 1 and "not_comparable" in forced.stdout
+    assert "engine.dtype" in forced.stdout
+    refused = ledger("replay", throughput_id, *common, check=False, timeout=300)
+    assert refused.returncode == 2 and "no matching pool" in refused.stdout
+    missing = ledger("replay", "req-nothing", *common, check=False)
+    assert missing.returncode == 2 and "record_not_found" in missing.stderr
