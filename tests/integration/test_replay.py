@@ -381,6 +381,27 @@ def test_certify_reports_the_strict_pool_bitwise_and_logs_the_certificate(
     log_key = load_public_key(pools.api.client().get("/v1/log/key").json()["public_key"])
     verify_envelope(Envelope.from_dict(stored["envelope"]), log_key)
     assert audit(pools.api.db, log_key).ok
+    table = ledger(
+        "certify",
+        "--pool",
+        "strict",
+        "--prompts",
+        "2",
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "4",
+        "--api",
+        pools.api.url,
+        "--token-file",
+        str(token),
+        check=False,
+        timeout=600,
+        env={"COLUMNS": "200"},
+    )
+    assert table.returncode == 0, table.stdout + table.stderr
+    assert "invariant: every result bitwise" in table.stdout
+    assert "100%" in table.stdout and "log leaf" in table.stdout
 
 
 def test_certify_refusals(pools: Pools) -> None:

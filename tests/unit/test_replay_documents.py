@@ -20,31 +20,35 @@ from ledger.replay import (
     output_generation,
 )
 
-ORDER = build_order(
-    replay_id="rpl-1",
-    request_id="req-1",
-    worker_id="w1",
-    endpoint="/v1/completions",
-    request_raw="e30=",
-)
+
+def new_order() -> dict:
+    """Issued now: an order is only good for a few minutes."""
+    return build_order(
+        replay_id="rpl-1",
+        request_id="req-1",
+        worker_id="w1",
+        endpoint="/v1/completions",
+        request_raw="e30=",
+    )
 
 
 def test_an_order_is_for_one_worker_and_expires() -> None:
-    assert check_order(ORDER, "w1")["request_id"] == "req-1"
+    order = new_order()
+    assert check_order(order, "w1")["request_id"] == "req-1"
     with pytest.raises(InvalidInput, match="for worker"):
-        check_order(ORDER, "w2")
+        check_order(order, "w2")
     later = datetime.now(UTC) + timedelta(minutes=6)
     with pytest.raises(InvalidInput, match="too old"):
-        check_order(ORDER, "w1", now=later)
+        check_order(order, "w1", now=later)
     with pytest.raises(InvalidInput, match="endpoint"):
-        check_order({**ORDER, "endpoint": "/v1/embeddings"}, "w1")
+        check_order({**order, "endpoint": "/v1/embeddings"}, "w1")
     with pytest.raises(InvalidInput, match="lacks"):
-        check_order({k: v for k, v in ORDER.items() if k != "request_raw"}, "w1")
+        check_order({k: v for k, v in order.items() if k != "request_raw"}, "w1")
 
 
 def _output(margins: list[float] | None) -> dict:
     return build_output(
-        order=ORDER,
+        order=new_order(),
         fingerprint_id="sha256:" + "a" * 64,
         prompt_token_ids=[1, 2, 3],
         choices=[ReplayedChoice(Choice([4, 5], [-0.5, -1.5], finish_reason="length"), margins)],
