@@ -38,39 +38,55 @@ class Stored:
         return meta[:-1] + b',"envelope":' + self.envelope + b"}"
 
 
-def append_verdict(db: Database, log_key: SigningKey, body: dict[str, Any]) -> Stored:
-    env = sign_envelope(VERDICT_KIND, body, log_key)
+def _append(
+    db: Database,
+    log_key: SigningKey,
+    kind: str,
+    body: dict[str, Any],
+    model: type[Any],
+    id_column: str,
+    **row: Any,
+) -> Stored:
+    """Sign ``body`` with the log key, append it as a leaf and write its index row, at once."""
+    env = sign_envelope(kind, body, log_key)
     with db.write() as s:
         at = utcnow()
         (idx,) = log.append(s, [env], at)
-        s.execute(
-            insert(Replay),
-            [
-                {
-                    "replay_id": body["replay_id"],
-                    "request_id": body["request_id"],
-                    "log_index": idx,
-                    "verdict": body["verdict"],
-                    "pool": body["pool"],
-                    "worker_id": body["worker_id"],
-                    "created_at": at,
-                }
-            ],
-        )
-    return Stored(body["replay_id"], idx, at.isoformat(), env.canonical)
+        s.execute(insert(model), [{**row, "log_index": idx, "created_at": at}])
+    return Stored(row[id_column], idx, at.isoformat(), env.canonical)
+
+
+def _get(db: Database, model: type[Any], column: Any, key: str, what: str) -> Stored:
+    with db.read() as s:
+        found = s.execute(
+            select(model, LogEntry.envelope)
+            .join(LogEntry, LogEntry.idx == model.log_index)
+            .where(column == key)
+        ).first()
+    if found is None:
+        raise NotFound(f"no {what} {key!r}", code=f"{what}_not_found")
+    row, envelope = found
+    return Stored(key, row.log_index, as_utc(row.created_at).isoformat(), envelope)
+
+
+def append_verdict(db: Database, log_key: SigningKey, body: dict[str, Any]) -> Stored:
+    return _append(
+        db,
+        log_key,
+        VERDICT_KIND,
+        body,
+        Replay,
+        "replay_id",
+        replay_id=body["replay_id"],
+        request_id=body["request_id"],
+        verdict=body["verdict"],
+        pool=body["pool"],
+        worker_id=body["worker_id"],
+    )
 
 
 def get_verdict(db: Database, replay_id: str) -> Stored:
-    with db.read() as s:
-        found = s.execute(
-            select(Replay, LogEntry.envelope)
-            .join(LogEntry, LogEntry.idx == Replay.log_index)
-            .where(Replay.replay_id == replay_id)
-        ).first()
-    if found is None:
-        raise NotFound(f"no replay {replay_id!r}", code="replay_not_found")
-    row, envelope = found
-    return Stored(row.replay_id, row.log_index, as_utc(row.created_at).isoformat(), envelope)
+    return _get(db, Replay, Replay.replay_id, replay_id, "replay")
 
 
 def verdicts_of(db: Database, request_id: str) -> list[dict[str, Any]]:
@@ -93,34 +109,19 @@ def verdicts_of(db: Database, request_id: str) -> list[dict[str, Any]]:
 
 
 def append_certificate(db: Database, log_key: SigningKey, body: dict[str, Any]) -> Stored:
-    env = sign_envelope(CERTIFICATE_KIND, body, log_key)
-    with db.write() as s:
-        at = utcnow()
-        (idx,) = log.append(s, [env], at)
-        s.execute(
-            insert(Certificate),
-            [
-                {
-                    "certificate_id": body["certificate_id"],
-                    "pool": body["pool"],
-                    "fingerprint_id": body["fingerprint_id"],
-                    "log_index": idx,
-                    "invariant": body["invariant_observed"],
-                    "created_at": at,
-                }
-            ],
-        )
-    return Stored(body["certificate_id"], idx, at.isoformat(), env.canonical)
+    return _append(
+        db,
+        log_key,
+        CERTIFICATE_KIND,
+        body,
+        Certificate,
+        "certificate_id",
+        certificate_id=body["certificate_id"],
+        pool=body["pool"],
+        fingerprint_id=body["fingerprint_id"],
+        invariant=body["invariant_observed"],
+    )
 
 
 def get_certificate(db: Database, certificate_id: str) -> Stored:
-    with db.read() as s:
-        found = s.execute(
-            select(Certificate, LogEntry.envelope)
-            .join(LogEntry, LogEntry.idx == Certificate.log_index)
-            .where(Certificate.certificate_id == certificate_id)
-        ).first()
-    if found is None:
-        raise NotFound(f"no certificate {certificate_id!r}", code="certificate_not_found")
-    row, envelope = found
-    return Stored(row.certificate_id, row.log_index, as_utc(row.created_at).isoformat(), envelope)
+    return _get(db, Certificate, Certificate.certificate_id, certificate_id, "certificate")

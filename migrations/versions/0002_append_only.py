@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from migrations import append_only
+
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
@@ -33,28 +35,9 @@ $$;
 
 
 def upgrade() -> None:
-    dialect = op.get_bind().dialect.name
-    if dialect == "postgresql":
+    if op.get_bind().dialect.name == "postgresql":
         op.execute(PG_FUNCTION.replace("%%", "%"))
-        for t in TABLES:
-            op.execute(
-                f"CREATE TRIGGER {t}_append_only BEFORE UPDATE OR DELETE ON {t} "
-                "FOR EACH ROW EXECUTE FUNCTION ledger_refuse_mutation()"
-            )
-            op.execute(
-                f"CREATE TRIGGER {t}_no_truncate BEFORE TRUNCATE ON {t} "
-                "FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_mutation()"
-            )
-            op.execute(f"ALTER TABLE {t} ENABLE ALWAYS TRIGGER {t}_append_only")
-            op.execute(f"ALTER TABLE {t} ENABLE ALWAYS TRIGGER {t}_no_truncate")
-    elif dialect == "sqlite":
-        for t in TABLES:
-            for op_name in ("UPDATE", "DELETE"):
-                op.execute(
-                    f"CREATE TRIGGER {t}_no_{op_name.lower()} BEFORE {op_name} ON {t} "
-                    f"BEGIN SELECT RAISE(ABORT, 'ledger table {t} is append-only: "
-                    f"{op_name} refused'); END"
-                )
+    append_only.install(TABLES)
 
 
 def downgrade() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations import append_only
+
 revision = "0003"
 down_revision = "0002"
 branch_labels = None
@@ -32,26 +34,7 @@ def upgrade() -> None:
         sa.Column("note", sa.Text(), nullable=False),
         sa.Column("signed_at", sa.DateTime(timezone=True), nullable=False),
     )
-    dialect = op.get_bind().dialect.name
-    for t in TABLES:
-        if dialect == "postgresql":
-            op.execute(
-                f"CREATE TRIGGER {t}_append_only BEFORE UPDATE OR DELETE ON {t} "
-                "FOR EACH ROW EXECUTE FUNCTION ledger_refuse_mutation()"
-            )
-            op.execute(
-                f"CREATE TRIGGER {t}_no_truncate BEFORE TRUNCATE ON {t} "
-                "FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_mutation()"
-            )
-            op.execute(f"ALTER TABLE {t} ENABLE ALWAYS TRIGGER {t}_append_only")
-            op.execute(f"ALTER TABLE {t} ENABLE ALWAYS TRIGGER {t}_no_truncate")
-        elif dialect == "sqlite":
-            for verb in ("UPDATE", "DELETE"):
-                op.execute(
-                    f"CREATE TRIGGER {t}_no_{verb.lower()} BEFORE {verb} ON {t} "
-                    f"BEGIN SELECT RAISE(ABORT, 'ledger table {t} is append-only: "
-                    f"{verb} refused'); END"
-                )
+    append_only.install(TABLES)
 
 
 def downgrade() -> None:

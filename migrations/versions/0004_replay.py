@@ -13,6 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations import append_only
+
 revision = "0004"
 down_revision = "0003"
 branch_labels = None
@@ -68,26 +70,7 @@ def upgrade() -> None:
         sa.Column("tier", sa.SmallInteger(), nullable=False),
         sa.Column("deterministic", sa.Boolean(), nullable=False),
     )
-    dialect = op.get_bind().dialect.name
-    for t in APPEND_ONLY:
-        if dialect == "postgresql":
-            op.execute(
-                f"CREATE TRIGGER {t}_append_only BEFORE UPDATE OR DELETE ON {t} "
-                "FOR EACH ROW EXECUTE FUNCTION ledger_refuse_mutation()"
-            )
-            op.execute(
-                f"CREATE TRIGGER {t}_no_truncate BEFORE TRUNCATE ON {t} "
-                "FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_mutation()"
-            )
-            op.execute(f"ALTER TABLE {t} ENABLE ALWAYS TRIGGER {t}_append_only")
-            op.execute(f"ALTER TABLE {t} ENABLE ALWAYS TRIGGER {t}_no_truncate")
-        elif dialect == "sqlite":
-            for verb in ("UPDATE", "DELETE"):
-                op.execute(
-                    f"CREATE TRIGGER {t}_no_{verb.lower()} BEFORE {verb} ON {t} "
-                    f"BEGIN SELECT RAISE(ABORT, 'ledger table {t} is append-only: "
-                    f"{verb} refused'); END"
-                )
+    append_only.install(APPEND_ONLY)
 
 
 def downgrade() -> None:
