@@ -37,6 +37,12 @@ class Metrics:
             ["status"],
             registry=self.registry,
         )
+        self.replays = Counter(
+            "ledger_replays",
+            "Replay verdicts logged, by verdict",
+            ["verdict"],
+            registry=self.registry,
+        )
         self.batch_size = Histogram(
             "ledger_ingest_batch_size",
             "Envelopes per accepted ingest batch",

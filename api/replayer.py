@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -20,7 +19,7 @@ from api.state import AppState
 from api.workers_client import describe_failure, new_replay_id, run_order
 from ledger import compare
 from ledger.cachekey import is_deterministic
-from ledger.errors import Conflict, InvalidInput, LedgerError
+from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
 from ledger.fingerprint_diff import diff
 from ledger.replay import build_verdict, output_generation, record_generation
 from ledger.storage import cache, queries, verdicts, workers
@@ -28,12 +27,6 @@ from ledger.storage.database import Database
 from ledger.storage.workers import WorkerInfo
 
 MAX_DIFF_ENTRIES = 60
-
-
-@dataclass(frozen=True)
-class Choice:
-    worker: WorkerInfo
-    comparable: bool
 
 
 def _qualifies(w: WorkerInfo, fingerprint_id: str) -> bool:
@@ -71,7 +64,7 @@ def nearest_pools(db: Database, live: list[WorkerInfo], fingerprint_id: str) -> 
 
 def choose_worker(
     db: Database, ttl: float, fingerprint_id: str, pool: str | None, force: bool
-) -> Choice:
+) -> WorkerInfo:
     if force and pool is None:
         raise InvalidInput("force needs a pool to replay on", code="pool_required")
     everyone = workers.list_workers(db, ttl)
@@ -81,11 +74,11 @@ def choose_worker(
     candidates = [w for w in live if (pool is None or w.pool == pool)]
     matching = [w for w in candidates if _qualifies(w, fingerprint_id)]
     if matching:
-        return Choice(max(matching, key=lambda w: w.last_seen), True)
+        return max(matching, key=lambda w: w.last_seen)
     if force:
         if not candidates:
             raise Conflict(f"pool {pool!r} has no live worker", code="no_live_worker")
-        return Choice(max(candidates, key=lambda w: w.last_seen), False)
+        return max(candidates, key=lambda w: w.last_seen)
     where = f"pool {pool!r}" if pool else "any pool"
     raise Conflict(
         f"no live batch-invariant worker in {where} runs fingerprint {fingerprint_id}; "
@@ -105,10 +98,9 @@ async def replay(
     db = state.db
     record = await run_in_threadpool(queries.get_record, db, request_id)
     body = json.loads(record.envelope)["body"]
-    choice = await run_in_threadpool(
+    worker = await run_in_threadpool(
         choose_worker, db, state.settings.worker_ttl, record.fingerprint_id, pool, force
     )
-    worker = choice.worker
     replay_id = new_replay_id()
     raw = (
         base64.b64decode(body["request_raw"])
@@ -149,17 +141,21 @@ async def replay(
             fingerprint_diff=None,
             output=None,
         )
-        return await run_in_threadpool(verdicts.append_verdict, db, state.log_key, verdict)
+        return await _log(state, verdict)
     produced_under = answer.body["fingerprint_id"]
     result = compare.compare(record_generation(body), output_generation(answer.body))
-    comparable = choice.comparable and produced_under == record.fingerprint_id
+    # What decides comparability is what the worker ran under, not what it registered.
+    comparable = produced_under == record.fingerprint_id and worker.batch_invariance != "none"
     differences = None
     reason = None
     if produced_under != record.fingerprint_id:
-        differences = await run_in_threadpool(
-            fingerprint_diff, db, record.fingerprint_id, produced_under
-        )
         reason = f"replayed under fingerprint {produced_under}, recorded under another"
+        try:
+            differences = await run_in_threadpool(
+                fingerprint_diff, db, record.fingerprint_id, produced_under
+            )
+        except NotFound:
+            reason += " that the ledger does not hold yet (no field-level diff)"
     elif not comparable:
         reason = f"pool {worker.pool!r} is not batch-invariant ({worker.batch_invariance})"
     elif not is_deterministic(body["request"]):
@@ -173,4 +169,10 @@ async def replay(
         fingerprint_diff=differences,
         output=answer.output,
     )
-    return await run_in_threadpool(verdicts.append_verdict, db, state.log_key, verdict)
+    return await _log(state, verdict)
+
+
+async def _log(state: AppState, verdict: dict[str, Any]) -> verdicts.Stored:
+    stored = await run_in_threadpool(verdicts.append_verdict, state.db, state.log_key, verdict)
+    state.metrics.replays.labels(verdict["verdict"]).inc()
+    return stored

@@ -60,6 +60,8 @@ class Collector:
         self.spool = Spool(config.spool_path)
         self.cache = DigestCache(config.digest_cache)
         self.client = LedgerClient(config.ledger_url, config.ledger_token)
+        # The heartbeat thread has a client of its own: a ship batch never delays a beat.
+        self._beat_client = LedgerClient(config.ledger_url, config.ledger_token, timeout=10)
         self.snapshot = self._snapshot()
         self.state = WorkerState(
             engine_url=config.engine_url.rstrip("/"),
@@ -125,7 +127,7 @@ class Collector:
                     self.state.log_public_key = load_public_key(self.client.log_key()["public_key"])
                 if self.config.advertise_url is None:
                     return
-                self.client.heartbeat(self.registration())
+                self._beat_client.heartbeat(self.registration())
             except LedgerError as exc:
                 self.metrics.heartbeat_failures.labels(exc.code).inc()
                 if self.registered.is_set():
@@ -198,7 +200,8 @@ class Collector:
         self.state.background.shutdown(wait=True)
         self.shipper.stop(drain_timeout)
         if self._heart.is_alive():
-            self._heart.join(timeout=35)  # at most one ledger call in flight (30 s timeout)
+            self._heart.join(timeout=15)  # at most one ledger call in flight (10 s timeout)
+        self._beat_client.close()
         self.client.close()
         self.spool.close()
         self.cache.close()
