@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import signal
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,6 +86,9 @@ def demo(
     ),
 ) -> None:
     """Run the ledger on embedded defaults and record inference traffic in it."""
+    # SIGTERM (docker stop, systemd, kill) stops the demo like Ctrl-C does: the engines run
+    # in their own sessions and would otherwise outlive it.
+    signal.signal(signal.SIGTERM, _interrupt)
     settings = load_settings(data_dir=data_dir)
     with ledger_errors():
         db = Database(settings.resolved_database_url)
@@ -150,6 +154,10 @@ def demo(
         if engine is not None:
             engine.close()
         server.stop()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _walkthrough(client: LedgerClient, data_dir: Path) -> tuple[list[tuple[str, str]], str]:

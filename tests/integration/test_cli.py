@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import migrations
 from collectors.ledger_client import LedgerClient
 from ledger.signing import SigningKey
 from ledger.storage.database import Database
-from tests.support.cli import ledger, serve
+from tests.support.cli import LEDGER, ledger, serve
 from tests.support.documents import fingerprint_envelope, record_envelope
 
 
@@ -116,3 +118,20 @@ def test_serve_writes_an_admin_token_and_keys_register(tmp_path: Path, backend: 
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_demo_stops_cleanly_on_sigterm(tmp_path: Path):
+    """`docker stop` and systemd send SIGTERM: the demo shuts down as on Ctrl-C (with engines,
+    that is what stops them; they run in their own sessions)."""
+    proc = subprocess.Popen(
+        [*LEDGER, "demo", "--port", "0", "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("serving on"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
