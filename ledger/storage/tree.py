@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import bindparam, insert, select, tuple_
+from sqlalchemy import bindparam, insert, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from ledger import merkle
@@ -17,8 +17,8 @@ _CHUNK = 400
 def node_reader(session: Session) -> merkle.ReadNodes:
     """A ``read_nodes`` callback over this session: one query per call (chunked).
 
-    ``(level, idx) IN (...)`` with an expanding parameter: one cached statement for any
-    number of nodes, answered from the primary key on both databases.
+    Answered from the primary key: on Postgres a join against arrays of levels and indexes,
+    on SQLite ``(level, idx) IN (...)``.
     """
 
     def read(nodes: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
@@ -37,8 +37,16 @@ def read_existing(
 ) -> dict[merkle.Node, bytes]:
     """The stored hashes of those of ``nodes`` that exist (missing ones are left out)."""
     found: dict[merkle.Node, bytes] = {}
+    postgres = session.get_bind().dialect.name == "postgresql"
     for start in range(0, len(nodes), chunk):
-        rows = session.execute(_READ, {"nodes": list(nodes[start : start + chunk])}).all()
+        part = list(nodes[start : start + chunk])
+        if postgres:
+            # A join against two arrays: one primary-key probe per node (a row-value IN list
+            # becomes a BitmapOr of index scans, about three times slower at 40 nodes).
+            params = {"levels": [n[0] for n in part], "idxs": [n[1] for n in part]}
+            rows = session.execute(_READ_PG, params).all()
+        else:
+            rows = session.execute(_READ, {"nodes": part}).all()
         found.update({(r[0], r[1]): bytes(r[2]) for r in rows})
     return found
 
@@ -71,6 +79,13 @@ def read_ranges(session: Session, nodes: Sequence[merkle.Node]) -> dict[merkle.N
 
 _READ = select(MerkleNode.level, MerkleNode.idx, MerkleNode.hash).where(
     tuple_(MerkleNode.level, MerkleNode.idx).in_(bindparam("nodes", expanding=True))
+)
+
+
+_READ_PG = text(
+    "SELECT m.level, m.idx, m.hash "
+    "FROM unnest(CAST(:levels AS smallint[]), CAST(:idxs AS bigint[])) AS w(level, idx) "
+    "JOIN merkle_nodes m ON m.level = w.level AND m.idx = w.idx"
 )
 
 
