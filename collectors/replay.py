@@ -14,7 +14,7 @@ import binascii
 import json
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from starlette.requests import Request
@@ -32,10 +32,13 @@ from ledger.replay import (
 )
 from ledger.signing import Envelope, key_id_for, sign_envelope, verify_envelope
 
+if TYPE_CHECKING:  # the proxy imports this module; its state type is only for annotations
+    from collectors.proxy import WorkerState
+
 REPLAY_PATH = "/ledger/v1/replay"
 
 
-def _order(raw: bytes, state: Any) -> dict[str, Any]:
+def _order(raw: bytes, state: WorkerState) -> dict[str, Any]:
     if state.log_public_key is None:
         raise VerificationError(
             "this collector does not know the ledger's log key, so it takes no replay orders",
@@ -71,7 +74,7 @@ def _once(seen: dict[str, float], replay_id: str) -> None:
 
 
 async def _run(
-    client: httpx.AsyncClient, state: Any, endpoint: str, raw: bytes
+    client: httpx.AsyncClient, state: WorkerState, endpoint: str, raw: bytes
 ) -> tuple[Accumulator, int]:
     acc = Accumulator(endpoint)
     began = time.perf_counter_ns()
@@ -109,7 +112,9 @@ async def _run(
     return acc, time.perf_counter_ns() - began
 
 
-async def handle_replay(request: Request, state: Any, client: httpx.AsyncClient) -> Response:
+async def handle_replay(
+    request: Request, state: WorkerState, client: httpx.AsyncClient
+) -> Response:
     """The endpoint body; ``state`` is the proxy's WorkerState."""
     try:
         order = _order(await request.body(), state)
