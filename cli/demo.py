@@ -127,26 +127,23 @@ def demo(
             engine.close()
         server.stop()
         raise
-    table = Table("step", "result", title=f"demo ({time.perf_counter() - t0:.2f} s)")
-    for step, result in rows:
-        table.add_row(step, result)
-    console.print(table)
-    if once:
+    try:  # from here on, Ctrl-C or SIGTERM at any point stops everything and exits 0
+        table = Table("step", "result", title=f"demo ({time.perf_counter() - t0:.2f} s)")
+        for step, result in rows:
+            table.add_row(step, result)
+        console.print(table)
+        if once:
+            return
+        console.print(
+            f"serving on {server.url} (OpenAPI at {server.url}/docs); admin token in "
+            f"{settings.resolved_admin_token_file} if this was the first start. Ctrl-C to stop."
+        )
         if engine is not None:
-            engine.close()
-        server.stop()
-        return
-    console.print(
-        f"serving on {server.url} (OpenAPI at {server.url}/docs); admin token in "
-        f"{settings.resolved_admin_token_file} if this was the first start. Ctrl-C to stop."
-    )
-    if engine is not None:
-        for worker in engine.workers.values():
-            console.print(
-                f"pool {worker.pool}: OpenAI-compatible collector on {worker.url}/v1 "
-                "(records everything)"
-            )
-    try:
+            for worker in engine.workers.values():
+                console.print(
+                    f"pool {worker.pool}: OpenAI-compatible collector on {worker.url}/v1 "
+                    "(records everything)"
+                )
         server.wait()
     except KeyboardInterrupt:
         pass
