@@ -56,26 +56,51 @@ def keys_for(body: dict[str, Any], chat_template: str | None) -> list[str]:
         return []
 
 
-def index_records(session: Session, items: Sequence[tuple[Envelope, int]]) -> None:
-    """Index newly appended records (envelope, log index), in the ingest transaction."""
+@dataclass(frozen=True)
+class Keyed:
+    """A record's cache keys and what a lookup filters on, computed before the append lock."""
+
+    request_id: str
+    keys: list[str]
+    tier: int
+    deterministic: bool
+
+
+def prepare(session: Session, envelopes: Sequence[Envelope]) -> dict[str, Keyed]:
+    """Compute the keys of validated record envelopes (outside the write transaction: the
+    append lock then only covers the inserts). Reads the chat templates it needs."""
     templates: dict[str, str | None] = {}
-    rows = []
-    for env, idx in items:
+    out: dict[str, Keyed] = {}
+    for env in envelopes:
         body = env.body
         fp = body["fingerprint_id"]
         if body["endpoint"] == CHAT and fp not in templates:
-            templates[fp] = chat_template_digest(fingerprint_body(session, fp))
-        deterministic = is_deterministic(body["request"])
-        for key in keys_for(body, templates.get(fp)):
-            rows.append(
-                {
-                    "cache_key": key,
-                    "request_id": body["request_id"],
-                    "log_index": idx,
-                    "tier": body["tier"],
-                    "deterministic": deterministic,
-                }
-            )
+            try:
+                templates[fp] = chat_template_digest(fingerprint_body(session, fp))
+            except NotFound:  # the ingest refuses the batch for it, under the lock
+                templates[fp] = None
+        out[body["request_id"]] = Keyed(
+            body["request_id"],
+            keys_for(body, templates.get(fp)),
+            body["tier"],
+            is_deterministic(body["request"]),
+        )
+    return out
+
+
+def index_records(session: Session, items: Sequence[tuple[Keyed, int]]) -> None:
+    """Index newly appended records (prepared keys, log index), in the ingest transaction."""
+    rows = [
+        {
+            "cache_key": key,
+            "request_id": keyed.request_id,
+            "log_index": idx,
+            "tier": keyed.tier,
+            "deterministic": keyed.deterministic,
+        }
+        for keyed, idx in items
+        for key in keyed.keys
+    ]
     if rows:
         session.execute(insert(CacheKey), rows)
 

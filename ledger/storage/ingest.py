@@ -145,6 +145,7 @@ def ingest_records(db: Database, items: Sequence[Any]) -> list[IngestResult]:
     key_ids = {c.envelope.key_id for c in checked}
     with db.read() as s:
         keys = keystore.load_keys(s, key_ids)
+        keyed = cache.prepare(s, [checked[i].envelope for i in first.values()])
     for i, c in enumerate(checked):
         try:
             keystore.check_signer(c.envelope, keys)
@@ -200,7 +201,10 @@ def ingest_records(db: Database, items: Sequence[Any]) -> list[IngestResult]:
                     for c, idx in zip(new, indexes, strict=True)
                 ],
             )
-        cache.index_records(s, [(c.envelope, idx) for c, idx in zip(new, indexes, strict=True)])
+        cache.index_records(
+            s,
+            [(keyed[c.summary.request_id], idx) for c, idx in zip(new, indexes, strict=True)],
+        )
         for c, idx in zip(new, indexes, strict=True):
             rid = c.summary.request_id
             results[rid] = IngestResult(rid, "created", idx, c.content_hash)
