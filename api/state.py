@@ -70,7 +70,8 @@ class AppState:
     origin: str
     token_cache: TokenCache
     ingest_limit: InflightLimit
-    # For replay orders and certification probes to workers' collectors (set in lifespan).
+    # For replay orders and certification probes to workers' collectors: made on first use
+    # (inside the event loop), closed when the app shuts down.
     http: httpx.AsyncClient | None = None
     jobs: dict[str, Any] = field(default_factory=dict)
 
