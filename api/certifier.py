@@ -42,6 +42,7 @@ class Job:
     status: str = "running"  # running | done | failed
     error: dict[str, Any] | None = None
     certificate: verdicts.Stored | None = None
+    # Held so the running task is not garbage-collected (the loop keeps only a weak reference).
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -63,7 +64,7 @@ class Job:
         return out
 
 
-def _validate(prompts: int, concurrency: list[int], max_tokens: list[int]) -> None:
+def _validate(concurrency: list[int], max_tokens: list[int]) -> None:
     if any(not 1 <= c <= 256 for c in concurrency):
         raise InvalidInput("concurrency values must be 1..256", code="invalid_parameters")
     if any(not 1 <= m <= 4096 for m in max_tokens):
@@ -88,7 +89,7 @@ def start(
     max_tokens: list[int],
     seed: int,
 ) -> Job:
-    _validate(prompts, concurrency, max_tokens)
+    _validate(concurrency, max_tokens)
     found = workers.get_pool(state.db, pool, state.settings.worker_ttl)
     live = found.live
     if not live:

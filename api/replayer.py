@@ -16,7 +16,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from api.state import AppState
-from api.workers_client import describe_failure, new_replay_id, run_order
+from api.workers_client import new_replay_id, run_order
 from ledger import compare
 from ledger.cachekey import is_deterministic
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
@@ -39,19 +39,24 @@ def _fp_body(db: Database, fingerprint_id: str) -> dict[str, Any]:
 
 
 def fingerprint_diff(db: Database, a: str, b: str) -> list[dict[str, Any]]:
+    return _diff(_fp_body(db, a), _fp_body(db, b))
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     """Causes first (derived fields after), capped at MAX_DIFF_ENTRIES."""
-    found = diff(_fp_body(db, a), _fp_body(db, b))
+    found = diff(a, b)
     found.sort(key=lambda d: d.derived)
     return [d.to_json() for d in found[:MAX_DIFF_ENTRIES]]
 
 
 def nearest_pools(db: Database, live: list[WorkerInfo], fingerprint_id: str) -> list[Any]:
+    recorded = _fp_body(db, fingerprint_id)  # read once, compared with each pool's
     seen: dict[tuple[str, str, str], dict[str, Any]] = {}
     for w in live:
         key = (w.pool, w.fingerprint_id, w.batch_invariance)
         if key in seen:
             continue
-        differences = fingerprint_diff(db, fingerprint_id, w.fingerprint_id)
+        differences = _diff(recorded, _fp_body(db, w.fingerprint_id))
         seen[key] = {
             "pool": w.pool,
             "fingerprint_id": w.fingerprint_id,
@@ -136,7 +141,7 @@ async def replay(
             **verdict_args,
             worker_fingerprint_id=worker.fingerprint_id,
             verdict=compare.ERROR,
-            reason=describe_failure(exc),
+            reason=f"{exc.code}: {exc.message}",
             comparison=None,
             fingerprint_diff=None,
             output=None,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import httpx
 from starlette.concurrency import run_in_threadpool
 
-from ledger.errors import LedgerError, Unreachable, VerificationError
+from ledger.errors import Unreachable, VerificationError
 from ledger.replay import ORDER_KIND, OUTPUT_KIND, build_order, check_output
 from ledger.signing import Envelope, SigningKey, sign_envelope
 from ledger.storage import keystore
@@ -36,7 +35,6 @@ def new_replay_id() -> str:
 class WorkerAnswer:
     output: dict[str, Any]  # the signed replay output envelope, as a dict
     body: dict[str, Any]
-    elapsed_ns: int
 
 
 async def run_order(
@@ -62,7 +60,6 @@ async def run_order(
         ),
         log_key,
     )
-    began = time.perf_counter_ns()
     try:
         response = await http.post(
             worker.url.rstrip("/") + REPLAY_PATH,
@@ -74,7 +71,6 @@ async def run_order(
             f"worker {worker.worker_id} at {worker.url} does not answer: {exc!r}",
             code="worker_unreachable",
         ) from exc
-    elapsed = time.perf_counter_ns() - began
     try:
         data = response.json()
     except ValueError:
@@ -90,7 +86,7 @@ async def run_order(
         )
     envelope = Envelope.from_dict(data)
     await run_in_threadpool(_verify, db, worker, envelope, replay_id, request_id)
-    return WorkerAnswer(json.loads(envelope.canonical), envelope.body, elapsed)
+    return WorkerAnswer(json.loads(envelope.canonical), envelope.body)
 
 
 def _verify(
@@ -108,7 +104,3 @@ def _verify(
     body = check_output(env.body)
     if body["replay_id"] != replay_id or body["request_id"] != request_id:
         raise VerificationError("the replay output answers another order", code="wrong_order")
-
-
-def describe_failure(exc: LedgerError) -> str:
-    return f"{exc.code}: {exc.message}"

@@ -27,10 +27,6 @@ class Stored:
     created_at: str
     envelope: bytes
 
-    def body(self) -> dict[str, Any]:
-        body: dict[str, Any] = json.loads(self.envelope)["body"]
-        return body
-
     def render(self, id_name: str) -> bytes:
         meta = json.dumps(
             {id_name: self.id, "log_index": self.log_index, "created_at": self.created_at}

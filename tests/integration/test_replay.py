@@ -27,7 +27,7 @@ from ledger.replay import ORDER_KIND, build_order
 from ledger.signing import Envelope, SigningKey, load_public_key, sign_envelope, verify_envelope
 from ledger.storage.audit import audit
 from tests.support.cli import ledger
-from tests.support.collector import RunningCollector, start_collector, wait_for_record
+from tests.support.collector import RunningCollector, ints, start_collector, wait_for_record
 from tests.support.engine import EngineServer
 from tests.support.harness import Harness, start_harness
 
@@ -248,7 +248,7 @@ def test_cache_answers_deterministic_tier1_records_by_key(pools: Pools) -> None:
             "endpoint": "/v1/completions",
             "request": request,
             "fingerprint_id": fp,
-            "prompt_token_ids": list(_ints(record["prompt_token_ids"])),
+            "prompt_token_ids": list(ints(record["prompt_token_ids"])),
         },
     ).json()["key"]
     assert client.get(f"/v1/cache/{ids}").json()["request_id"] == request_id
@@ -269,11 +269,6 @@ def test_cache_answers_deterministic_tier1_records_by_key(pools: Pools) -> None:
     ).json()["key"]
     miss = client.get(f"/v1/cache/{k0}")
     assert miss.status_code == 404 and "tier 0" in miss.json()["error"]["message"]
-
-
-def _ints(packed: str) -> list[int]:
-    raw = base64.b64decode(packed)
-    return [int.from_bytes(raw[i : i + 4], "little", signed=True) for i in range(0, len(raw), 4)]
 
 
 def test_chat_records_key_by_messages_and_template(pools: Pools) -> None:

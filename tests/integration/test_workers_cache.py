@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import base64
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,6 +11,7 @@ from sqlalchemy import update
 
 from ledger.cachekey import cache_key
 from ledger.storage.models import Worker
+from tests.support.collector import ints
 from tests.support.harness import Harness
 
 
@@ -108,7 +108,7 @@ def test_cache_lookup_needs_tier_one_and_determinism(api: Harness) -> None:
         "/v1/completions",
         body["request"],
         s["fp"],
-        prompt_token_ids=_ints(body["prompt_token_ids"]),
+        prompt_token_ids=ints(body["prompt_token_ids"]),
     )
     assert client.get(f"/v1/cache/{ids}").json()["request_id"] == hit_id
     # sampled without a seed: the key exists but is no cache answer
@@ -136,8 +136,3 @@ def test_cache_lookup_needs_tier_one_and_determinism(api: Harness) -> None:
         json={"endpoint": "/v1/embeddings", "request": {}, "fingerprint_id": s["fp"]},
     )
     assert bad.status_code == 422
-
-
-def _ints(packed: str) -> list[int]:
-    raw = base64.b64decode(packed)
-    return [int.from_bytes(raw[i : i + 4], "little", signed=True) for i in range(0, len(raw), 4)]
