@@ -25,6 +25,7 @@ from collectors.proxy import WorkerState
 from collectors.shipper import Shipper
 from collectors.snapshot import Snapshot, is_local, take_snapshot
 from collectors.spool import Spool
+from collectors.tokens import TokenRenderer
 from ledger.errors import LedgerError
 from ledger.signing import SigningKey, load_public_key
 
@@ -74,6 +75,7 @@ class Collector:
             batch_invariance=self.snapshot.body["engine"]["batch_invariance"],
             log_public_key=config.log_public_key,
             metrics=self.metrics,
+            renderer=TokenRenderer.from_model_dir(config.model_dir),
         )
         self._queue_fingerprint(self.snapshot)
         self.shipper = Shipper(

@@ -1,10 +1,12 @@
 """One request/response exchange with the engine: what to ask, what to record, what to return.
 
-Pure functions over parsed JSON. The collector asks vLLM for more than the client did
-(``return_token_ids`` and the sampled tokens' logprobs), then hands the client exactly what
-vLLM alone would have answered: every field it added is put back to ``null``, the value vLLM
-sends when that output was not requested (checked against vLLM alone in the tests). The same
-:class:`Accumulator` reads a whole response or a stream of chunks.
+Functions and small state over parsed JSON. The collector asks vLLM for more than the client
+did (``return_token_ids``, the sampled tokens' logprobs and, where the client asked for top-k
+alternatives, ``return_tokens_as_token_ids`` so the record keeps their token IDs), then hands
+the client exactly what vLLM alone would have answered: every field it added is put back to
+``null``, the value vLLM sends when that output was not requested, and ``token_id:N`` strings
+are rendered back as vLLM renders tokens (:mod:`collectors.tokens`; checked against vLLM alone
+in the tests). The same :class:`Accumulator` reads a whole response or a stream of chunks.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from collectors.tokens import TokenRenderer, parse_placeholder
 from ledger.errors import InvalidInput
-from ledger.records import Choice
+from ledger.records import MAX_TOP_K, Choice
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -28,14 +31,44 @@ class Plan:
     engine_body: dict[str, Any]
     hide_token_ids: bool
     hide_logprobs: bool
+    # Alternatives per position whose token IDs the record keeps (0: none).
+    top_k: int = 0
+    # The engine sends ``token_id:N`` token strings that the client did not ask for.
+    render_tokens: bool = False
 
     @property
     def stream(self) -> bool:
         return bool(self.engine_body.get("stream"))
 
+    @property
+    def reshapes(self) -> bool:
+        """Whether the client's view differs from the engine's answer."""
+        return self.hide_token_ids or self.hide_logprobs or self.render_tokens
 
-def plan(endpoint: str, body: dict[str, Any]) -> Plan:
-    """Add what the record needs to ``body`` (a copy) and note what the client did not ask."""
+
+def requested_top_k(endpoint: str, body: dict[str, Any]) -> int:
+    """The alternatives per output position the client asked for (0: none)."""
+    if endpoint == CHAT:
+        k = body.get("top_logprobs") if body.get("logprobs") else 0
+    else:
+        k = body.get("logprobs")
+    return k if type(k) is int and 0 < k <= MAX_TOP_K else 0
+
+
+def _ids_recordable(body: dict[str, Any]) -> bool:
+    """Output-only logprobs: no echoed prompt, prompt logprobs or fixed-ID scores among them."""
+    return not (
+        body.get("echo") or body.get("prompt_logprobs") is not None or body.get("logprob_token_ids")
+    )
+
+
+def plan(endpoint: str, body: dict[str, Any], *, can_render: bool = False) -> Plan:
+    """Add what the record needs to ``body`` (a copy) and note what the client did not ask.
+
+    ``can_render``: the collector can render tokens exactly as vLLM does (a
+    :class:`~collectors.tokens.TokenRenderer` for the model), so it may ask for token IDs in
+    place of token strings to record the top-k alternatives' IDs.
+    """
     if endpoint == COMPLETIONS:
         prompt = body.get("prompt")
         single = isinstance(prompt, str) or (
@@ -59,29 +92,156 @@ def plan(endpoint: str, body: dict[str, Any]) -> Plan:
         hide_logprobs = body.get("logprobs") is None
         if hide_logprobs:
             engine["logprobs"] = 0
-    return Plan(endpoint, engine, hide_ids, hide_logprobs)
+    top_k = requested_top_k(endpoint, body) if _ids_recordable(body) else 0
+    render = False
+    if top_k and body.get("return_tokens_as_token_ids") is not True:
+        if can_render:
+            engine["return_tokens_as_token_ids"] = True
+            render = True
+        else:
+            top_k = 0
+    return Plan(endpoint, engine, hide_ids, hide_logprobs, top_k, render)
+
+
+class ClientView:
+    """Turns the engine's responses or chunks into what vLLM would have sent the client.
+
+    Stateful across a stream's chunks: rendering a token needs the choice's preceding sampled
+    tokens, and completions' ``text_offset`` runs on from chunk to chunk.
+    """
+
+    def __init__(self, plan: Plan, renderer: TokenRenderer | None = None) -> None:
+        if plan.render_tokens and renderer is None:
+            raise ValueError("a plan that renders tokens needs a TokenRenderer")
+        self.plan = plan
+        self._renderer = renderer
+        self._context: dict[int, list[int]] = {}
+        self._offset: dict[int, int] = {}
+        # Sampled chat tokens whose rendering differed from the exact string vLLM sent in
+        # ``bytes`` (the exact one is used; a count above 0 means the renderer is off).
+        self.mismatches = 0
+
+    def shape(self, data: dict[str, Any]) -> dict[str, Any]:
+        plan = self.plan
+        if not plan.reshapes:
+            return data
+        out = dict(data)
+        if plan.hide_token_ids and out.get("prompt_token_ids") is not None:
+            out["prompt_token_ids"] = None
+        choices = []
+        for choice in out.get("choices") or []:
+            c = dict(choice)
+            if plan.hide_logprobs and c.get("logprobs") is not None:
+                c["logprobs"] = None
+            elif plan.render_tokens and isinstance(c.get("logprobs"), dict):
+                c["logprobs"] = self._render(int(c.get("index", 0)), c["logprobs"])
+            if plan.hide_token_ids:
+                for key in ("token_ids", "prompt_token_ids"):
+                    if c.get(key) is not None:
+                        c[key] = None
+            choices.append(c)
+        if "choices" in out:
+            out["choices"] = choices
+        return out
+
+    def _piece(self, token: Any, context: list[int]) -> Any:
+        token_id = parse_placeholder(token)
+        if token_id is None or self._renderer is None:
+            return token
+        return self._renderer.piece(token_id, context)
+
+    def _render(self, index: int, logprobs: dict[str, Any]) -> dict[str, Any]:
+        context = self._context.setdefault(index, [])
+        if self.plan.endpoint == CHAT:
+            return self._render_chat(logprobs, context)
+        tokens = logprobs.get("tokens")
+        if not isinstance(tokens, list):
+            return logprobs
+        offset = self._offset.get(index, 0)
+        rows = logprobs.get("top_logprobs") or [None] * len(tokens)
+        values = logprobs.get("token_logprobs") or [0.0] * len(tokens)
+        out_tokens, out_rows, offsets = [], [], []
+        for token, row, value in zip(tokens, rows, values, strict=False):
+            token_id = parse_placeholder(token)
+            if token_id is not None and value is None:
+                text = self._plain(token_id)  # no logprob for the position: a plain decode
+            else:
+                text = self._piece(token, context)
+            out_tokens.append(text)
+            out_rows.append(
+                {self._piece(key, context): value for key, value in row.items()}
+                if isinstance(row, dict)
+                else row
+            )
+            offsets.append(offset)
+            offset += len(text) if isinstance(text, str) else 0
+            self._advance(context, token)
+        self._offset[index] = offset
+        return {
+            **logprobs,
+            "text_offset": offsets,
+            "tokens": out_tokens,
+            "top_logprobs": out_rows if logprobs.get("top_logprobs") is not None else None,
+        }
+
+    def _render_chat(self, logprobs: dict[str, Any], context: list[int]) -> dict[str, Any]:
+        content = logprobs.get("content")
+        if not isinstance(content, list):
+            return logprobs
+        items = []
+        for item in content:
+            token = item.get("token")
+            token_id = parse_placeholder(token)
+            text = self._piece(token, context)
+            exact = item.get("bytes")
+            rendered = {**item}
+            if token_id is not None and isinstance(exact, list):
+                # vLLM fills a sampled token's bytes from its real string, even in ID mode...
+                sent = bytes(exact).decode("utf-8", errors="replace")
+                if parse_placeholder(sent) == token_id:
+                    # ...except where it had no logprob for the position: a plain decode.
+                    text = self._plain(token_id)
+                    rendered["bytes"] = list(text.encode("utf-8", errors="replace"))
+                elif sent != text:
+                    self.mismatches += 1
+                    text = sent
+            alternatives = []
+            for alt in item.get("top_logprobs") or []:
+                alt_id = parse_placeholder(alt.get("token"))
+                alt_text = text if alt_id is not None and alt_id == token_id else None
+                if alt_text is None:
+                    alt_text = self._piece(alt.get("token"), context)
+                alternatives.append(
+                    {
+                        **alt,
+                        "token": alt_text,
+                        "bytes": list(alt_text.encode("utf-8", errors="replace"))
+                        if isinstance(alt_text, str)
+                        else alt.get("bytes"),
+                    }
+                )
+            rendered["token"] = text
+            if item.get("top_logprobs") is not None:
+                rendered["top_logprobs"] = alternatives
+            items.append(rendered)
+            self._advance(context, token)
+        return {**logprobs, "content": items}
+
+    def _plain(self, token_id: int) -> str:
+        assert self._renderer is not None
+        return self._renderer.decode([token_id])
+
+    @staticmethod
+    def _advance(context: list[int], token: Any) -> None:
+        token_id = parse_placeholder(token)
+        if token_id is not None:
+            context.append(token_id)
+            del context[:-4]
 
 
 def for_client(plan: Plan, data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` (a response or a chunk) as vLLM would have sent it for the client's request."""
-    if not (plan.hide_token_ids or plan.hide_logprobs):
-        return data
-    out = dict(data)
-    if plan.hide_token_ids and out.get("prompt_token_ids") is not None:
-        out["prompt_token_ids"] = None
-    choices = []
-    for choice in out.get("choices") or []:
-        c = dict(choice)
-        if plan.hide_token_ids:
-            for key in ("token_ids", "prompt_token_ids"):
-                if c.get(key) is not None:
-                    c[key] = None
-        if plan.hide_logprobs and c.get("logprobs") is not None:
-            c["logprobs"] = None
-        choices.append(c)
-    if "choices" in out:
-        out["choices"] = choices
-    return out
+    """``data`` as vLLM would have sent it, for a plan that renders no tokens."""
+    return ClientView(plan).shape(data)
 
 
 def dumps(data: dict[str, Any]) -> bytes:
@@ -95,6 +255,9 @@ class _ChoiceState:
     logprobs: list[float] = field(default_factory=list)
     logprobs_complete: bool = True
     margins: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+    top_complete: bool = True
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
@@ -105,6 +268,8 @@ class Accumulator:
     """What the engine produced, gathered from a response or from stream chunks."""
 
     endpoint: str
+    # Alternatives per position to keep with their token IDs (the plan's ``top_k``; 0: none).
+    top_k: int = 0
     prompt_token_ids: list[int] | None = None
     system_fingerprint: str | None = None
     model: str | None = None
@@ -134,6 +299,14 @@ class Accumulator:
             else:
                 state.logprobs.extend(values)
             state.margins.extend(self._margins(choice.get("logprobs"), len(ids)))
+            if self.top_k and ids:
+                rows = self._alternatives(choice.get("logprobs"), len(ids))
+                if rows is None:
+                    state.top_complete = False
+                else:
+                    for row in rows:
+                        state.top_ids.append([token_id for token_id, _ in row])
+                        state.top_logprobs.append([value for _, value in row])
             text = self._text(choice)
             if text:
                 state.text.append(text)
@@ -178,6 +351,45 @@ class Accumulator:
             margins.append(float(values[0] - values[1]))
         return margins
 
+    def _alternatives(self, logprobs: Any, count: int) -> list[list[tuple[int, float]]] | None:
+        """Per position, the top-k alternatives as (token ID, logprob), highest first.
+
+        Rows come as vLLM builds them: the sampled token first, then the top-k in rank order,
+        the sampled one not repeated. Completions show all of them (k + 1 entries when the
+        sampled token is outside the top-k, which is then dropped here); chat shows the first
+        k. Entries are ordered by logprob, descending, the engine's order kept among equals.
+        """
+        if not isinstance(logprobs, dict):
+            return None
+        if self.endpoint == CHAT:
+            raw_rows = [
+                [(t.get("token"), t.get("logprob")) for t in item.get("top_logprobs") or []]
+                for item in logprobs.get("content") or []
+            ]
+        else:
+            raw_rows = [
+                list(row.items()) if isinstance(row, dict) else []
+                for row in logprobs.get("top_logprobs") or []
+            ]
+        if len(raw_rows) != count:
+            return None
+        rows = []
+        for raw in raw_rows:
+            if len(raw) == self.top_k + 1 and self.endpoint != CHAT:
+                raw = raw[1:]
+            if len(raw) != self.top_k:
+                return None
+            row = []
+            for token, value in raw:
+                token_id = parse_placeholder(token)
+                numeric = isinstance(value, int | float) and not isinstance(value, bool)
+                if token_id is None or not numeric:
+                    return None
+                row.append((token_id, float(value)))
+            row.sort(key=lambda entry: -entry[1])
+            rows.append(row)
+        return rows
+
     def margins(self) -> list[list[float] | None]:
         """Per choice, the margins when every output position has them (else None)."""
         return [
@@ -194,15 +406,21 @@ class Accumulator:
         return text if isinstance(text, str) else ""
 
     def record_choices(self) -> list[Choice]:
-        return [
-            Choice(
-                token_ids=state.token_ids,
-                logprobs=state.logprobs
-                if state.logprobs_complete and len(state.logprobs) == len(state.token_ids)
-                else None,
-                finish_reason=state.finish_reason,
-                stop_reason=state.stop_reason,
-                text="".join(state.text),
+        choices = []
+        for _, state in sorted(self.choices.items()):
+            n = len(state.token_ids)
+            top = state.top_complete and n > 0 and len(state.top_ids) == n
+            choices.append(
+                Choice(
+                    token_ids=state.token_ids,
+                    logprobs=state.logprobs
+                    if state.logprobs_complete and len(state.logprobs) == n
+                    else None,
+                    top_k_ids=state.top_ids if top else None,
+                    top_k_logprobs=state.top_logprobs if top else None,
+                    finish_reason=state.finish_reason,
+                    stop_reason=state.stop_reason,
+                    text="".join(state.text),
+                )
             )
-            for _, state in sorted(self.choices.items())
-        ]
+        return choices

@@ -51,3 +51,9 @@ class CollectorMetrics:
         self.heartbeat_failures = Counter(
             "collector_heartbeat_failures", "Failed worker registrations", ["code"], registry=r
         )
+        self.render_mismatches = Counter(
+            "collector_token_render_mismatches",
+            "Sampled tokens whose string, rendered from its ID, differed from vLLM's own (the "
+            "client got vLLM's; top-k alternatives of such a model may differ too)",
+            registry=r,
+        )

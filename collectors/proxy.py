@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -31,11 +33,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from collectors.exchange import CHAT, COMPLETIONS, Accumulator, Plan, dumps, for_client, plan
+from collectors.exchange import CHAT, COMPLETIONS, Accumulator, ClientView, Plan, dumps, plan
 from collectors.metrics import CollectorMetrics
 from collectors.replay import REPLAY_PATH, handle_replay
 from collectors.spool import Spool
 from collectors.tiers import TIER_HEADER, check_tier, parse_tier
+from collectors.tokens import TokenRenderer
 from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError, Unreachable
 from ledger.records import RECORD_KIND, build_record_body
 from ledger.signing import SigningKey, sign_envelope
@@ -44,6 +47,8 @@ REQUEST_ID_HEADER = "x-request-id"
 _REQUEST_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 _FORWARD_HEADERS = ("authorization", "content-type", "accept")
 _STATUS = {InvalidInput: 400, Conflict: 409, Unreachable: 502, StorageError: 503}
+
+logger = logging.getLogger("ledger.collector")
 
 
 @dataclass
@@ -62,6 +67,9 @@ class WorkerState:
     log_public_key: Ed25519PublicKey | None = None
     seen_orders: dict[str, float] = field(default_factory=dict)  # replay IDs already run
     metrics: CollectorMetrics = field(default_factory=CollectorMetrics)
+    # Renders tokens as vLLM does, so records can keep top-k alternatives' IDs (None: they
+    # are not recorded; the model's tokenizer is not one it reproduces exactly).
+    renderer: TokenRenderer | None = None
     background: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="record")
     )
@@ -116,7 +124,20 @@ class _Exchange:
     started_at: str
     started_ns: int
     acc: Accumulator
+    view: ClientView
     ttft_ns: int | None = None
+
+    def for_client(self, data: dict[str, Any]) -> bytes:
+        out = dumps(self.view.shape(data))
+        if self.view.mismatches:
+            self.state.metrics.render_mismatches.inc(self.view.mismatches)
+            logger.warning(
+                "request %s: %d token(s) rendered from IDs differed from vLLM's strings",
+                self.request_id,
+                self.view.mismatches,
+            )
+            self.view.mismatches = 0
+        return out
 
     def record(self, *, aborted: bool) -> bytes:
         total = time.perf_counter_ns() - self.started_ns
@@ -215,7 +236,7 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
                     f"request ID {request_id!r} is already in this collector's spool",
                     code="request_id_in_use",
                 )
-            exchange_plan = plan(endpoint, body)
+            exchange_plan = plan(endpoint, body, can_render=state.renderer is not None)
         except LedgerError as exc:
             metrics.refusals.labels(exc.code).inc()
             return _error(exc)
@@ -230,7 +251,8 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
             engine_raw=engine_raw,
             started_at=_now(),
             started_ns=time.perf_counter_ns(),
-            acc=Accumulator(endpoint),
+            acc=Accumulator(endpoint, top_k=exchange_plan.top_k),
+            view=ClientView(exchange_plan, state.renderer),
         )
         own = time.perf_counter() - began
         upstream_request = client.build_request(
@@ -277,11 +299,7 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
                     code="not_recorded",
                 )
             )
-        out = (
-            upstream.content
-            if not (exchange_plan.hide_token_ids or exchange_plan.hide_logprobs)
-            else dumps(for_client(exchange_plan, data))
-        )
+        out = upstream.content if not exchange_plan.reshapes else ex.for_client(data)
         metrics.added_latency.observe(own + time.perf_counter() - after)
         metrics.requests.labels(endpoint, "recorded").inc()
         return Response(
@@ -306,8 +324,8 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
                 data = json.loads(payload)
                 if ex.acc.feed(data) and ex.ttft_ns is None:
                     ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
-                if ex.plan.hide_token_ids or ex.plan.hide_logprobs:
-                    yield b"data: " + dumps(for_client(ex.plan, data)) + b"\n\n"
+                if ex.plan.reshapes:
+                    yield b"data: " + ex.for_client(data) + b"\n\n"
                 else:
                     yield line.encode() + b"\n\n"
         finally:

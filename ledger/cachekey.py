@@ -13,7 +13,7 @@ Normalization (so equivalent requests agree):
 
 - fields that do not change the generated tokens are dropped: ``stream``, ``stream_options``,
   ``user``, ``model`` (the fingerprint names the model), ``logprobs``, ``top_logprobs``,
-  ``return_token_ids``, ``request_id``, ``priority``;
+  ``return_token_ids``, ``return_tokens_as_token_ids``, ``request_id``, ``priority``;
 - absent sampling parameters get their documented defaults (``temperature`` 1, ``top_p`` 1,
   ``top_k`` -1 (0 means the same), ``min_p`` 0, penalties 0 / 1, ``n`` 1, ``max_tokens`` 16
   for completions, unbounded for chat (``max_completion_tokens`` is the same field there);
@@ -47,6 +47,7 @@ IGNORED = frozenset(
         "logprobs",
         "top_logprobs",
         "return_token_ids",
+        "return_tokens_as_token_ids",
         "request_id",
         "priority",
     }

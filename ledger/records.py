@@ -18,7 +18,8 @@ A record body is a plain JSON object; every numeric array is packed (see ``ledge
           "token_ids": "<int32 LE b64>",
           "logprobs": "<float32 LE b64>",    # optional; one per token when present
           "top_logprobs": {"k": 5, "token_ids": "<int32 b64>", "logprobs": "<float32 b64>"},
-                                             # optional; k per output token, row-major
+                                             # optional; k per output token, row-major,
+                                             # each row highest logprob first
           "finish_reason": "stop" | "length" | … | null,
           "stop_reason": "…" | 123 | null,
           "text": "…"                        # optional

@@ -79,6 +79,26 @@ CASES = {
     "chat": ("/v1/chat/completions", CHAT),
     "chat-logprobs": ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 3}),
     "chat-token-ids": ("/v1/chat/completions", {**CHAT, "return_token_ids": True}),
+    # Top-k alternatives: the collector asks for token IDs and renders the strings back; the
+    # prompts split multi-byte characters into byte pieces (U+FFFD repairs in the strings).
+    "completion-top5-multibyte": (
+        "/v1/completions",
+        {**COMPLETION, "prompt": "Grüße aus 東京 🙂 und", "logprobs": 5, "max_tokens": 12},
+    ),
+    "chat-top4-multibyte": (
+        "/v1/chat/completions",
+        {
+            **CHAT,
+            "messages": [{"role": "user", "content": "Ça va? 日本語 🙂"}],
+            "logprobs": True,
+            "top_logprobs": 4,
+            "max_tokens": 12,
+        },
+    ),
+    "completion-top3-ids-asked": (
+        "/v1/completions",
+        {**COMPLETION, "logprobs": 3, "return_tokens_as_token_ids": True},
+    ),
 }
 
 
@@ -92,6 +112,43 @@ def reference(engine: EngineServer, endpoint: str, body: dict[str, Any]) -> dict
     status, _, data = call(engine.url, endpoint, ask)
     assert status == 200
     return data
+
+
+def shown_alternatives(response: Any) -> list[str]:
+    """The alternatives' token strings in a client's response (or stream chunks)."""
+    shown = []
+    for data in response if isinstance(response, list) else [response]:
+        for choice in data["choices"]:
+            logprobs = choice.get("logprobs") or {}
+            for item in logprobs.get("content") or []:
+                shown.extend(t["token"] for t in item["top_logprobs"])
+            for row in logprobs.get("top_logprobs") or []:
+                shown.extend(row)
+    return shown
+
+
+def engine_alternatives(
+    engine: EngineServer, endpoint: str, body: dict[str, Any]
+) -> list[list[dict[int, float]]]:
+    """Per choice and position, the engine's alternatives by token ID (what it lists, sampled
+    token included; completions add it when it is outside the top-k)."""
+    ask = {**copy.deepcopy(body), "stream": False, "return_tokens_as_token_ids": True}
+    status, _, data = call(engine.url, endpoint, ask)
+    assert status == 200
+    out = []
+    for choice in data["choices"]:
+        if endpoint == "/v1/chat/completions":
+            rows = [
+                {int(t["token"].split(":")[1]): t["logprob"] for t in item["top_logprobs"]}
+                for item in choice["logprobs"]["content"]
+            ]
+        else:
+            rows = [
+                {int(k.split(":")[1]): v for k, v in row.items()}
+                for row in choice["logprobs"]["top_logprobs"]
+            ]
+        out.append(rows)
+    return out
 
 
 def engine_logprobs(endpoint: str, choice: dict[str, Any]) -> list[float]:
@@ -112,6 +169,10 @@ def test_the_client_gets_what_vllm_alone_returns_and_the_record_is_exact(
     assert status == 200 and headers["x-request-id"] == request_id
     _, _, alone = call(engines["strict"].url, endpoint, body)
     assert stable(through) == stable(alone)
+    if "multibyte" in case:
+        # Byte pieces of split characters among the alternatives: vLLM shows them repaired
+        # (here: "" where the character is incomplete), and so does the collector.
+        assert "" in shown_alternatives(through)
 
     record = wait_for_record(api, request_id)
     expected = reference(engines["strict"], endpoint, body)
@@ -130,6 +191,27 @@ def test_the_client_gets_what_vllm_alone_returns_and_the_record_is_exact(
     )
     assert record["request"]["return_token_ids"] is True
     assert json.loads(base64.b64decode(record["request_raw"])) == record["request"]
+    if endpoint == "/v1/chat/completions":
+        k = body.get("top_logprobs", 0) if body.get("logprobs") else 0
+    else:
+        k = body.get("logprobs") or 0
+    if not k:
+        assert all("top_logprobs" not in c for c in record["choices"])
+        assert "return_tokens_as_token_ids" not in record["request"]
+    else:
+        assert record["request"]["return_tokens_as_token_ids"] is True
+        rows_per_choice = engine_alternatives(engines["strict"], endpoint, body)
+        for got, rows in zip(record["choices"], rows_per_choice, strict=True):
+            assert got["top_logprobs"]["k"] == k
+            ids = ints(got["top_logprobs"]["token_ids"])
+            bits = float_bits(got["top_logprobs"]["logprobs"])
+            assert len(ids) == len(bits) // 4 == len(rows) * k
+            for pos, row in enumerate(rows):
+                kept = ids[pos * k : (pos + 1) * k]
+                values = [row[t] for t in kept]  # KeyError: an ID the engine did not list
+                assert bits[pos * k * 4 : (pos + 1) * k * 4] == f32_bits(values)
+                assert values == sorted(values, reverse=True)
+                assert all(row[t] <= values[-1] for t in set(row) - set(kept))
     timings = record["timings"]
     assert 0 < int(timings["ttft_ns"]) <= int(timings["total_ns"])
 

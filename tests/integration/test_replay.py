@@ -326,16 +326,26 @@ def certify(api: Harness, pool: str, **params: Any) -> dict[str, Any]:
     return job
 
 
-def test_certify_reports_the_default_scheduler_as_not_invariant(pools: Pools) -> None:
-    """The negative control: this machine's default pool varies under concurrency."""
+def test_certify_reports_what_the_default_scheduler_does(pools: Pools) -> None:
+    """The default pool claims no batch invariance; its certificate says what was observed.
+
+    Whether batching moves this engine's numerics depends on the CPU's kernels: on the AVX-512
+    hosts this suite first ran on, every wave of 8 diverged (0 of 8 bitwise); on an AVX2-only
+    AMD EPYC, 16 of 16 probes came back bitwise, run after run. So this checks that the
+    certificate agrees with its own figures whichever way the host goes; that a divergence is
+    reported as not invariant is checked on fixed outputs (tests/unit/test_replay_documents.py),
+    and real engines that differ (bf16 against f32) are compared in the forced-replay test."""
     job = certify(pools.api, "throughput", prompts=8, concurrency=[8], max_tokens=[32])
     body = job["envelope"]["body"]
     cells = {r["concurrency"]: r for r in body["results"]}
     assert set(cells) == {1, 8}
     assert cells[1]["bitwise_rate"] == 1.0  # alone, it repeats itself
     assert cells[8]["requests"] == 8
-    assert cells[8]["bitwise_rate"] < 1.0, cells[8]  # a certify that says otherwise has a bug
-    assert body["invariant_observed"] is False
+    assert cells[8]["bitwise_rate"] == cells[8]["bitwise"] / 8
+    assert body["invariant_observed"] is (cells[8]["bitwise"] == 8)
+    # every comparison whose tokens differ has a first divergence; bitwise ones have equal tokens
+    assert len(cells[8]["first_divergences"]) == 8 - cells[8]["exact_tokens"]
+    assert cells[8]["exact_tokens"] >= cells[8]["bitwise"]
     assert body["batch_invariance"] == "none"
     assert cells[8]["min_margin"] is not None and cells[8]["min_margin"] >= 0
 

@@ -37,6 +37,7 @@ def test_fields_that_do_not_change_output_are_ignored() -> None:
         "model": "another-name",
         "logprobs": 5,
         "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
     }
     assert key(same) == key(BASE)
 

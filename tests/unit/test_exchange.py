@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.exchange import CHAT, COMPLETIONS, Accumulator, for_client, plan
+from collectors.exchange import CHAT, COMPLETIONS, Accumulator, ClientView, for_client, plan
+from collectors.tokens import TokenRenderer
 from ledger.errors import InvalidInput
 
 
@@ -175,3 +176,157 @@ def test_margins_from_completions_and_chat_top_logprobs() -> None:
         }
     )
     assert lone.margins() == [None]
+
+
+def test_top_k_ids_are_asked_only_where_they_can_be_recorded_and_rendered():
+    def ask(endpoint, body, can_render=True):
+        p = plan(endpoint, body, can_render=can_render)
+        return p.top_k, p.render_tokens, p.engine_body.get("return_tokens_as_token_ids")
+
+    prompt = {"model": "m", "prompt": "hi"}
+    assert ask(COMPLETIONS, {**prompt, "logprobs": 3}) == (3, True, True)
+    assert ask(COMPLETIONS, {**prompt, "logprobs": 0}) == (0, False, None)
+    assert ask(COMPLETIONS, {**prompt}) == (0, False, None)
+    # echoed prompts, prompt logprobs and fixed-ID scores share the list: not recorded
+    assert ask(COMPLETIONS, {**prompt, "logprobs": 3, "echo": True}) == (0, False, None)
+    assert ask(COMPLETIONS, {**prompt, "logprobs": 3, "prompt_logprobs": 1}) == (0, False, None)
+    assert ask(COMPLETIONS, {**prompt, "logprobs": 3, "logprob_token_ids": [5]})[0] == 0
+    # no renderer for the model: the client's strings stay vLLM's, no IDs recorded
+    assert ask(COMPLETIONS, {**prompt, "logprobs": 3}, can_render=False) == (0, False, None)
+    # the client wants token IDs itself: recorded, nothing to render
+    own = {**prompt, "logprobs": 3, "return_tokens_as_token_ids": True}
+    assert ask(COMPLETIONS, own, can_render=False) == (3, False, True)
+    chat = {"model": "m", "messages": []}
+    assert ask(CHAT, {**chat, "logprobs": True, "top_logprobs": 2}) == (2, True, True)
+    assert ask(CHAT, {**chat, "logprobs": True}) == (0, False, None)
+    assert ask(CHAT, {**chat, "logprobs": False, "top_logprobs": 2}) == (0, False, None)
+    assert ask(CHAT, {**chat, "logprobs": True, "top_logprobs": -1}) == (0, False, None)
+    assert ask(CHAT, {**chat, "logprobs": True, "top_logprobs": True}) == (0, False, None)
+
+
+def _completion_row(ids_and_values):
+    return {f"token_id:{t}": v for t, v in ids_and_values}
+
+
+def test_accumulator_keeps_top_k_ids_highest_first():
+    acc = Accumulator(COMPLETIONS, top_k=2)
+    acc.feed(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": [7, 9],
+                    "logprobs": {
+                        "tokens": ["token_id:7", "token_id:9"],
+                        "token_logprobs": [-0.5, -2.0],
+                        "top_logprobs": [
+                            # sampled token in the top-k: listed first, k entries
+                            _completion_row([(7, -0.5), (3, -0.25)]),
+                            # sampled outside the top-k: k + 1 entries, it is dropped
+                            _completion_row([(9, -2.0), (4, -0.1), (5, -0.1)]),
+                        ],
+                    },
+                }
+            ]
+        }
+    )
+    choice = acc.record_choices()[0]
+    assert choice.top_k_ids == [[3, 7], [4, 5]]
+    assert choice.top_k_logprobs == [[-0.25, -0.5], [-0.1, -0.1]]
+
+
+def test_chat_top_k_and_incomplete_rows():
+    acc = Accumulator(CHAT, top_k=2)
+    item = {
+        "token": "token_id:7",
+        "logprob": -0.5,
+        "top_logprobs": [
+            {"token": "token_id:7", "logprob": -0.5},
+            {"token": "token_id:8", "logprob": -0.5},  # a tie keeps the engine's order
+        ],
+    }
+    acc.feed({"choices": [{"index": 0, "token_ids": [7], "logprobs": {"content": [item]}}]})
+    assert acc.record_choices()[0].top_k_ids == [[7, 8]]
+    # a row of strings (no IDs) or of the wrong length: no top-k rather than a wrong one
+    for bad in (
+        [{"token": "a", "logprob": -0.5}, {"token": "token_id:8", "logprob": -1.0}],
+        [{"token": "token_id:7", "logprob": -0.5}],
+    ):
+        acc = Accumulator(CHAT, top_k=2)
+        row = {**item, "top_logprobs": bad}
+        acc.feed({"choices": [{"index": 0, "token_ids": [7], "logprobs": {"content": [row]}}]})
+        assert acc.record_choices()[0].top_k_ids is None
+
+
+@pytest.fixture(scope="module")
+def renderer(tmp_path_factory):
+    from fixture_model.tokenizer import train
+
+    model_dir = tmp_path_factory.mktemp("tokenizer")
+    train(512).save(str(model_dir / "tokenizer.json"))
+    made = TokenRenderer.from_model_dir(model_dir)
+    assert made is not None
+    return made
+
+
+def test_client_view_renders_completion_tokens_across_chunks(renderer):
+    p = plan(COMPLETIONS, {"model": "m", "prompt": "x", "logprobs": 1}, can_render=True)
+    view = ClientView(p, renderer)
+    a, b = 40, 41  # two single-character tokens of the fixture vocabulary
+    ta, tb = renderer.decode([a]), renderer.decode([b])
+
+    def chunk(token_id):
+        return {
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": [token_id],
+                    "logprobs": {
+                        "text_offset": [999],
+                        "tokens": [f"token_id:{token_id}"],
+                        "token_logprobs": [-0.5],
+                        "top_logprobs": [_completion_row([(token_id, -0.5), (b, -1.0)])],
+                    },
+                }
+            ]
+        }
+
+    first = view.shape(chunk(a))["choices"][0]
+    second = view.shape(chunk(b))["choices"][0]
+    assert first["logprobs"]["tokens"] == [ta] and first["logprobs"]["text_offset"] == [0]
+    assert first["logprobs"]["top_logprobs"] == [{ta: -0.5, tb: -1.0}]
+    # the offset runs on from the previous chunk; two IDs rendering alike collapse as in vLLM
+    assert second["logprobs"]["text_offset"] == [len(ta)]
+    assert second["logprobs"]["top_logprobs"] == [{tb: -1.0}]
+    assert first["token_ids"] is None  # the client did not ask for token IDs
+
+
+def test_client_view_repairs_split_characters_and_trusts_chat_bytes(renderer):
+    from fixture_model.tokenizer import train
+
+    lead, trail = train(512).encode("é", add_special_tokens=False).ids  # byte pieces C3, A9
+    assert renderer.decode([lead]) == "\ufffd"
+    body = {"model": "m", "messages": [], "logprobs": True, "top_logprobs": 1}
+    view = ClientView(plan(CHAT, body, can_render=True), renderer)
+
+    def chunk(token_id, sent):
+        item = {
+            "token": f"token_id:{token_id}",
+            "logprob": -0.5,
+            "bytes": list(sent.encode()),
+            "top_logprobs": [
+                {"token": f"token_id:{token_id}", "logprob": -0.5, "bytes": [116]},
+            ],
+        }
+        return {"choices": [{"index": 0, "delta": {}, "logprobs": {"content": [item]}}]}
+
+    first = view.shape(chunk(lead, ""))["choices"][0]["logprobs"]["content"][0]
+    second = view.shape(chunk(trail, "é"))["choices"][0]["logprobs"]["content"][0]
+    # alone the lead byte is an incomplete character (""); after it, the trail completes it
+    assert first["token"] == "" and first["top_logprobs"][0]["bytes"] == []
+    assert second["token"] == "é" and second["top_logprobs"][0]["token"] == "é"
+    assert second["top_logprobs"][0]["bytes"] == list("é".encode())
+    assert view.mismatches == 0
+    # vLLM's own string (in bytes) wins over a rendering that differs, and is counted
+    other = view.shape(chunk(trail, "e"))["choices"][0]["logprobs"]["content"][0]
+    assert other["token"] == "e" and view.mismatches == 1
