@@ -35,10 +35,15 @@ _CONTEXT = 4  # vLLM's max_context: enough for any UTF-8 sequence
 
 def parse_placeholder(token: object) -> int | None:
     """N from vLLM's ``token_id:N``; None for anything else."""
-    if not isinstance(token, str) or not token.startswith(PLACEHOLDER):
+    return _parse(token) if isinstance(token, str) else None
+
+
+@lru_cache(maxsize=1 << 17)
+def _parse(token: str) -> int | None:
+    if not token.startswith(PLACEHOLDER):
         return None
     digits = token[len(PLACEHOLDER) :]
-    return int(digits) if digits.isdigit() else None
+    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 class TokenRenderer:
@@ -48,6 +53,12 @@ class TokenRenderer:
         self._tokenizer = tokenizer
         self._marker = marker
         self._piece = lru_cache(maxsize=65536)(self._decode_one)
+        self._alone = lru_cache(maxsize=65536)(lambda token_id: self.decode([token_id]))
+        self._repaired = lru_cache(maxsize=65536)(self._repair)
+
+    def fresh(self) -> TokenRenderer:
+        """The same renderer with empty caches."""
+        return TokenRenderer(self._tokenizer, self._marker)
 
     @classmethod
     def from_model_dir(cls, model_dir: Path) -> TokenRenderer | None:
@@ -88,9 +99,9 @@ class TokenRenderer:
         text = self._piece(token_id)
         if not text.endswith(REPLACEMENT):
             return text
-        return self._repair(token_id, list(context[-_CONTEXT:]))
+        return self._repaired(token_id, tuple(context[-_CONTEXT:]))
 
-    def _repair(self, token_id: int, context: list[int]) -> str:
+    def _repair(self, token_id: int, context: tuple[int, ...]) -> str:
         for size in range(1, len(context) + 1):
             window = context[-size:]
             full = self.decode([*window, token_id])
@@ -100,11 +111,11 @@ class TokenRenderer:
             # belong to this token's text.
             clean_end = len(window)
             for j in range(len(window) - 1, -1, -1):
-                if self.decode([window[j]]).endswith(REPLACEMENT):
+                if self._alone(window[j]).endswith(REPLACEMENT):
                     clean_end = j
                 else:
                     break
-            prefix = self.decode(window[:clean_end]) if clean_end > 0 else ""
+            prefix = self.decode(list(window[:clean_end])) if clean_end > 0 else ""
             if full.startswith(prefix):
                 return full[len(prefix) :]
             common = 0

@@ -1,15 +1,17 @@
 """The two controls every replay test stands on, measured on the real engine.
 
-The default vLLM scheduler batches concurrent requests, and batch composition moves the
-logits: the same greedy request gives other logprob bits (sometimes other tokens) when it runs
-beside others. The strict pool (max_num_seqs 1, no prefix caching, no chunked prefill) runs
-each request alone, so it reproduces bit for bit at any client concurrency.
+The default vLLM scheduler batches concurrent requests, and on most hosts batch composition
+moves the logits: the same greedy request gives other logprob bits (sometimes other tokens)
+when it runs beside others (not on every CPU: see the negative control's test). The strict
+pool (max_num_seqs 1, no prefix caching, no chunked prefill) runs each request alone, so it
+reproduces bit for bit at any client concurrency.
 """
 
 from __future__ import annotations
 
 import random
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -48,12 +50,35 @@ def complete(url: str, prompt: list[int]) -> tuple[list[int], bytes]:
     return choice["token_ids"], struct.pack(f"<{len(logprobs)}f", *logprobs)
 
 
-def alone_then_together(server: EngineServer) -> tuple[int, int]:
-    """(identical token sequences, bitwise-equal logprobs) out of CONCURRENCY prompts."""
+def running(url: str) -> float:
+    """The engine's ``vllm:num_requests_running`` gauge now."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("vllm:num_requests_running is not in the engine's metrics")
+
+
+def alone_then_together(server: EngineServer, peak: list[float] | None = None) -> tuple[int, int]:
+    """(identical token sequences, bitwise-equal logprobs) out of CONCURRENCY prompts.
+
+    ``peak``, when given, receives the most requests the engine was seen running at once
+    while the concurrent ones ran."""
     batch = prompts(CONCURRENCY)
     alone = [complete(server.url, p) for p in batch]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.02):
+            peak.append(running(server.url))  # type: ignore[union-attr]
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    if peak is not None:
+        watcher.start()
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         together = list(pool.map(lambda p: complete(server.url, p), batch))
+    done.set()
+    if peak is not None:
+        watcher.join()
     for tokens, _ in alone + together:
         assert len(tokens) == MAX_TOKENS
     same_tokens = sum(a[0] == b[0] for a, b in zip(alone, together, strict=True))
@@ -62,8 +87,21 @@ def alone_then_together(server: EngineServer) -> tuple[int, int]:
 
 
 def test_the_default_pool_is_batch_variant(engines: dict[str, EngineServer]):
-    _, same_bits = alone_then_together(engines["default"])
-    assert same_bits < CONCURRENCY, "batching changed no logprob bit: not a negative control"
+    """The negative control, where this host's kernels allow it.
+
+    Whether batching moves the bits depends on the CPU: on AVX-512 hosts this pool changed
+    logprob bits in every run; on an AVX2-only AMD EPYC it ran 8 requests in one batch and
+    every bit stayed the same, run after run (docs/PERFORMANCE.md, certification). So the
+    requests must really have been batched together, and then either some bit moved, or the
+    host is reported (skip) as one whose kernels are batch-invariant for this model."""
+    peak: list[float] = []
+    _, same_bits = alone_then_together(engines["default"], peak)
+    assert peak and max(peak) > 1, f"the concurrent requests were never batched: {peak}"
+    if same_bits == CONCURRENCY:
+        pytest.skip(
+            f"this host's kernels are batch-invariant for the fixture model: {max(peak):.0f} "
+            f"requests ran in one batch and all {CONCURRENCY} kept every logprob bit"
+        )
 
 
 def test_the_strict_pool_reproduces_bitwise(engines: dict[str, EngineServer]):
