@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.tokens import TokenRenderer, parse_placeholder
+from collectors.tokens import CONTEXT, TokenRenderer, parse_placeholder
 from ledger.errors import InvalidInput
 from ledger.records import MAX_TOP_K, Choice
 
@@ -236,12 +236,7 @@ class ClientView:
         token_id = parse_placeholder(token)
         if token_id is not None:
             context.append(token_id)
-            del context[:-4]
-
-
-def for_client(plan: Plan, data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` as vLLM would have sent it, for a plan that renders no tokens."""
-    return ClientView(plan).shape(data)
+            del context[:-CONTEXT]
 
 
 def dumps(data: dict[str, Any]) -> bytes:

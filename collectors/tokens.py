@@ -29,8 +29,9 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 PLACEHOLDER = "token_id:"
+_FORCE_BPE_CLEANUP = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
 REPLACEMENT = "\ufffd"
-_CONTEXT = 4  # vLLM's max_context: enough for any UTF-8 sequence
+CONTEXT = 4  # preceding sampled tokens vLLM repairs with: enough for any UTF-8 sequence
 
 
 def parse_placeholder(token: object) -> int | None:
@@ -73,12 +74,15 @@ class TokenRenderer:
                 json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
             )
             tokenizer = Tokenizer.from_file(str(path))
-        except (OSError, ValueError, Exception):  # tokenizers raises a plain Exception
+        except Exception:  # OSError, ValueError, and tokenizers' own plain Exception
             return None
         if not isinstance(spec, dict) or not isinstance(config, dict):
             return None
         model_type = (spec.get("model") or {}).get("type")
-        if config.get("clean_up_tokenization_spaces") and model_type != "BPE":
+        forced = config.get(
+            "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+        )
+        if config.get("clean_up_tokenization_spaces") and (model_type != "BPE" or forced):
             return None  # transformers would post-process every decode
         return cls(tokenizer, _leading_space_marker(spec))
 
@@ -99,7 +103,7 @@ class TokenRenderer:
         text = self._piece(token_id)
         if not text.endswith(REPLACEMENT):
             return text
-        return self._repaired(token_id, tuple(context[-_CONTEXT:]))
+        return self._repaired(token_id, tuple(context[-CONTEXT:]))
 
     def _repair(self, token_id: int, context: tuple[int, ...]) -> str:
         for size in range(1, len(context) + 1):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.exchange import CHAT, COMPLETIONS, Accumulator, ClientView, for_client, plan
+from collectors.exchange import CHAT, COMPLETIONS, Accumulator, ClientView, plan
 from collectors.tokens import TokenRenderer
 from ledger.errors import InvalidInput
 
@@ -49,7 +49,7 @@ def test_for_client_nulls_only_what_was_added():
         ],
         "usage": {"completion_tokens": 1},
     }
-    out = for_client(p, engine)
+    out = ClientView(p).shape(engine)
     assert out["choices"][0] == {
         "index": 0,
         "text": "a",
@@ -59,7 +59,7 @@ def test_for_client_nulls_only_what_was_added():
     }
     assert engine["choices"][0]["token_ids"] == [5]  # the engine's data is not modified
     chunk = {"choices": [{"index": 0, "delta": {"role": "assistant"}}], "prompt_token_ids": [1]}
-    chat = for_client(plan(CHAT, {"model": "m", "messages": []}), chunk)
+    chat = ClientView(plan(CHAT, {"model": "m", "messages": []})).shape(chunk)
     assert chat == {
         "choices": [{"index": 0, "delta": {"role": "assistant"}}],
         "prompt_token_ids": None,
