@@ -1,57 +1,25 @@
-"""Which tokenizers the collector renders tokens for, and the placeholder syntax."""
-
-from __future__ import annotations
-
-import json
-from pathlib import Path
-
 import pytest
-from tokenizers import Tokenizer, models
 
-from collectors.tokens import TokenRenderer, parse_placeholder
-from fixture_model.tokenizer import train
-
-
-@pytest.fixture(scope="module")
-def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("bpe")
-    train(512).save(str(path / "tokenizer.json"))
-    return path
+from ledger.errors import InvalidInput
+from ledger.tokens import Principal, hash_token, new_token, parse_scopes, token_display_id
 
 
-def with_config(source: Path, target: Path, config: dict[str, object] | None) -> Path:
-    target.mkdir()
-    (target / "tokenizer.json").write_text((source / "tokenizer.json").read_text())
-    if config is not None:
-        (target / "tokenizer_config.json").write_text(json.dumps(config))
-    return target
+def test_tokens_are_random_and_stored_as_labelled_hashes():
+    a, b = new_token(), new_token()
+    assert a != b and a.startswith("lgr_") and len(a) > 40
+    assert hash_token(a).startswith("sha256:") and a not in hash_token(a)
+    assert token_display_id(a) == hash_token(a)[7:19]
 
 
-def test_placeholders() -> None:
-    assert parse_placeholder("token_id:42") == 42
-    for other in ("token_id:", "token_id:-1", "token_id:4x", "token_id:\u0661", "tok", None, 42):
-        assert parse_placeholder(other) is None
+def test_scopes_are_checked():
+    assert parse_scopes("records:read, admin") == ("admin", "records:read")
+    with pytest.raises(InvalidInput):
+        parse_scopes(["records:delete"])
+    with pytest.raises(InvalidInput):
+        parse_scopes([])
 
 
-def test_renderers_only_where_decode_is_not_post_processed(bpe_dir: Path, tmp_path: Path) -> None:
-    assert TokenRenderer.from_model_dir(tmp_path) is None  # no tokenizer.json
-    (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "tokenizer.json").write_text("{")
-    assert TokenRenderer.from_model_dir(tmp_path / "broken") is None
-    assert TokenRenderer.from_model_dir(bpe_dir) is not None
-    # transformers 5 skips the clean-up for BPE models, unless forced
-    cleanup = {"clean_up_tokenization_spaces": True}
-    assert TokenRenderer.from_model_dir(with_config(bpe_dir, tmp_path / "a", cleanup)) is not None
-    forced = {
-        **cleanup,
-        "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output": True,
-    }
-    assert TokenRenderer.from_model_dir(with_config(bpe_dir, tmp_path / "b", forced)) is None
-    # another model type: rendered without the clean-up, not with it (no top-k IDs recorded)
-    wordpiece = tmp_path / "wordpiece"
-    wordpiece.mkdir()
-    Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(
-        str(wordpiece / "tokenizer.json")
-    )
-    assert TokenRenderer.from_model_dir(wordpiece) is not None
-    assert TokenRenderer.from_model_dir(with_config(wordpiece, tmp_path / "c", cleanup)) is None
+def test_admin_implies_every_scope():
+    assert Principal("t", "n", ("admin",)).allows("records:write")
+    reader = Principal("t", "n", ("records:read",))
+    assert reader.allows("records:read") and not reader.allows("records:write")
