@@ -16,9 +16,8 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import tempfile
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from collectors.exchange import CHAT, COMPLETIONS, Accumulator, ClientView, plan
@@ -83,19 +82,26 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        train(512).save(str(Path(tmp) / "tokenizer.json"))
-        renderer = TokenRenderer.from_model_dir(Path(tmp))
-    assert renderer is not None
+    tokenizer = train(512)  # byte-level: no leading-space marker
+
+    def renderer_factory() -> TokenRenderer:  # a renderer with empty caches
+        return TokenRenderer(tokenizer, None)
+
+    renderer = renderer_factory()
     whole = [t for t in range(512) if not renderer.decode([t]).endswith("\ufffd")]
     print(f"{args.tokens} tokens x top-{args.top_k}, median of {args.runs} (ms per response)")
     for label, pool in (("any token", list(range(512))), ("whole tokens", whole)):
         rng = random.Random(0)
         ids = [rng.sample(pool, args.top_k + 1) for _ in range(args.tokens)]
-        run_cases(label, ids, args, renderer)
+        run_cases(label, ids, args, renderer_factory)
 
 
-def run_cases(label: str, ids: list[list[int]], args: argparse.Namespace, renderer: TokenRenderer):
+def run_cases(
+    label: str,
+    ids: list[list[int]],
+    args: argparse.Namespace,
+    fresh: Callable[[], TokenRenderer],
+) -> None:
     cases = {
         "completions": (
             COMPLETIONS,
@@ -111,8 +117,8 @@ def run_cases(label: str, ids: list[list[int]], args: argparse.Namespace, render
     for name, (endpoint, body, data) in cases.items():
         # cold: empty caches each run (the first response after start-up, the slowest case);
         # warm: the same response again, its tokens' strings cached
-        cold = [time_one(endpoint, body, data, renderer.fresh()) for _ in range(args.runs)]
-        warmed = renderer.fresh()
+        cold = [time_one(endpoint, body, data, fresh()) for _ in range(args.runs)]
+        warmed = fresh()
         time_one(endpoint, body, data, warmed)
         warm = [time_one(endpoint, body, data, warmed) for _ in range(args.runs)]
         print(

@@ -175,7 +175,7 @@ class ClientView:
             )
             offsets.append(offset)
             offset += len(text) if isinstance(text, str) else 0
-            self._advance(context, token)
+            self._advance(context, token_id)
         self._offset[index] = offset
         return {
             **logprobs,
@@ -224,7 +224,7 @@ class ClientView:
             if item.get("top_logprobs") is not None:
                 rendered["top_logprobs"] = alternatives
             items.append(rendered)
-            self._advance(context, token)
+            self._advance(context, token_id)
         return {**logprobs, "content": items}
 
     def _plain(self, token_id: int) -> str:
@@ -232,8 +232,7 @@ class ClientView:
         return self._renderer.decode([token_id])
 
     @staticmethod
-    def _advance(context: list[int], token: Any) -> None:
-        token_id = parse_placeholder(token)
+    def _advance(context: list[int], token_id: int | None) -> None:
         if token_id is not None:
             context.append(token_id)
             del context[:-CONTEXT]

@@ -57,10 +57,6 @@ class TokenRenderer:
         self._alone = lru_cache(maxsize=65536)(lambda token_id: self.decode([token_id]))
         self._repaired = lru_cache(maxsize=65536)(self._repair)
 
-    def fresh(self) -> TokenRenderer:
-        """The same renderer with empty caches."""
-        return TokenRenderer(self._tokenizer, self._marker)
-
     @classmethod
     def from_model_dir(cls, model_dir: Path) -> TokenRenderer | None:
         """A renderer for the model's tokenizer, or None where it cannot match vLLM exactly."""

@@ -329,12 +329,13 @@ def certify(api: Harness, pool: str, **params: Any) -> dict[str, Any]:
 def test_certify_reports_what_the_default_scheduler_does(pools: Pools) -> None:
     """The default pool claims no batch invariance; its certificate says what was observed.
 
-    Whether batching moves this engine's numerics depends on the CPU's kernels: on the AVX-512
-    hosts this suite first ran on, every wave of 8 diverged (0 of 8 bitwise); on an AVX2-only
-    AMD EPYC, 16 of 16 probes came back bitwise, run after run. So this checks that the
-    certificate agrees with its own figures whichever way the host goes; that a divergence is
-    reported as not invariant is checked on fixed outputs (tests/unit/test_replay_documents.py),
-    and real engines that differ (bf16 against f32) are compared in the forced-replay test."""
+    Whether batching moves this engine's numerics depends on the CPU's kernels: on the hosts
+    this suite first ran on (CPU flags not recorded), every wave of 8 diverged (0 of 8
+    bitwise); on an AVX2-only AMD EPYC, 16 of 16 probes came back bitwise, run after run.
+    So this checks that the certificate agrees with its own figures whichever way the host
+    goes; that a divergence is reported as not invariant is checked on fixed outputs
+    (tests/unit/test_replay_documents.py), and real engines that differ (bf16 against f32)
+    are compared in the forced-replay test."""
     job = certify(pools.api, "throughput", prompts=8, concurrency=[8], max_tokens=[32])
     body = job["envelope"]["body"]
     cells = {r["concurrency"]: r for r in body["results"]}
