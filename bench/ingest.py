@@ -78,6 +78,19 @@ def start_server(
     raise SystemExit("ledger serve did not start")
 
 
+def worker_cpu(server_pid: int) -> dict[int, float]:
+    """CPU seconds used so far by each API worker process (the server's children)."""
+    out: dict[int, float] = {}
+    try:
+        children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+        for child in map(int, children):
+            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+            out[child] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):  # not Linux, or a worker exited: the split is not shown
+        return {}
+    return out
+
+
 def post_all(url: str, token: str, bodies: list[bytes], concurrency: int) -> float:
     queue = list(reversed(bodies))
     lock = threading.Lock()
@@ -157,6 +170,12 @@ def copy_rows(db_url: str, envs: list[Envelope], table: str) -> float:
                 " model text, tier smallint, pool text, worker_id text, endpoint text,"
                 " received_at timestamptz default now())"
             ).format(sql.Identifier(table))
+        )
+        # The same storage as the ledger's log_entries.envelope (migration 0005).
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ALTER COLUMN envelope SET STORAGE EXTERNAL").format(
+                sql.Identifier(table)
+            )
         )
         conn.commit()
         start = time.perf_counter()
@@ -244,14 +263,22 @@ def main() -> None:
                 b'{"envelopes":[' + b",".join(e.canonical for e in envs[i : i + args.batch]) + b"]}"
                 for i in range(0, len(envs), args.batch)
             ]
+            cpu_before = worker_cpu(proc.pid)
             api_s = post_all(url, token, bodies, args.concurrency)
+            cpu_after = worker_cpu(proc.pid)
+            # How the work fell on the API workers: with few client connections, the kernel
+            # may hand them all to one worker, whose single Python thread then bounds the rate.
+            used = [cpu_after[p] - cpu_before.get(p, 0.0) for p in sorted(cpu_after)]
+            shares = [x for x in used if x > 0.005 * sum(used)]  # not the idle helper process
+            split = " / ".join(f"{x / max(sum(shares), 1e-9):.0%}" for x in shares)
             copy_s = copy_rows(db_url, envs, f"copy_scratch_{run}")
             api_rates.append(args.records / api_s)
             copy_rates.append(args.records / copy_s)
             print(
                 f"run {run + 1}: API {api_rates[-1]:,.0f} records/s, COPY {copy_rates[-1]:,.0f} "
                 f"rows/s, ratio {api_rates[-1] / copy_rates[-1]:.2f} "
-                f"({sum(map(len, bodies)) / args.records / 1024:.1f} KiB/record on the wire)"
+                f"({sum(map(len, bodies)) / args.records / 1024:.1f} KiB/record on the wire; "
+                f"API worker CPU split {split or 'n/a'})"
             )
         api_med, copy_med = statistics.median(api_rates), statistics.median(copy_rates)
         print(

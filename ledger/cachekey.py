@@ -28,9 +28,10 @@ A completions prompt can be text or token IDs; the ledger indexes a record under
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
-from ledger.canonical import canonicalize, sha256_digest
+from ledger.canonical import canonicalize
 from ledger.errors import InvalidInput
 
 ALGORITHM = "ck1"
@@ -159,11 +160,47 @@ def cache_key(
     """
     if not isinstance(request, dict):
         raise InvalidInput("the request must be a JSON object", code="invalid_request")
+    prompt = _prompt(endpoint, request, prompt_token_ids, chat_template)
+    return _key(_head(endpoint, request, fingerprint_id), prompt)
+
+
+def record_keys(
+    endpoint: str,
+    request: dict[str, Any],
+    fingerprint_id: str,
+    *,
+    prompt_token_ids: list[int] | None = None,
+    chat_template: str | None = None,
+) -> list[str]:
+    """Every key a record of ``request`` is indexed under, sorted.
+
+    Chat: the one key. Completions: the key of the token IDs the engine saw (when given),
+    and, when the request's prompt is text, the key of that text too. The same keys as
+    ``cache_key`` gives for each prompt form, with the parameters normalized once.
+    """
+    if not isinstance(request, dict):
+        raise InvalidInput("the request must be a JSON object", code="invalid_request")
+    if endpoint == COMPLETIONS and prompt_token_ids is not None:
+        prompts = [_prompt(endpoint, request, prompt_token_ids, None)]
+        if isinstance(request.get("prompt"), str):
+            prompts.append(_prompt(endpoint, request, None, None))
+    else:
+        prompts = [_prompt(endpoint, request, None, chat_template)]
+    head = _head(endpoint, request, fingerprint_id)
+    return sorted({_key(head, prompt) for prompt in prompts})
+
+
+def _head(endpoint: str, request: dict[str, Any], fingerprint_id: str) -> bytes:
+    """The canonical document up to its last member: RFC 8785 orders the members
+    ``algorithm`` < ``endpoint`` < ``fingerprint_id`` < ``params`` < ``prompt``."""
     document = {
         "algorithm": ALGORITHM,
         "fingerprint_id": fingerprint_id,
         "endpoint": endpoint,
-        "prompt": _prompt(endpoint, request, prompt_token_ids, chat_template),
         "params": normalize_params(endpoint, request),
     }
-    return PREFIX + sha256_digest(canonicalize(document)).removeprefix("sha256:")
+    return canonicalize(document)[:-1] + b',"prompt":'
+
+
+def _key(head: bytes, prompt: dict[str, Any]) -> str:
+    return PREFIX + hashlib.sha256(head + canonicalize(prompt) + b"}").hexdigest()

@@ -1,14 +1,18 @@
 """Canonical JSON (RFC 8785, JCS): the one function that produces signed and hashed bytes.
 
-Nothing else in the project serializes JSON for a signature or a digest.
+Nothing else in the project serializes JSON for a signature or a digest. Two documents are
+assembled from canonical parts where RFC 8785's member order makes that exact: an envelope
+around its canonical body (``ledger.signing``) and a cache-key document around its prompt
+(``ledger.cachekey``).
 
 ``canonicalize`` walks the value itself and hands strings and integer arrays to the C JSON
 encoder, whose output for those types is exactly RFC 8785's (minimal escapes, lowercase
-``\\u00xx``); member names are ordered by UTF-16 code units and numbers that are floats are
-serialized by the ``rfc8785`` package (the ECMAScript algorithm). The result is tested
-byte for byte against ``rfc8785.dumps`` (tests/unit/test_canonical.py) and is about three
-times faster on records that carry long packed strings (0.11 ms against 0.36 ms for a
-512 + 256 token record with top-5 logprobs, measured for docs/PERFORMANCE.md).
+``\\u00xx``); member names are ordered by UTF-16 code units; floats are written as
+ECMAScript writes them (integral values and 1e-4 <= |x| < 2**53 directly, the rest by the
+``rfc8785`` package). The result is tested byte for byte against ``rfc8785.dumps``
+(tests/unit/test_canonical.py) and is about three times faster on records that carry long
+packed strings (0.11 ms against 0.36 ms for a 512 + 256 token record with top-5 logprobs,
+measured for docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ _INT_ONLY = {int}
 # printable ASCII except '"' and '\\': the characters JCS never escapes
 _PLAIN_ASCII = bytes(c for c in range(0x20, 0x7F) if c not in (0x22, 0x5C))
 _encode_str = json.encoder.encode_basestring
+_encode_ints = json.JSONEncoder(separators=(",", ":")).encode
+_FLOAT_FAST_MAX = float(2**53)
 
 
 def canonicalize(value: Any) -> bytes:
@@ -63,6 +69,23 @@ def _quote(text: str) -> str:
     return quoted
 
 
+def _float(value: float) -> str:
+    """ECMAScript's Number serialization (RFC 8785 section 3.2.2.3).
+
+    Two common shapes take a fast path that gives the same characters: an integral value
+    below 2**53 is its integer digits, and 1e-4 <= |value| < 2**53 is Python's shortest
+    round-trip repr, which is positional there with the digits ECMAScript chooses. Everything
+    else (exponents, NaN and infinity refusals) is the ``rfc8785`` package's.
+    """
+    size = abs(value)
+    if size < _FLOAT_FAST_MAX:
+        if value.is_integer():
+            return str(int(value))  # also -0.0 -> "0"
+        if size >= 1e-4:
+            return repr(value)
+    return rfc8785.dumps(value).decode("ascii")
+
+
 def _emit(value: Any, out: list[str]) -> None:
     if isinstance(value, str):
         out.append(_quote(value))
@@ -77,7 +100,7 @@ def _emit(value: Any, out: list[str]) -> None:
             raise ValueError(f"integer {value} is outside the IEEE-754 safe range")
         out.append(str(int(value)))
     elif isinstance(value, float):
-        out.append(rfc8785.dumps(value).decode("ascii"))
+        out.append(_float(value))
     elif isinstance(value, dict):
         for key in value:
             if not isinstance(key, str):
@@ -93,10 +116,10 @@ def _emit(value: Any, out: list[str]) -> None:
             _emit(value[key], out)
         out.append("}")
     elif isinstance(value, list | tuple):
-        if value and set(map(type, value)) == _INT_ONLY:
+        if value and type(value[0]) is int and set(map(type, value)) == _INT_ONLY:
             if not -_MAX_SAFE <= min(value) <= max(value) <= _MAX_SAFE:
                 raise ValueError("an integer is outside the IEEE-754 safe range")
-            out.append("[" + ",".join(map(str, value)) + "]")
+            out.append(_encode_ints(value))  # C encoder: "[1,2,3]", as RFC 8785 writes it
             return
         out.append("[")
         for i, item in enumerate(value):

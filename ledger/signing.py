@@ -134,8 +134,22 @@ class Envelope:
         object.__setattr__(self, "body_bytes", body_bytes)
         # JCS sorts members ("body" < "kind" < "signature") and nests canonical forms, so
         # the envelope's canonical bytes are assembled around the body's without re-encoding it.
-        head = canonicalize({"kind": self.kind, "signature": self.signature})
-        object.__setattr__(self, "canonical", b'{"body":' + body_bytes + b"," + head[1:])
+        canonical = b"".join(
+            (
+                b'{"body":',
+                body_bytes,
+                b',"kind":',
+                canonicalize(self.kind),
+                b',"signature":{"alg":',
+                canonicalize(ALG),
+                b',"key_id":',
+                canonicalize(self.key_id),
+                b',"sig":',
+                canonicalize(self.sig),
+                b"}}",
+            )
+        )
+        object.__setattr__(self, "canonical", canonical)
 
     @property
     def signature(self) -> dict[str, str]:

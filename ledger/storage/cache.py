@@ -12,14 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger.cachekey import CHAT, cache_key, is_deterministic
+from ledger.cachekey import CHAT, cache_key, is_deterministic, record_keys
 from ledger.errors import InvalidInput, NotFound
 from ledger.packing import unpack_int32
 from ledger.signing import Envelope
 from ledger.storage import log
+from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database
 from ledger.storage.models import CacheKey, Fingerprint
 from ledger.storage.queries import StoredRecord, record_in
@@ -43,15 +44,16 @@ def fingerprint_body(session: Session, fingerprint_id: str) -> dict[str, Any]:
 
 def keys_for(body: dict[str, Any], chat_template: str | None) -> list[str]:
     """The cache keys of a validated record body (none when its request cannot be keyed)."""
-    endpoint, request, fp = body["endpoint"], body["request"], body["fingerprint_id"]
+    endpoint = body["endpoint"]
     try:
-        if endpoint == CHAT:
-            return [cache_key(endpoint, request, fp, chat_template=chat_template)]
-        ids = unpack_int32(body["prompt_token_ids"])
-        keys = {cache_key(endpoint, request, fp, prompt_token_ids=ids)}
-        if isinstance(request.get("prompt"), str):
-            keys.add(cache_key(endpoint, request, fp))
-        return sorted(keys)
+        ids = unpack_int32(body["prompt_token_ids"]) if endpoint != CHAT else None
+        return record_keys(
+            endpoint,
+            body["request"],
+            body["fingerprint_id"],
+            prompt_token_ids=ids,
+            chat_template=chat_template,
+        )
     except InvalidInput:
         return []
 
@@ -91,18 +93,13 @@ def prepare(session: Session, envelopes: Sequence[Envelope]) -> dict[str, Keyed]
 def index_records(session: Session, items: Sequence[tuple[Keyed, int]]) -> None:
     """Index newly appended records (prepared keys, log index), in the ingest transaction."""
     rows = [
-        {
-            "cache_key": key,
-            "request_id": keyed.request_id,
-            "log_index": idx,
-            "tier": keyed.tier,
-            "deterministic": keyed.deterministic,
-        }
+        (key, keyed.request_id, idx, keyed.tier, keyed.deterministic)
         for keyed, idx in items
         for key in keyed.keys
     ]
-    if rows:
-        session.execute(insert(CacheKey), rows)
+    insert_rows(
+        session, CacheKey, ("cache_key", "request_id", "log_index", "tier", "deterministic"), rows
+    )
 
 
 @dataclass(frozen=True)

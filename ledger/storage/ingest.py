@@ -21,6 +21,7 @@ from ledger.fingerprint import FINGERPRINT_KIND, validate_fingerprint_body
 from ledger.records import RECORD_KIND, RecordSummary, validate_record_body
 from ledger.signing import Envelope
 from ledger.storage import cache, keystore, log
+from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import Fingerprint, Record
 
@@ -124,6 +125,21 @@ def _check_items(items: Sequence[Any]) -> list[_Checked]:
     return checked
 
 
+_RECORD_COLUMNS = (
+    "request_id",
+    "log_index",
+    "content_hash",
+    "fingerprint_id",
+    "key_id",
+    "model",
+    "tier",
+    "pool",
+    "worker_id",
+    "endpoint",
+    "received_at",
+)
+
+
 def ingest_records(db: Database, items: Sequence[Any]) -> list[IngestResult]:
     """Validate, verify and append a batch of record envelopes atomically."""
     if not items:
@@ -181,26 +197,27 @@ def ingest_records(db: Database, items: Sequence[Any]) -> list[IngestResult]:
             results[rid] = IngestResult(rid, "duplicate", held[0], held[1])
         at = utcnow()
         indexes = log.append(s, [c.envelope for c in new], at)
-        if new:
-            s.execute(
-                insert(Record),
-                [
-                    {
-                        "request_id": c.summary.request_id,
-                        "log_index": idx,
-                        "content_hash": c.content_hash,
-                        "fingerprint_id": c.summary.fingerprint_id,
-                        "key_id": c.envelope.key_id,
-                        "model": c.summary.model,
-                        "tier": c.summary.tier,
-                        "pool": c.summary.pool,
-                        "worker_id": c.summary.worker_id,
-                        "endpoint": c.summary.endpoint,
-                        "received_at": at,
-                    }
-                    for c, idx in zip(new, indexes, strict=True)
-                ],
-            )
+        insert_rows(
+            s,
+            Record,
+            _RECORD_COLUMNS,
+            [
+                (
+                    c.summary.request_id,
+                    idx,
+                    c.content_hash,
+                    c.summary.fingerprint_id,
+                    c.envelope.key_id,
+                    c.summary.model,
+                    c.summary.tier,
+                    c.summary.pool,
+                    c.summary.worker_id,
+                    c.summary.endpoint,
+                    at,
+                )
+                for c, idx in zip(new, indexes, strict=True)
+            ],
+        )
         cache.index_records(
             s,
             [(keyed[c.summary.request_id], idx) for c, idx in zip(new, indexes, strict=True)],

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ledger.merkle import leaf_hash
 from ledger.signing import Envelope
 from ledger.storage import tree
+from ledger.storage.bulk import insert_rows
 from ledger.storage.models import LogEntry
 
 
@@ -24,23 +25,17 @@ def log_size(session: Session) -> int:
     return 0 if top is None else int(top) + 1
 
 
+_COLUMNS = ("idx", "kind", "leaf_hash", "envelope", "appended_at")
+
+
 def append(session: Session, envelopes: Sequence[Envelope], at: datetime) -> list[int]:
     """Append envelopes as leaves; return their indexes. Caller holds the write lock."""
     if not envelopes:
         return []
     start = log_size(session)
     hashes = [leaf_hash(env.canonical) for env in envelopes]
-    rows = [
-        {
-            "idx": start + i,
-            "kind": env.kind,
-            "leaf_hash": hashes[i],
-            "envelope": env.canonical,
-            "appended_at": at,
-        }
-        for i, env in enumerate(envelopes)
-    ]
-    session.execute(insert(LogEntry), rows)
+    rows = [(start + i, env.kind, hashes[i], env.canonical, at) for i, env in enumerate(envelopes)]
+    insert_rows(session, LogEntry, _COLUMNS, rows)
     tree.append_hashes(session, start, hashes)
     return list(range(start, start + len(rows)))
 

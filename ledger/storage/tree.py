@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import bindparam, insert, select, text, tuple_
+from sqlalchemy import bindparam, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from ledger import merkle
 from ledger.errors import StorageError
+from ledger.storage.bulk import insert_rows
 from ledger.storage.models import MerkleNode
 
 _CHUNK = 400
@@ -95,9 +96,11 @@ def append_hashes(session: Session, tree_size: int, leaf_hashes: Sequence[bytes]
         return
     frontier = node_reader(session)(merkle.append_plan(tree_size)) if tree_size else {}
     new = merkle.append_leaves(tree_size, leaf_hashes, frontier)
-    session.execute(
-        insert(MerkleNode),
-        [{"level": level, "idx": idx, "hash": h} for (level, idx), h in new.items()],
+    insert_rows(
+        session,
+        MerkleNode,
+        ("level", "idx", "hash"),
+        [(level, idx, h) for (level, idx), h in new.items()],
     )
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import threading
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import func, select, text
 
 import migrations
 from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
 from ledger.merkle import leaf_hash
 from ledger.signing import SigningKey
 from ledger.storage import checkpoints, ingest, keystore, queries, verdicts
+from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database
-from ledger.storage.models import APPEND_ONLY_TABLES
+from ledger.storage.models import APPEND_ONLY_TABLES, CacheKey
 from tests.support.documents import record_envelope
 from tests.support.seed import seed_ledger
 
@@ -184,3 +185,48 @@ def test_a_log_never_changes_its_key(db):
     with pytest.raises(Conflict) as err:
         keystore.ensure_log_key(db, SigningKey.generate())
     assert err.value.code == "log_key_mismatch" and first.key_id in err.value.message
+
+
+CACHE_COLUMNS = ("cache_key", "request_id", "log_index", "tier", "deterministic")
+
+
+def test_bulk_inserts_round_trip_and_a_refused_row_keeps_nothing(db):
+    rows = [(f"ck1:sha256:{i:064x}", f"req-{i}", i, i % 3, bool(i % 2)) for i in range(50)]
+    with db.write() as s:
+        insert_rows(s, CacheKey, CACHE_COLUMNS, rows)
+    with db.read() as s:
+        back = s.execute(
+            select(*(getattr(CacheKey, c) for c in CACHE_COLUMNS)).order_by(CacheKey.log_index)
+        ).all()
+    assert [tuple(r) for r in back] == rows
+    # a batch holding one row that breaks a constraint is refused whole, as a 409
+    with pytest.raises(Conflict) as err, db.write() as s:
+        insert_rows(s, CacheKey, CACHE_COLUMNS, [("ck1:new", "req-new", 99, 0, True), rows[0]])
+    assert err.value.code == "rejected_by_database"
+    with db.read() as s:
+        assert s.execute(select(func.count()).select_from(CacheKey)).scalar() == 50
+    if db.is_postgres:  # SQLite does not enforce varchar lengths
+        with pytest.raises(InvalidInput) as bad, db.write() as s:
+            insert_rows(s, CacheKey, CACHE_COLUMNS, [("x" * 81, "req-long", 100, 0, True)])
+        assert bad.value.code == "rejected_by_database"
+        # the session is usable again after a refused COPY
+        with db.write() as s:
+            insert_rows(s, CacheKey, CACHE_COLUMNS, [("ck1:after", "req-after", 101, 1, False)])
+        with db.read() as s:
+            assert s.execute(select(func.count()).select_from(CacheKey)).scalar() == 51
+
+
+def test_postgres_stores_envelopes_without_a_compression_attempt(request):
+    """Migration 0005: envelopes (mostly base64) are stored out of line, uncompressed."""
+    db = Database(request.getfixturevalue("postgres_databases").fresh())
+    try:
+        with db.read() as s:
+            storage = s.execute(
+                text(
+                    "SELECT attstorage FROM pg_attribute "
+                    "WHERE attrelid = 'log_entries'::regclass AND attname = 'envelope'"
+                )
+            ).scalar()
+        assert storage == "e"  # EXTERNAL
+    finally:
+        db.dispose()

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.cachekey import CHAT, COMPLETIONS, PREFIX, cache_key, is_deterministic
+from ledger.cachekey import (
+    CHAT,
+    COMPLETIONS,
+    PREFIX,
+    cache_key,
+    is_deterministic,
+    normalize_params,
+    record_keys,
+)
+from ledger.canonical import canonicalize
 from ledger.errors import InvalidInput
 
 FP = "sha256:" + "a" * 64
@@ -153,3 +163,51 @@ def test_property_changing_what_matters_changes_the_key(
         changed["prompt"] = prompt + "!" if isinstance(prompt, str) else [*prompt, 7]
     assert key(changed) != key(request)
     assert key(request, FP) != key(request, FP2)
+
+
+def reference_key(endpoint: str, request: dict[str, Any], fp: str, prompt: dict[str, Any]) -> str:
+    """ck1 as the module docstring defines it: one canonical document, hashed."""
+    document = {
+        "algorithm": "ck1",
+        "fingerprint_id": fp,
+        "endpoint": endpoint,
+        "prompt": prompt,
+        "params": normalize_params(endpoint, request),
+    }
+    return PREFIX + hashlib.sha256(canonicalize(document)).hexdigest()
+
+
+@given(
+    prompt=st.text(max_size=40),
+    ids=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=40),
+    temperature=st.sampled_from([0, 0.0, 0.7, 1, 1.5]),
+    seed=st.none() | st.integers(0, 2**31 - 1),
+    stop=st.lists(st.text(max_size=5), max_size=3),
+)
+def test_keys_equal_the_reference_document_hash(prompt, ids, temperature, seed, stop) -> None:
+    request = {"prompt": prompt, "temperature": temperature, "seed": seed, "stop": stop}
+    text_key = reference_key(COMPLETIONS, request, FP, {"text": prompt})
+    ids_key = reference_key(COMPLETIONS, request, FP, {"token_ids": ids})
+    assert key(request) == text_key
+    assert key(request, prompt_token_ids=ids) == ids_key
+    assert record_keys(COMPLETIONS, request, FP, prompt_token_ids=ids) == sorted(
+        {text_key, ids_key}
+    )
+    # a prompt given as token IDs is keyed once, by the IDs the engine saw
+    by_ids = {**request, "prompt": ids}
+    assert record_keys(COMPLETIONS, by_ids, FP, prompt_token_ids=ids) == [ids_key]
+    chat = {"messages": [{"role": "user", "content": prompt}], "temperature": temperature}
+    chat_key = reference_key(
+        CHAT, chat, FP, {"messages": chat["messages"], "chat_template": TEMPLATE}
+    )
+    assert cache_key(CHAT, chat, FP, chat_template=TEMPLATE) == chat_key
+    assert record_keys(CHAT, chat, FP, chat_template=TEMPLATE) == [chat_key]
+
+
+def test_record_keys_refuse_what_cache_key_refuses() -> None:
+    with pytest.raises(InvalidInput):
+        record_keys(COMPLETIONS, {"prompt": 3}, FP)
+    with pytest.raises(InvalidInput):
+        record_keys(CHAT, {"prompt": "x"}, FP)
+    with pytest.raises(InvalidInput):
+        record_keys(COMPLETIONS, ["not", "an", "object"], FP)  # type: ignore[arg-type]

@@ -102,3 +102,50 @@ def test_control_characters_use_rfc8785_escapes():
 )
 def test_long_strings_take_the_fast_path_only_when_no_escape_is_needed(text):
     assert canonicalize({text: text}) == rfc8785.dumps({text: text})
+
+
+@settings(max_examples=2000)
+@given(
+    st.floats(min_value=1e-4, max_value=2.0**53, exclude_max=True)
+    | st.floats(min_value=-(2.0**53), max_value=-1e-4, exclude_min=True)
+    | st.integers(-(2**53) + 1, 2**53 - 1).map(float)
+)
+def test_floats_on_the_fast_path_match_the_reference(value):
+    assert canonicalize(value) == rfc8785.dumps(value)
+    assert canonicalize([value, 1]) == rfc8785.dumps([value, 1])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.7,
+        1e-4,
+        9.999999999999999e-05,
+        1e-7,
+        1e-6,
+        123456789.125,
+        2.0**53 - 1,
+        2.0**53,
+        2.0**53 + 2,
+        1e16,
+        1e21,
+        1e22,
+        5e-324,
+        1.7976931348623157e308,
+        0.1 + 0.2,
+        100.0,
+        1e15 + 0.5,
+    ],
+)
+def test_float_boundaries_match_the_reference(value):
+    assert canonicalize(value) == rfc8785.dumps(value)
+
+
+def test_integer_lists_with_booleans_take_the_general_path():
+    value = [1, True, 2, False]
+    assert canonicalize(value) == b"[1,true,2,false]" == rfc8785.dumps(value)
+    assert canonicalize([True, 1]) == b"[true,1]"
