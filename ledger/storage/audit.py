@@ -21,11 +21,13 @@ It returns a report with every finding; the first bad leaf index is the lowest o
 from __future__ import annotations
 
 import base64
+import bisect
+import hashlib
 import json
 import multiprocessing
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,8 +49,8 @@ from ledger.signing import (
     public_key_raw,
     verify_envelope,
 )
-from ledger.storage import tree
-from ledger.storage.database import Database, translated_errors
+from ledger.storage import log, tree
+from ledger.storage.database import Database
 from ledger.storage.keystore import LOG_ROLE, REGISTRATION_KIND, REVOCATION_KIND
 from ledger.storage.models import (
     CheckpointRow,
@@ -59,6 +61,7 @@ from ledger.storage.models import (
     Replay,
     SigningKey,
 )
+from ledger.storage.prefetch import prefetched
 
 Progress = Callable[[int, int], None]
 CHUNK = 2000
@@ -125,9 +128,11 @@ class _State:
     fingerprints: dict[str, tuple[int, str]] = field(default_factory=dict)
     revocations: dict[str, int] = field(default_factory=dict)
     replays: dict[str, tuple[int, str, str]] = field(default_factory=dict)
-    frontier: list[tuple[int, bytes]] = field(default_factory=list)  # (level, hash), left to right
+    # the rebuilt tree's right edge: level -> hash of its complete node at that level
+    frontier: dict[int, bytes] = field(default_factory=dict)
     size: int = 0  # leaves pushed so far
-    pending: dict[merkle.Node, bytes] = field(default_factory=dict)  # rebuilt, not yet compared
+    # nodes rebuilt but not yet compared with the stored ones: level -> (first index, hashes)
+    pending: dict[int, tuple[int, list[bytes]]] = field(default_factory=dict)
     bad_nodes: set[merkle.Node] = field(default_factory=set)
     roots: dict[int, bytes] = field(default_factory=dict)
 
@@ -135,47 +140,114 @@ class _State:
         self.report.findings.append(Finding(check, message, index))
 
 
-def _push(st: _State, h: bytes) -> None:
-    """Add a leaf to the rebuilt tree; every node it completes is queued for comparison."""
-    frontier, index, level = st.frontier, st.size, 0
-    st.pending[(0, index)] = h
-    while frontier and frontier[-1][0] == level:
-        _, left = frontier.pop()
-        h = merkle.node_hash(left, h)
+def _extend(st: _State, leaves: list[bytes]) -> None:
+    """Append leaf hashes to the rebuilt tree, level by level; every node they complete is
+    queued for comparison (the nodes a stretch of leaves completes are contiguous runs)."""
+    frontier, pending, sha256, prefix = st.frontier, st.pending, hashlib.sha256, merkle.NODE_PREFIX
+    level, start, items = 0, st.size, leaves
+    while items:
+        run = pending.get(level)
+        if run is None:
+            pending[level] = (start, list(items))
+        else:
+            run[1].extend(items)
+        if start & 1:  # the left sibling is the complete node on the old right edge
+            items = [frontier[level], *items]
+            start -= 1
+        pairs = zip(items[::2], items[1::2], strict=False)  # an odd last node stays on the edge
+        items = [sha256(prefix + a + b).digest() for a, b in pairs]
         level += 1
-        index >>= 1
-        st.pending[(level, index)] = h
-    frontier.append((level, h))
-    st.size += 1
+        start >>= 1
+    st.size = size = st.size + len(leaves)
+    # The new right edge: one complete node per set bit of the size, rebuilt just now or,
+    # when not, the same node the old edge held.
+    edge: dict[int, bytes] = {}
+    for level in range(size.bit_length()):
+        if size >> level & 1:
+            index = (size >> level) - 1
+            run = pending.get(level)
+            if run is not None and run[0] <= index < run[0] + len(run[1]):
+                edge[level] = run[1][index - run[0]]
+            else:
+                edge[level] = frontier[level]
+    st.frontier = edge
 
 
-def _check_nodes(db: Database, st: _State) -> None:
-    """Compare the rebuilt nodes with the stored ones (proofs are served from those)."""
+Spans = dict[int, tuple[int, int]]  # level -> (first, last) node index, inclusive
+Runs = dict[int, tuple[int, bytes]]  # level -> (nodes stored, their hashes concatenated)
+
+
+def _completed(start: int, end: int) -> Spans:
+    """The nodes that leaves ``start`` .. ``end - 1`` complete, appended to a tree of ``start``
+    leaves: at each level, from the node holding leaf ``start`` to the last one ending by
+    ``end``."""
+    spans: Spans = {}
+    level = 0
+    while (end >> level) - 1 >= start >> level:
+        spans[level] = (start >> level, (end >> level) - 1)
+        level += 1
+    return spans
+
+
+def _nodes_ahead(db: Database) -> Iterator[tuple[Spans, Runs]]:
+    """For chunk 0, 1, 2, ... of the scan: the stored nodes its leaves complete if they are
+    leaves ``k * CHUNK`` onwards (what the checks compare against; read ahead of them)."""
+    start = 0
+    while True:
+        spans = _completed(start, start + CHUNK)
+        with db.read() as s:
+            runs = tree.read_runs(s, spans)
+        yield spans, runs
+        start += CHUNK
+
+
+def _check_nodes(db: Database, st: _State, spans_ahead: Spans, runs_ahead: Runs) -> None:
+    """Compare the rebuilt nodes with the stored ones (proofs are served from those): one
+    read for the chunk (done ahead when the chunk was where it was expected), one comparison
+    per level, node by node only where a level differs."""
     if not st.pending:
         return
+    spans = {level: (first, first + len(run) - 1) for level, (first, run) in st.pending.items()}
+    if spans == spans_ahead:
+        runs = runs_ahead
+    else:
+        with db.read() as s:
+            runs = tree.read_runs(s, spans)
+    if all(
+        runs.get(level) == (len(hashes), b"".join(hashes))
+        for level, (_, hashes) in st.pending.items()
+    ):
+        st.pending.clear()
+        return
     with db.read() as s:
-        stored = tree.read_ranges(s, list(st.pending))
-    for node, h in st.pending.items():
-        level, index = node
-        if level and (
-            (level - 1, 2 * index) in st.bad_nodes or (level - 1, 2 * index + 1) in st.bad_nodes
-        ):
-            st.bad_nodes.add(node)  # already reported below it
-            continue
-        got = stored.get(node)
-        if got != h:
-            st.bad_nodes.add(node)
-            what = "is missing" if got is None else "differs from the node rebuilt from the leaves"
-            st.find("tree", f"stored Merkle node {node} {what}", index << level)
+        stored = tree.read_levels(s, spans)
+    held = {(level, idx): h for level, rows in stored.items() for idx, h in rows}
+    for level in sorted(st.pending):
+        first, hashes = st.pending[level]
+        for index, h in enumerate(hashes, first):
+            node = (level, index)
+            if level and (
+                (level - 1, 2 * index) in st.bad_nodes or (level - 1, 2 * index + 1) in st.bad_nodes
+            ):
+                st.bad_nodes.add(node)  # already reported below it
+                continue
+            got = held.get(node)
+            if got != h:
+                st.bad_nodes.add(node)
+                what = (
+                    "is missing" if got is None else "differs from the node rebuilt from the leaves"
+                )
+                st.find("tree", f"stored Merkle node {node} {what}", index << level)
     st.pending.clear()
 
 
-def _frontier_root(frontier: list[tuple[int, bytes]]) -> bytes:
+def _frontier_root(frontier: dict[int, bytes]) -> bytes:
     if not frontier:
         return merkle.EMPTY_ROOT
-    acc = frontier[-1][1]
-    for _, h in reversed(frontier[:-1]):
-        acc = merkle.node_hash(h, acc)
+    levels = sorted(frontier)
+    acc = frontier[levels[0]]
+    for level in levels[1:]:
+        acc = merkle.node_hash(frontier[level], acc)
     return acc
 
 
@@ -244,11 +316,43 @@ def _verdict_row(idx: int, body: dict[str, Any]) -> tuple[int, str, str]:
     return (idx, str(body.get("verdict")), str(body.get("request_id")))
 
 
-def _leaf(st: _State, idx: int, stored_hash: bytes, data: bytes) -> None:
-    leaf = merkle.leaf_hash(data)
-    _push(st, leaf)
-    if leaf != stored_hash:
-        st.find("leaf_hash", "stored leaf hash differs from the hash of the stored envelope", idx)
+_LEAF_DIFFERS = "stored leaf hash differs from the hash of the stored envelope"
+
+
+def _leaves(st: _State, rows: Sequence[log.Entry], wanted: list[int], expected: int) -> None:
+    """Leaf hashes of a run of rows whose indexes are ``expected``, ``expected + 1``, ...:
+    compared in one piece, added to the tree in stretches that end at checkpoint sizes."""
+    sha256, prefix = hashlib.sha256, merkle.LEAF_PREFIX
+    leaves = [sha256(prefix + data).digest() for _, _, data in rows]
+    if b"".join(leaves) != b"".join(stored for _, stored, _ in rows):
+        for (idx, stored, _), leaf in zip(rows, leaves, strict=True):
+            if leaf != stored:
+                st.find("leaf_hash", _LEAF_DIFFERS, idx)
+    done = 0
+    at = bisect.bisect_right(wanted, expected)
+    while at < len(wanted) and wanted[at] <= expected + len(leaves):
+        cut = wanted[at] - expected
+        _extend(st, leaves[done:cut])
+        st.roots[wanted[at]] = _frontier_root(st.frontier)
+        done, at = cut, at + 1
+    _extend(st, leaves[done:])
+
+
+def _out_of_sequence(st: _State, rows: Sequence[log.Entry], wanted: set[int], expected: int) -> int:
+    """Leaf by leaf, for rows whose indexes skip: each gap is a finding, and the tree is
+    rebuilt from the rows as they are. Returns the next expected index."""
+    for idx, stored, data in rows:
+        if idx != expected:
+            st.find("sequence", f"expected leaf {expected}, found leaf {idx}", expected)
+            expected = idx
+        leaf = merkle.leaf_hash(data)
+        _extend(st, [leaf])
+        if leaf != stored:
+            st.find("leaf_hash", _LEAF_DIFFERS, idx)
+        expected += 1
+        if expected in wanted:
+            st.roots[expected] = _frontier_root(st.frontier)
+    return expected
 
 
 def _envelope(st: _State, idx: int, data: bytes) -> None:
@@ -393,7 +497,8 @@ def audit(
         total = int(s.execute(select(func.count()).select_from(LogEntry)).scalar_one())
         cps = list(s.execute(select(CheckpointRow).order_by(CheckpointRow.tree_size)).scalars())
     trusted = _parse_trusted(st, trusted_checkpoints)
-    wanted = {cp.tree_size for cp in cps} | {cp.tree_size for _, cp in trusted}
+    wanted_sizes = {cp.tree_size for cp in cps} | {cp.tree_size for _, cp in trusted}
+    wanted = sorted(wanted_sizes)
     expected = 0
     parallel = signatures and workers > 1 and total >= PARALLEL_FROM
     pool = (
@@ -402,39 +507,37 @@ def audit(
         else None
     )
     inflight: deque[Future[Checked]] = deque()
+    # One scan in index order, in one read transaction; the scan and the stored nodes are
+    # each read ahead of the checks, in their own thread.
+    nodes = prefetched(_nodes_ahead(db))
     try:
-        with translated_errors(), db.engine.connect() as conn:
-            # One streamed scan in index order (a server-side cursor on Postgres).
-            result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(
-                select(LogEntry.idx, LogEntry.leaf_hash, LogEntry.envelope).order_by(LogEntry.idx)
-            )
-            for rows in result.partitions():
-                batch: list[tuple[int, bytes]] = []
-                for idx, stored_hash, raw in rows:
-                    data = bytes(raw)
-                    if idx != expected:
-                        st.find("sequence", f"expected leaf {expected}, found leaf {idx}", expected)
-                        expected = idx
-                    _leaf(st, idx, bytes(stored_hash), data)
-                    if signatures:
-                        if pool is None or _KEY_EVENT in data:
-                            _envelope(st, idx, data)
-                        else:
-                            batch.append((idx, data))
-                    expected += 1
-                    if expected in wanted:
-                        st.roots[expected] = _frontier_root(st.frontier)
-                if pool is not None and batch:
-                    inflight.append(pool.submit(check_rows, _timeline(st), batch))
-                    while len(inflight) > 2 * workers:
-                        _merge(st, inflight.popleft().result())
-                report.leaves += len(rows)
-                _check_nodes(db, st)
-                if progress is not None:
-                    progress(report.leaves, total)
+        for rows in prefetched(log.scan(db, CHUNK)):
+            spans_ahead, runs_ahead = next(nodes)
+            batch: list[tuple[int, bytes]] = []
+            if rows[0][0] == expected and rows[-1][0] == expected + len(rows) - 1:
+                # indexes are unique and sorted: these are exactly the next ones
+                _leaves(st, rows, wanted, expected)
+                expected += len(rows)
+            else:
+                expected = _out_of_sequence(st, rows, wanted_sizes, expected)
+            if signatures:
+                for idx, _, data in rows:
+                    if pool is None or _KEY_EVENT in data:
+                        _envelope(st, idx, data)
+                    else:
+                        batch.append((idx, data))
+            if pool is not None and batch:
+                inflight.append(pool.submit(check_rows, _timeline(st), batch))
+                while len(inflight) > 2 * workers:
+                    _merge(st, inflight.popleft().result())
+            report.leaves += len(rows)
+            _check_nodes(db, st, spans_ahead, runs_ahead)
+            if progress is not None:
+                progress(report.leaves, total)
         while inflight:
             _merge(st, inflight.popleft().result())
     finally:
+        nodes.close()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     _check_checkpoints(db, st, cps, expected)

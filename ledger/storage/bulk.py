@@ -4,8 +4,8 @@ An ingest batch writes a few thousand small rows (log entries, Merkle nodes, rec
 cache-key index rows). Row by row through ``INSERT``, Postgres parses, plans and executes
 each statement and the driver encodes each one; ``COPY ... FROM STDIN (FORMAT BINARY)`` streams
 them in one statement, inside the caller's transaction, with the same constraints, foreign
-keys and triggers applied. Driver errors are translated as ``database.translated_errors``
-translates SQLAlchemy's: refused data is the request's fault, anything else is retryable.
+keys and triggers applied. Driver errors are translated as SQLAlchemy's are
+(``database.driver_errors``): refused data is the request's fault, anything else retryable.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeEngine
 
-from ledger.errors import Conflict, InvalidInput, StorageError
+from ledger.storage.database import driver_errors
 from ledger.storage.models import Base
 
 
@@ -51,16 +51,10 @@ def insert_rows(
     )
     conn = session.connection().connection.driver_connection
     assert isinstance(conn, psycopg.Connection)
-    try:
-        with conn.cursor() as cur, cur.copy(statement) as copy:
-            copy.set_types(types)
-            for row in rows:
-                copy.write_row(row)
-    except (psycopg.IntegrityError, psycopg.DataError) as exc:
-        cls = Conflict if isinstance(exc, psycopg.IntegrityError) else InvalidInput
-        raise cls(f"the database refused the data: {exc}", code="rejected_by_database") from exc
-    except psycopg.Error as exc:
-        raise StorageError(f"database error: {type(exc).__name__}: {exc}") from exc
+    with driver_errors(), conn.cursor() as cur, cur.copy(statement) as copy:
+        copy.set_types(types)
+        for row in rows:
+            copy.write_row(row)
 
 
 def _copy_type(column_type: TypeEngine[Any]) -> str:

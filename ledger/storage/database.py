@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DataError, IntegrityError, SQLAlchemyError
@@ -104,6 +105,18 @@ def translated_errors() -> Iterator[None]:
     except SQLAlchemyError as exc:
         detail = getattr(exc, "orig", None) or exc
         raise StorageError(f"database error: {type(detail).__name__}: {detail}") from exc
+
+
+@contextmanager
+def driver_errors() -> Iterator[None]:
+    """``translated_errors`` for code that talks to psycopg directly (COPY, binary cursors)."""
+    try:
+        yield
+    except (psycopg.IntegrityError, psycopg.DataError) as exc:
+        cls = Conflict if isinstance(exc, psycopg.IntegrityError) else InvalidInput
+        raise cls(f"the database refused the data: {exc}", code="rejected_by_database") from exc
+    except psycopg.Error as exc:
+        raise StorageError(f"database error: {type(exc).__name__}: {exc}") from exc
 
 
 def _tune_sqlite(engine: Engine) -> None:

@@ -7,9 +7,10 @@ the Merkle nodes it completes are written in the same transaction as the entry.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 
+import psycopg
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -17,6 +18,7 @@ from ledger.merkle import leaf_hash
 from ledger.signing import Envelope
 from ledger.storage import tree
 from ledger.storage.bulk import insert_rows
+from ledger.storage.database import Database, driver_errors
 from ledger.storage.models import LogEntry
 
 
@@ -42,3 +44,33 @@ def append(session: Session, envelopes: Sequence[Envelope], at: datetime) -> lis
 
 def read_envelope(session: Session, idx: int) -> bytes | None:
     return session.execute(select(LogEntry.envelope).where(LogEntry.idx == idx)).scalar()
+
+
+Entry = tuple[int, bytes, bytes]  # index, stored leaf hash, canonical envelope bytes
+
+
+def scan(db: Database, chunk: int) -> Iterator[list[Entry]]:
+    """Every log entry in index order, ``chunk`` rows at a time, from one read transaction.
+
+    On Postgres a server-side cursor in binary format: the envelopes arrive as raw bytes
+    rather than hex text (half the transfer, no encoding on either side)."""
+    with db.read() as s:
+        if not db.is_postgres:
+            result = (
+                s.connection()
+                .execution_options(stream_results=True, yield_per=chunk)
+                .execute(
+                    select(LogEntry.idx, LogEntry.leaf_hash, LogEntry.envelope).order_by(
+                        LogEntry.idx
+                    )
+                )
+            )
+            for part in result.partitions():
+                yield [(idx, bytes(h), bytes(env)) for idx, h, env in part]
+            return
+        conn = s.connection().connection.driver_connection
+        assert isinstance(conn, psycopg.Connection)
+        with driver_errors(), conn.cursor(name="ledger_log_scan", binary=True) as cur:
+            cur.execute("SELECT idx, leaf_hash, envelope FROM log_entries ORDER BY idx")
+            while rows := cur.fetchmany(chunk):
+                yield rows

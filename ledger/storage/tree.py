@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import bindparam, select, text, tuple_
+from sqlalchemy import and_, bindparam, or_, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from ledger import merkle
@@ -60,22 +60,62 @@ class MissingNodes(StorageError):
         self.missing = missing
 
 
-def read_ranges(session: Session, nodes: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
-    """Stored hashes for ``nodes`` by one primary-key range scan per level: the right read
-    for the contiguous runs of nodes that a stretch of leaves completes."""
-    spans: dict[int, tuple[int, int]] = {}
-    for level, idx in nodes:
-        lo, hi = spans.get(level, (idx, idx))
-        spans[level] = (min(lo, idx), max(hi, idx))
-    found: dict[merkle.Node, bytes] = {}
-    for level, (lo, hi) in spans.items():
-        rows = session.execute(
-            select(MerkleNode.idx, MerkleNode.hash).where(
-                MerkleNode.level == level, MerkleNode.idx.between(lo, hi)
+def read_levels(
+    session: Session, spans: dict[int, tuple[int, int]]
+) -> dict[int, list[tuple[int, bytes]]]:
+    """Stored ``(index, hash)`` pairs per level for the index ranges ``spans`` (level ->
+    (first, last), inclusive), in index order: one query for all levels."""
+    found: dict[int, list[tuple[int, bytes]]] = {level: [] for level in spans}
+    if not spans:
+        return found
+    rows = session.execute(
+        select(MerkleNode.level, MerkleNode.idx, MerkleNode.hash)
+        .where(
+            or_(
+                *(
+                    and_(MerkleNode.level == level, MerkleNode.idx.between(lo, hi))
+                    for level, (lo, hi) in spans.items()
+                )
             )
-        ).all()
-        found.update({(level, r[0]): bytes(r[1]) for r in rows})
+        )
+        .order_by(MerkleNode.level, MerkleNode.idx)
+    )
+    for level, idx, h in rows:
+        found[level].append((idx, bytes(h)))
     return found
+
+
+# LATERAL: one primary-key range scan per level (a plain join is planned as a full scan).
+_RUNS_PG = text(
+    "SELECT w.level, a.n, a.hashes "
+    "FROM unnest(CAST(:levels AS smallint[]), CAST(:los AS bigint[]), CAST(:his AS bigint[])) "
+    "AS w(level, lo, hi) CROSS JOIN LATERAL ("
+    "SELECT count(*) AS n, string_agg(m.hash, ''::bytea ORDER BY m.idx) AS hashes "
+    "FROM merkle_nodes m WHERE m.level = w.level AND m.idx BETWEEN w.lo AND w.hi) AS a"
+)
+
+
+def read_runs(session: Session, spans: dict[int, tuple[int, int]]) -> dict[int, tuple[int, bytes]]:
+    """Per level, how many nodes are stored in the index range ``spans[level]`` (first, last;
+    inclusive) and their hashes concatenated in index order. On Postgres the database
+    concatenates them (a few rows per call instead of one per node)."""
+    if not spans:
+        return {}
+    if session.get_bind().dialect.name != "postgresql":
+        return {
+            level: (len(rows), b"".join(h for _, h in rows))
+            for level, rows in read_levels(session, spans).items()
+        }
+    levels = list(spans)
+    rows = session.execute(
+        _RUNS_PG,
+        {
+            "levels": levels,
+            "los": [spans[level][0] for level in levels],
+            "his": [spans[level][1] for level in levels],
+        },
+    )
+    return {int(level): (int(count), bytes(hashes or b"")) for level, count, hashes in rows}
 
 
 _READ = select(MerkleNode.level, MerkleNode.idx, MerkleNode.hash).where(

@@ -12,6 +12,7 @@ from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
 from ledger.merkle import leaf_hash
 from ledger.signing import SigningKey
 from ledger.storage import checkpoints, ingest, keystore, queries, verdicts
+from ledger.storage.audit import audit
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database
 from ledger.storage.models import APPEND_ONLY_TABLES, CacheKey
@@ -230,3 +231,17 @@ def test_postgres_stores_envelopes_without_a_compression_attempt(request):
         assert storage == "e"  # EXTERNAL
     finally:
         db.dispose()
+
+
+def test_a_chunked_audit_rebuilds_every_checkpoint(ledger, monkeypatch):
+    """Checkpoints at sizes inside and at the edges of the audit's chunks, on both backends."""
+    db, log_key, collector, fp = ledger
+    for size in (1, 6, 2, 9, 4):
+        ingest.ingest_records(db, [record_envelope(collector, fp).to_dict() for _ in range(size)])
+        checkpoints.sign_if_new(db, log_key, "test/log")
+    for chunk in (1, 3, 7, 2000):
+        monkeypatch.setattr("ledger.storage.audit.CHUNK", chunk)
+        for signatures in (True, False):
+            report = audit(db, log_key.public_key, signatures=signatures)
+            assert report.ok, [f.to_dict() for f in report.findings]
+            assert (report.leaves, report.checkpoints) == (25, 5)

@@ -372,3 +372,22 @@ def test_a_rewritten_replay_verdict_row_is_caught(ledger: Ledger):
     finding = report.findings[0]
     assert finding.check == "index" and "replays" in finding.message
     assert finding.index == stored.log_index
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_chunked_audit_finds_the_same(ledger: Ledger, case: str, monkeypatch):
+    """Chunk edges inside and between checkpoints, out-of-sequence chunks after a deleted
+    row, nodes read ahead for chunks that are not where they were expected: the findings
+    are those of the audit that reads the whole log as one chunk."""
+    CASES[case][0](ledger)
+    whole = audit(ledger.db, ledger.log_key.public_key)
+    for chunk in (1, 2, 4, 5):
+        monkeypatch.setattr("ledger.storage.audit.CHUNK", chunk)
+        chunked = audit(ledger.db, ledger.log_key.public_key)
+        assert [f.to_dict() for f in chunked.findings] == [f.to_dict() for f in whole.findings]
+        structure = audit(ledger.db, ledger.log_key.public_key, signatures=False)
+        monkeypatch.setattr("ledger.storage.audit.CHUNK", 2000)
+        assert [f.to_dict() for f in structure.findings] == [
+            f.to_dict()
+            for f in audit(ledger.db, ledger.log_key.public_key, signatures=False).findings
+        ]
