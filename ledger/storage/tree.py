@@ -90,20 +90,22 @@ _RUNS_PG = text(
     "SELECT w.level, a.n, a.hashes "
     "FROM unnest(CAST(:levels AS smallint[]), CAST(:los AS bigint[]), CAST(:his AS bigint[])) "
     "AS w(level, lo, hi) CROSS JOIN LATERAL ("
-    "SELECT count(*) AS n, string_agg(m.hash, ''::bytea ORDER BY m.idx) AS hashes "
+    "SELECT count(*) FILTER (WHERE length(m.hash) = 32) AS n, "
+    "string_agg(m.hash, ''::bytea ORDER BY m.idx) AS hashes "
     "FROM merkle_nodes m WHERE m.level = w.level AND m.idx BETWEEN w.lo AND w.hi) AS a"
 )
 
 
 def read_runs(session: Session, spans: dict[int, tuple[int, int]]) -> dict[int, tuple[int, bytes]]:
-    """Per level, how many nodes are stored in the index range ``spans[level]`` (first, last;
-    inclusive) and their hashes concatenated in index order. On Postgres the database
-    concatenates them (a few rows per call instead of one per node)."""
+    """Per level, how many nodes with a 32-byte hash are stored in the index range
+    ``spans[level]`` (first, last; inclusive), and all their hashes concatenated in index
+    order (a hash of another length cannot hide in the concatenation: it is not counted).
+    On Postgres the database concatenates them (a few rows per call, not one per node)."""
     if not spans:
         return {}
     if session.get_bind().dialect.name != "postgresql":
         return {
-            level: (len(rows), b"".join(h for _, h in rows))
+            level: (sum(len(h) == 32 for _, h in rows), b"".join(h for _, h in rows))
             for level, rows in read_levels(session, spans).items()
         }
     levels = list(spans)

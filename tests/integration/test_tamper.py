@@ -301,6 +301,30 @@ def test_a_changed_inner_node_is_caught(ledger: Ledger):
     assert report.first_bad_index == 0
 
 
+def test_node_hashes_with_shifted_boundaries_are_caught(ledger: Ledger):
+    """Two neighbouring stored nodes rewritten as 31 and 33 bytes with the same 64 bytes in
+    all: the level's concatenation is unchanged, each node is wrong."""
+    with psycopg.connect(ledger.url) as conn:
+        a, b = (
+            bytes(
+                conn.execute(
+                    "SELECT hash FROM merkle_nodes WHERE level = 0 AND idx = %s", (i,)
+                ).fetchone()[0]
+            )
+            for i in (4, 5)
+        )
+    joined = a + b
+    ledger.sql(
+        [
+            ("UPDATE merkle_nodes SET hash = %s WHERE level = 0 AND idx = 4", (joined[:31],)),
+            ("UPDATE merkle_nodes SET hash = %s WHERE level = 0 AND idx = 5", (joined[31:],)),
+        ],
+        ("merkle_nodes",),
+    )
+    report = audit(ledger.db, ledger.log_key.public_key, signatures=False)
+    assert [(f.check, f.index) for f in report.findings] == [("tree", 4), ("tree", 5)]
+
+
 def test_a_malformed_key_row_is_a_finding_not_a_crash(ledger: Ledger):
     ledger.sql(
         [
