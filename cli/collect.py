@@ -15,6 +15,7 @@ from collectors.collector import Collector, CollectorConfig
 from collectors.digest_cache import default_cache_path
 from collectors.ledger_client import read_token_file
 from collectors.proxy import create_proxy
+from collectors.shipper import LINGER
 from collectors.tiers import TIERS
 from ledger.signing import SigningKey
 
@@ -61,10 +62,17 @@ def collect(
     log_key: Path | None = typer.Option(
         None, "--log-key", help="pin the ledger's log public key (default: ask the ledger)"
     ),
+    ship_linger: float = typer.Option(
+        LINGER,
+        "--ship-linger",
+        help="seconds to wait for more records before shipping a partial batch (0-10)",
+    ),
 ) -> None:
     """Record every request to the engine, signed, through a durable spool into the ledger."""
     if tier not in TIERS:
         fail("--tier must be 0, 1 or 2")
+    if not 0 <= ship_linger <= 10:
+        fail("--ship-linger must be between 0 and 10 seconds")
     host, port = _listen(listen)
     if advertise_url is None and not no_register:
         shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
@@ -85,6 +93,7 @@ def collect(
             digest_cache=default_cache_path(),
             advertise_url=None if no_register else advertise_url,
             log_public_key=read_public_key(log_key) if log_key else None,
+            ship_linger=ship_linger,
         )
         collector = Collector(config).start()
     state = collector.state

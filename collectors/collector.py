@@ -22,7 +22,7 @@ from collectors.ledger_client import LedgerClient
 from collectors.metrics import CollectorMetrics
 from collectors.procinfo import ProcessUnreadable, find_pid_by_port
 from collectors.proxy import WorkerState
-from collectors.shipper import Shipper
+from collectors.shipper import LINGER, Shipper
 from collectors.snapshot import Snapshot, is_local, take_snapshot
 from collectors.spool import Spool
 from collectors.tokens import TokenRenderer
@@ -50,6 +50,8 @@ class CollectorConfig:
     # Where the ledger reaches this collector (for replays); None: the worker never registers.
     advertise_url: str | None = None
     heartbeat_interval: float = 5.0
+    # Seconds the shipper waits for more records before posting a partial batch.
+    ship_linger: float = LINGER
     # The ledger's log key, pinned; None: fetched from the ledger (GET /v1/log/key) at start.
     log_public_key: Ed25519PublicKey | None = None
 
@@ -81,6 +83,7 @@ class Collector:
         self.shipper = Shipper(
             self.spool,
             self.client,
+            linger=config.ship_linger,
             on_shipped=self.metrics.shipped.inc,
             on_failure=lambda code: self.metrics.ship_failures.labels(code).inc(),
         )

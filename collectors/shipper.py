@@ -23,7 +23,10 @@ logger = logging.getLogger("ledger.collector.shipper")
 BATCH = 200
 BACKOFF_START = 0.2
 BACKOFF_MAX = 15.0
-LINGER = 0.05  # wait this long for more records before posting a partial batch
+# Wait this long for more records before posting a partial batch: records are durable in the
+# spool meanwhile, and each ledger round trip costs both sides a few milliseconds of CPU
+# whatever its size (docs/PERFORMANCE.md, collector overhead).
+LINGER = 0.25
 
 
 class Shipper:

@@ -135,3 +135,21 @@ def test_demo_stops_cleanly_on_sigterm(tmp_path: Path):
             break
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("linger", ["-1", "11"])
+def test_collect_refuses_a_ship_linger_out_of_range(tmp_path: Path, linger: str):
+    (tmp_path / "token").write_text("lgr_unused\n")
+    result = ledger(
+        "collect",
+        "--engine-url", "http://127.0.0.1:9",
+        "--ledger", "http://127.0.0.1:9",
+        "--token-file", str(tmp_path / "token"),
+        "--key", str(tmp_path / "missing.pem"),
+        "--pool", "p",
+        "--model-dir", str(tmp_path),
+        "--ship-linger", linger,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "--ship-linger must be between 0 and 10 seconds" in result.stderr
