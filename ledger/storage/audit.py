@@ -510,8 +510,9 @@ def audit(
     # One scan in index order, in one read transaction; the scan and the stored nodes are
     # each read ahead of the checks, in their own thread.
     nodes = prefetched(_nodes_ahead(db))
+    scan = prefetched(log.scan(db, CHUNK))
     try:
-        for rows in prefetched(log.scan(db, CHUNK)):
+        for rows in scan:
             spans_ahead, runs_ahead = next(nodes)
             batch: list[tuple[int, bytes]] = []
             if rows[0][0] == expected and rows[-1][0] == expected + len(rows) - 1:
@@ -537,6 +538,7 @@ def audit(
         while inflight:
             _merge(st, inflight.popleft().result())
     finally:
+        scan.close()  # ends the read-ahead threads and their transactions now, not at GC
         nodes.close()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
