@@ -58,47 +58,62 @@ def running(url: str) -> float:
     raise AssertionError("vllm:num_requests_running is not in the engine's metrics")
 
 
-def alone_then_together(server: EngineServer) -> tuple[int, int, float]:
-    """(identical token sequences, bitwise-equal logprobs) out of CONCURRENCY prompts, and
-    the most requests the engine was seen running at once while the concurrent ones ran."""
-    batch = prompts(CONCURRENCY)
-    alone = [complete(server.url, p) for p in batch]
+def together(server: EngineServer, batch: list[list[int]]) -> tuple[list, float]:
+    """The prompts sent at once, and the most requests the engine was seen running."""
     done = threading.Event()
     seen: list[float] = [0.0]
 
     def watch() -> None:
-        while not done.wait(0.02):
+        while not done.wait(0.005):
             seen.append(running(server.url))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     with ThreadPoolExecutor(CONCURRENCY) as pool:
-        together = list(pool.map(lambda p: complete(server.url, p), batch))
+        out = list(pool.map(lambda p: complete(server.url, p), batch))
     done.set()
     watcher.join()
-    for tokens, _ in alone + together:
+    return out, max(seen)
+
+
+def alone_then_together(server: EngineServer, tries: int = 1) -> tuple[int, int, float]:
+    """(identical token sequences, bitwise-equal logprobs) out of CONCURRENCY prompts, and
+    the most requests the engine was seen running at once while the concurrent ones ran.
+    The concurrent round is sent up to ``tries`` times, until some bit moves or the engine is
+    seen batching (the gauge is sampled: a batch between two samples goes unseen)."""
+    batch = prompts(CONCURRENCY)
+    alone = [complete(server.url, p) for p in batch]
+    for _ in range(tries):
+        concurrent, most = together(server, batch)
+        same_bits = sum(a == b for a, b in zip(alone, concurrent, strict=True))
+        if most > 1 or same_bits < CONCURRENCY:
+            break
+    for tokens, _ in alone + concurrent:
         assert len(tokens) == MAX_TOKENS
-    same_tokens = sum(a[0] == b[0] for a, b in zip(alone, together, strict=True))
-    same_bits = sum(a == b for a, b in zip(alone, together, strict=True))
-    return same_tokens, same_bits, max(seen)
+    same_tokens = sum(a[0] == b[0] for a, b in zip(alone, concurrent, strict=True))
+    return same_tokens, same_bits, most
 
 
 def test_the_default_pool_is_batch_variant(engines: dict[str, EngineServer]):
     """The negative control, where this host's kernels allow it.
 
     Whether batching moves the bits depends on the CPU: on the hosts this suite first ran on
-    (CPU flags not recorded) this pool changed logprob bits in every run; on an AVX2-only AMD
-    EPYC it ran 8 requests in one batch and
-    every bit stayed the same, run after run (docs/PERFORMANCE.md, certification). So the
+    (CPU flags not recorded) this pool changed logprob bits in every run; on one AVX2-only
+    AMD EPYC host it ran 8 requests in one batch and every bit stayed the same, run after run
+    (docs/PERFORMANCE.md, certification), while on another bits moved in nearly every round
+    of 8 (12 rounds: 0-4 of 8 bitwise, the gauge showing 1-8 requests running). So the
     requests must really have been batched together, and then either some bit moved, or the
-    host is reported (skip) as one whose kernels are batch-invariant for this model."""
-    _, same_bits, most = alone_then_together(engines["default"])
+    host is reported (skip) as one whose kernels are batch-invariant for this model. Bits that
+    moved are proof enough that the requests ran together; when none moved, the engine's gauge
+    must have shown a batch."""
+    _, same_bits, most = alone_then_together(engines["default"], tries=5)
+    if same_bits < CONCURRENCY:
+        return  # batching moved logprob bits: the control holds
     assert most > 1, f"the concurrent requests were never batched (at most {most} running)"
-    if same_bits == CONCURRENCY:
-        pytest.skip(
-            f"this host's kernels are batch-invariant for the fixture model: {most:.0f} "
-            f"requests ran in one batch and all {CONCURRENCY} kept every logprob bit"
-        )
+    pytest.skip(
+        f"this host's kernels are batch-invariant for the fixture model: {most:.0f} "
+        f"requests ran in one batch and all {CONCURRENCY} kept every logprob bit"
+    )
 
 
 def test_the_strict_pool_reproduces_bitwise(engines: dict[str, EngineServer]):
