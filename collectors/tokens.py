@@ -75,9 +75,7 @@ class TokenRenderer:
         if not isinstance(spec, dict) or not isinstance(config, dict):
             return None
         model_type = (spec.get("model") or {}).get("type")
-        forced = config.get(
-            "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
-        )
+        forced = config.get(_FORCE_BPE_CLEANUP)
         if config.get("clean_up_tokenization_spaces") and (model_type != "BPE" or forced):
             return None  # transformers would post-process every decode
         return cls(tokenizer, _leading_space_marker(spec))

@@ -4,8 +4,8 @@ An ingest batch writes a few thousand small rows (log entries, Merkle nodes, rec
 cache-key index rows). Row by row through ``INSERT``, Postgres parses, plans and executes
 each statement and the driver encodes each one; ``COPY ... FROM STDIN (FORMAT BINARY)`` streams
 them in one statement, inside the caller's transaction, with the same constraints, foreign
-keys and triggers applied. Driver errors are translated as SQLAlchemy's are
-(``database.driver_errors``): refused data is the request's fault, anything else retryable.
+keys and triggers applied. It runs inside a ``Database.write()`` transaction, whose
+``translated_errors`` turns driver errors into ledger errors as it does SQLAlchemy's.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeEngine
 
-from ledger.storage.database import driver_errors
 from ledger.storage.models import Base
 
 
@@ -37,7 +36,7 @@ def insert_rows(
     session: Session, model: type[Base], columns: Sequence[str], rows: Sequence[Sequence[Any]]
 ) -> None:
     """Insert ``rows`` (tuples in ``columns`` order) into ``model``'s table, in the session's
-    transaction."""
+    transaction (one of ``Database.write()``)."""
     if not rows:
         return
     table = model.__table__
@@ -51,7 +50,7 @@ def insert_rows(
     )
     conn = session.connection().connection.driver_connection
     assert isinstance(conn, psycopg.Connection)
-    with driver_errors(), conn.cursor() as cur, cur.copy(statement) as copy:
+    with conn.cursor() as cur, cur.copy(statement) as copy:
         copy.set_types(types)
         for row in rows:
             copy.write_row(row)

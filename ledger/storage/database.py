@@ -94,29 +94,19 @@ class Database:
 
 @contextmanager
 def translated_errors() -> Iterator[None]:
-    """Turn SQLAlchemy/driver errors into StorageError at the storage boundary."""
+    """Turn SQLAlchemy and driver errors into ledger errors at the storage boundary (psycopg's
+    own come from code that uses it directly inside a session: COPY, binary cursors)."""
     try:
         yield
-    except (IntegrityError, DataError) as exc:
+    except (IntegrityError, DataError, psycopg.IntegrityError, psycopg.DataError) as exc:
         # The request, not the database, is at fault: never answered as retryable.
         detail = getattr(exc, "orig", None) or exc
-        cls = Conflict if isinstance(exc, IntegrityError) else InvalidInput
+        refused = isinstance(exc, IntegrityError | psycopg.IntegrityError)
+        cls = Conflict if refused else InvalidInput
         raise cls(f"the database refused the data: {detail}", code="rejected_by_database") from exc
-    except SQLAlchemyError as exc:
+    except (SQLAlchemyError, psycopg.Error) as exc:
         detail = getattr(exc, "orig", None) or exc
         raise StorageError(f"database error: {type(detail).__name__}: {detail}") from exc
-
-
-@contextmanager
-def driver_errors() -> Iterator[None]:
-    """``translated_errors`` for code that talks to psycopg directly (COPY, binary cursors)."""
-    try:
-        yield
-    except (psycopg.IntegrityError, psycopg.DataError) as exc:
-        cls = Conflict if isinstance(exc, psycopg.IntegrityError) else InvalidInput
-        raise cls(f"the database refused the data: {exc}", code="rejected_by_database") from exc
-    except psycopg.Error as exc:
-        raise StorageError(f"database error: {type(exc).__name__}: {exc}") from exc
 
 
 def _tune_sqlite(engine: Engine) -> None:

@@ -18,7 +18,7 @@ from ledger.merkle import leaf_hash
 from ledger.signing import Envelope
 from ledger.storage import tree
 from ledger.storage.bulk import insert_rows
-from ledger.storage.database import Database, driver_errors
+from ledger.storage.database import Database
 from ledger.storage.models import LogEntry
 
 
@@ -70,7 +70,7 @@ def scan(db: Database, chunk: int) -> Iterator[list[Entry]]:
             return
         conn = s.connection().connection.driver_connection
         assert isinstance(conn, psycopg.Connection)
-        with driver_errors(), conn.cursor(name="ledger_log_scan", binary=True) as cur:
+        with conn.cursor(name="ledger_log_scan", binary=True) as cur:
             cur.execute("SELECT idx, leaf_hash, envelope FROM log_entries ORDER BY idx")
             while rows := cur.fetchmany(chunk):
                 yield rows
