@@ -44,6 +44,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ledger import merkle
@@ -60,6 +61,7 @@ from ledger.signing import (
 )
 
 FORMAT = "inference-ledger/evidence/v1"
+_SORTED = orjson.OPT_SORT_KEYS
 CHECKS = (
     "format",
     "jcs",
@@ -144,12 +146,18 @@ def _get(obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
 
 def _key(entry: Any, what: str) -> Ed25519PublicKey:
     try:
-        key = load_public_key(_get(entry, "public_key", str))
+        key, key_id = _public_key(_get(entry, "public_key", str))
     except LedgerError as exc:
         raise _fail("format", f"{what} public key is not valid: {exc.message}") from exc
-    if key_id_for(key) != _get(entry, "key_id", str):
+    if key_id != _get(entry, "key_id", str):
         raise _fail("format", f"{what} key_id does not match its public key")
     return key
+
+
+@functools.lru_cache(maxsize=256)
+def _public_key(text: str) -> tuple[Ed25519PublicKey, str]:
+    key = load_public_key(text)
+    return key, key_id_for(key)
 
 
 def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -> VerifiedBundle:
@@ -284,11 +292,7 @@ def _verify_registration(
     if not isinstance(reg, dict):
         raise _fail("collector_key", "the bundle carries no registration of the collector key")
     try:
-        env = Envelope.from_dict(reg.get("envelope"))
-        reg_index = reg["leaf_index"]
-        hashes = [base64.b64decode(h, validate=True) for h in reg["hashes"]]
-        if not isinstance(reg_index, int):
-            raise TypeError("leaf_index")
+        env, reg_index, hashes = _parsed_registration(orjson.dumps(reg, option=_SORTED))
     except (KeyError, TypeError, ValueError, binascii.Error, LedgerError) as exc:
         raise _fail("collector_key", f"malformed key registration: {exc}") from exc
     body = env.body
@@ -301,24 +305,42 @@ def _verify_registration(
     if reg_index >= record_index:
         raise _fail("collector_key", "the key was registered after the record was logged")
     try:
-        _verified_registration(env.canonical, public_key_raw(log_pub))
-        merkle.verify_inclusion(
-            merkle.leaf_hash(env.canonical), reg_index, tree_size, hashes, root_hash
+        _verified_registration(
+            env.canonical, public_key_raw(log_pub), reg_index, tree_size, hashes, root_hash
         )
     except VerificationError as exc:
         raise _fail("collector_key", exc.message, exc.code) from exc
 
 
-# Bundles exported together share their checkpoint and their collector key's registration:
-# each distinct (document, key) pair is verified once. Verification is a pure function of
-# these bytes, and failures are never cached (they raise).
+# Bundles exported together share their checkpoint and their collector key's registration
+# with its inclusion proof: each distinct set of inputs is verified once. Verification is a
+# pure function of these values, and failures are never cached (they raise).
 @functools.lru_cache(maxsize=256)
 def _verified_checkpoint(note: str, log_key_raw: bytes) -> Checkpoint:
     return verify_checkpoint(note, Ed25519PublicKey.from_public_bytes(log_key_raw))
 
 
 @functools.lru_cache(maxsize=1024)
-def _verified_registration(canonical: bytes, log_key_raw: bytes) -> None:
+def _parsed_registration(document: bytes) -> tuple[Envelope, int, tuple[bytes, ...]]:
+    """A registration member (as sorted JSON bytes): its envelope, leaf index and proof."""
+    reg = orjson.loads(document)
+    env = Envelope.from_dict(reg.get("envelope"))
+    reg_index = reg["leaf_index"]
+    if not isinstance(reg_index, int):
+        raise TypeError("leaf_index")
+    return env, reg_index, tuple(base64.b64decode(h, validate=True) for h in reg["hashes"])
+
+
+@functools.lru_cache(maxsize=1024)
+def _verified_registration(
+    canonical: bytes,
+    log_key_raw: bytes,
+    index: int,
+    tree_size: int,
+    proof: tuple[bytes, ...],
+    root_hash: bytes,
+) -> None:
     verify_envelope(
         Envelope.from_dict(json.loads(canonical)), Ed25519PublicKey.from_public_bytes(log_key_raw)
     )
+    merkle.verify_inclusion(merkle.leaf_hash(canonical), index, tree_size, proof, root_hash)

@@ -4,6 +4,12 @@ An envelope is ``{"kind", "body", "signature": {"alg": "ed25519", "key_id", "sig
 signature covers ``canonicalize(body)``. A key's ID is ``ed25519:`` + hex SHA-256 of its raw
 32-byte public key, so a verifier never guesses what produced it. Verification raises
 :class:`VerificationError`; it never returns a boolean.
+
+Keys are generated, stored and used for signing with ``cryptography`` (OpenSSL). Signatures are
+verified by libsodium (PyNaCl), in one place (:func:`ed25519_verify`): on a 23 KiB record it
+verifies in about 130 µs where OpenSSL takes 175 µs (docs/PERFORMANCE.md), and it is the
+stricter of the two (RFC 8032 checks plus refusal of small-order and non-canonical points), so
+every signature it accepts OpenSSL accepts too.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
+import nacl.bindings
+import nacl.exceptions
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -25,6 +32,7 @@ from ledger.errors import InvalidInput, VerificationError
 
 ALG = "ed25519"
 KEY_ID_PREFIX = "ed25519:"
+SIGNATURE_SIZE = 64
 # What a registered key's role may sign (the log key signs key events and checkpoints).
 SIGNABLE_KINDS: dict[str, tuple[str, ...]] = {
     "collector": ("fingerprint", "inference_record", "replay_output"),
@@ -207,9 +215,18 @@ def verify_envelope(envelope: Envelope, public_key: Ed25519PublicKey) -> None:
         sig = base64.b64decode(envelope.sig, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise VerificationError("signature is not valid base64", code="bad_signature") from exc
-    try:
-        public_key.verify(sig, envelope.body_bytes)
-    except InvalidSignature as exc:
+    if not ed25519_verify(public_key, sig, envelope.body_bytes):
         raise VerificationError(
             f"signature does not verify under key {envelope.key_id}", code="bad_signature"
-        ) from exc
+        )
+
+
+def ed25519_verify(public_key: Ed25519PublicKey, signature: bytes, message: bytes) -> bool:
+    """Whether ``signature`` is a valid Ed25519 signature of ``message`` under the key."""
+    if len(signature) != SIGNATURE_SIZE:  # combined mode would read the rest from the message
+        return False
+    try:
+        nacl.bindings.crypto_sign_open(signature + message, public_key_raw(public_key))
+    except (nacl.exceptions.CryptoError, ValueError, TypeError):
+        return False
+    return True

@@ -1,3 +1,5 @@
+import copy
+import functools
 import math
 
 import pytest
@@ -149,3 +151,31 @@ def test_integer_lists_with_booleans_take_the_general_path():
     value = [1, True, 2, False]
     assert canonicalize(value) == b"[1,true,2,false]" == rfc8785.dumps(value)
     assert canonicalize([True, 1]) == b"[true,1]"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"t": 0.0, "n": [1.0, -0.0, 2.5, {"x": 3.0, "y": [4.0]}], "s": "x"},
+        [[1, 2.0], [3.0, "a"], {"z": 2.0**53}],
+        {"k": [1e-5, 1], "m": 0.7},
+        {"é": 1.0, "a": 0.5},
+        {"a": [1, 2, 3], "b": [1, 2.0], "c": [2**53 - 1, -(2**53) + 1]},
+        functools.reduce(
+            lambda inner, _: {"d": [inner, 1.0]}, range(130), 0.5
+        ),  # deeper than orjson goes,
+    ],
+)
+def test_both_paths_match_the_reference_and_leave_the_input_alone(value):
+    before = copy.deepcopy(value)
+    assert canonicalize(value) == rfc8785.dumps(value)
+    assert value == before  # integral floats are rewritten in a copy, never in place
+    assert [type(x) for x in value] == [type(x) for x in before]
+
+
+def test_tuples_and_subclasses_canonicalize_as_their_json_types():
+    class Name(str):
+        pass
+
+    assert canonicalize((1, 2.0, (True, None))) == b"[1,2,[true,null]]"
+    assert canonicalize({Name("b"): Name("x"), "a": 1}) == b'{"a":1,"b":"x"}'
