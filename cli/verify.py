@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+import orjson
 import typer
 
 from cli.common import JsonOption, console, err_console, fail, print_json, read_public_key
@@ -24,8 +24,8 @@ def verify(
     Exit 0 when valid; exit 1 naming the check that failed.
     """
     try:
-        data = json.loads(bundle.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
+        data = orjson.loads(bundle.read_bytes())
+    except (OSError, ValueError) as exc:  # orjson.JSONDecodeError is a ValueError
         fail(f"cannot read bundle {bundle}: {exc}")
     pinned = read_public_key(log_key) if log_key is not None else None
     try:

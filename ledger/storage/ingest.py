@@ -73,7 +73,7 @@ def add_fingerprint(db: Database, data: Any) -> FingerprintResult:
     with db.read() as s:
         keystore.check_signer(env, keystore.load_keys(s, [env.key_id]))
     with db.write() as s:
-        keystore.require_unrevoked(keystore.load_keys(s, [env.key_id]), [env.key_id])
+        keystore.require_unrevoked(s, [env.key_id])
         row = s.get(Fingerprint, fp_id)
         if row is not None:
             return FingerprintResult(fp_id, "duplicate", row.log_index, row.key_id)
@@ -170,7 +170,7 @@ def ingest_records(db: Database, items: Sequence[Any]) -> list[IngestResult]:
 
     with db.write() as s:
         # ... and the keys re-read under the lock, so a revocation that raced us still wins.
-        keystore.require_unrevoked(keystore.load_keys(s, key_ids), checked_key_ids=key_ids)
+        keystore.require_unrevoked(s, key_ids)
         _check_fingerprints(s, checked)
         existing = _existing(s, list(first))
         new: list[_Checked] = []

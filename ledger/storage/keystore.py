@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from sqlalchemy import insert, select
+from sqlalchemy import Row, Select, insert, select
 from sqlalchemy.orm import Session
 
 from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
@@ -67,29 +67,44 @@ def _encode_public(raw: bytes) -> str:
     return "ed25519:" + base64.b64encode(raw).decode("ascii")
 
 
-def _info(row: KeyRow, rev: KeyRevocation | None) -> KeyInfo:
+_Columns = tuple[str, str, str, bytes, datetime, int, datetime | None, str | None]
+_COLUMNS = (
+    KeyRow.key_id,
+    KeyRow.name,
+    KeyRow.role,
+    KeyRow.public_key,
+    KeyRow.registered_at,
+    KeyRow.log_index,
+    KeyRevocation.revoked_at,
+    KeyRevocation.reason,
+)
+
+
+def _info(row: Row[*_Columns]) -> KeyInfo:
+    key_id, name, role, public, registered_at, log_index, revoked_at, reason = row
     return KeyInfo(
-        key_id=row.key_id,
-        name=row.name,
-        role=row.role,
-        public_key=_encode_public(row.public_key),
-        registered_at=as_utc(row.registered_at),
-        log_index=row.log_index,
-        revoked_at=as_utc(rev.revoked_at) if rev else None,
-        revocation_reason=rev.reason if rev else None,
+        key_id=key_id,
+        name=name,
+        role=role,
+        public_key=_encode_public(public),
+        registered_at=as_utc(registered_at),
+        log_index=log_index,
+        revoked_at=as_utc(revoked_at) if revoked_at else None,
+        revocation_reason=reason,
     )
+
+
+def _with_revocations() -> Select[*_Columns]:
+    # Columns, not ORM entities: every ingest batch reads its signers' keys.
+    return select(*_COLUMNS).outerjoin(KeyRevocation, KeyRevocation.key_id == KeyRow.key_id)
 
 
 def load_keys(session: Session, key_ids: Iterable[str]) -> dict[str, KeyInfo]:
     ids = sorted(set(key_ids))
     if not ids:
         return {}
-    rows = session.execute(
-        select(KeyRow, KeyRevocation)
-        .outerjoin(KeyRevocation, KeyRevocation.key_id == KeyRow.key_id)
-        .where(KeyRow.key_id.in_(ids))
-    ).all()
-    return {row.key_id: _info(row, rev) for row, rev in rows}
+    rows = session.execute(_with_revocations().where(KeyRow.key_id.in_(ids))).all()
+    return {row[0]: _info(row) for row in rows}
 
 
 def get_key(db: Database, key_id: str) -> KeyInfo:
@@ -102,12 +117,8 @@ def get_key(db: Database, key_id: str) -> KeyInfo:
 
 def list_keys(db: Database) -> list[KeyInfo]:
     with db.read() as s:
-        rows = s.execute(
-            select(KeyRow, KeyRevocation)
-            .outerjoin(KeyRevocation, KeyRevocation.key_id == KeyRow.key_id)
-            .order_by(KeyRow.log_index)
-        ).all()
-    return [_info(row, rev) for row, rev in rows]
+        rows = s.execute(_with_revocations().order_by(KeyRow.log_index)).all()
+    return [_info(row) for row in rows]
 
 
 def _register(
@@ -240,13 +251,18 @@ def _public_key(encoded: str) -> Ed25519PublicKey:
     return load_public_key(encoded)
 
 
-def require_unrevoked(keys: dict[str, KeyInfo], checked_key_ids: Iterable[str]) -> None:
-    """Re-check, under the append lock, that keys verified earlier were not revoked since."""
-    for key_id in checked_key_ids:
-        info = keys.get(key_id)
-        if info is None or info.revoked:
-            raise VerificationError(
-                f"key {key_id} was revoked while the request was being processed",
-                code="revoked_key",
-                details={"key_id": key_id},
-            )
+def require_unrevoked(session: Session, checked_key_ids: Iterable[str]) -> None:
+    """Re-check, under the append lock, that keys verified earlier were not revoked since.
+
+    Keys are never deleted (their registration is a log entry), so only revocations are read.
+    """
+    ids = sorted(set(checked_key_ids))
+    revoked = session.execute(
+        select(KeyRevocation.key_id).where(KeyRevocation.key_id.in_(ids)).limit(1)
+    ).scalar()
+    if revoked is not None:
+        raise VerificationError(
+            f"key {revoked} was revoked while the request was being processed",
+            code="revoked_key",
+            details={"key_id": revoked},
+        )

@@ -172,6 +172,29 @@ def test_revoked_and_unknown_keys_are_refused(ledger):
     assert err.value.code == "revoked_key"
 
 
+def test_a_revocation_between_verification_and_append_wins(ledger, monkeypatch):
+    db, log_key, collector, fp = ledger
+    record = record_envelope(collector, fp)
+    original = keystore.load_keys
+    revoked: list[str] = []
+
+    def load_then_revoke(session, key_ids):
+        keys = original(session, key_ids)  # the signature is checked against these
+        if not revoked:
+            revoked.append(collector.key_id)
+            keystore.revoke_key(db, log_key, collector.key_id, "compromised")
+        return keys
+
+    monkeypatch.setattr(keystore, "load_keys", load_then_revoke)
+    with pytest.raises(VerificationError) as err:
+        ingest.ingest_records(db, [record.to_dict()])
+    assert err.value.code == "revoked_key"
+    assert "revoked while the request was being processed" in err.value.message
+    assert err.value.details == {"key_id": collector.key_id}
+    with pytest.raises(NotFound):
+        queries.get_record(db, record.body["request_id"])
+
+
 def test_unknown_fingerprint_is_refused(ledger):
     db, _, collector, _ = ledger
     with pytest.raises(InvalidInput) as err:
