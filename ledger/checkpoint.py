@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ledger.errors import InvalidInput, VerificationError
-from ledger.signing import SigningKey, ed25519_verify, public_key_raw
+from ledger.signing import SigningKey, public_key_raw, verify_signature
 
 SIG_PREFIX = "\u2014 "  # em dash, space
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
@@ -106,11 +106,13 @@ def verify_checkpoint(
     for sig_name, raw in signatures:
         if sig_name != name or raw[:4] != want:
             continue
-        if not ed25519_verify(public_key, raw[4:], body.encode()):
+        try:
+            verify_signature(public_key, raw[4:], body.encode())
+        except VerificationError as exc:
             raise VerificationError(
                 "checkpoint signature does not verify under the log key",
                 code="bad_checkpoint_signature",
-            )
+            ) from exc
         return cp
     raise VerificationError(
         f"checkpoint carries no signature by the log key {name!r}",

@@ -6,7 +6,7 @@ signature covers ``canonicalize(body)``. A key's ID is ``ed25519:`` + hex SHA-25
 :class:`VerificationError`; it never returns a boolean.
 
 Keys are generated, stored and used for signing with ``cryptography`` (OpenSSL). Signatures are
-verified by libsodium (PyNaCl), in one place (:func:`ed25519_verify`): on a 23 KiB record it
+verified by libsodium (PyNaCl), in one place (:func:`verify_signature`): on a 23 KiB record it
 verifies in about 130 µs where OpenSSL takes 175 µs (docs/PERFORMANCE.md), and it is the
 stricter of the two (RFC 8032 checks plus refusal of small-order and non-canonical points), so
 every signature it accepts OpenSSL accepts too.
@@ -215,18 +215,21 @@ def verify_envelope(envelope: Envelope, public_key: Ed25519PublicKey) -> None:
         sig = base64.b64decode(envelope.sig, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise VerificationError("signature is not valid base64", code="bad_signature") from exc
-    if not ed25519_verify(public_key, sig, envelope.body_bytes):
+    try:
+        verify_signature(public_key, sig, envelope.body_bytes)
+    except VerificationError as exc:
         raise VerificationError(
             f"signature does not verify under key {envelope.key_id}", code="bad_signature"
-        )
+        ) from exc
 
 
-def ed25519_verify(public_key: Ed25519PublicKey, signature: bytes, message: bytes) -> bool:
-    """Whether ``signature`` is a valid Ed25519 signature of ``message`` under the key."""
+def verify_signature(public_key: Ed25519PublicKey, signature: bytes, message: bytes) -> None:
+    """Raise VerificationError unless ``signature`` is an Ed25519 signature of ``message``."""
     if len(signature) != SIGNATURE_SIZE:  # combined mode would read the rest from the message
-        return False
+        raise VerificationError(
+            f"a signature is {SIGNATURE_SIZE} bytes, not {len(signature)}", code="bad_signature"
+        )
     try:
         nacl.bindings.crypto_sign_open(signature + message, public_key_raw(public_key))
-    except (nacl.exceptions.CryptoError, ValueError, TypeError):
-        return False
-    return True
+    except (nacl.exceptions.CryptoError, ValueError, TypeError) as exc:
+        raise VerificationError("the signature does not verify", code="bad_signature") from exc
