@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -124,30 +125,23 @@ def _prepared(value: Any) -> Any:
     if kind is dict:
         if not "".join(value).isascii():  # TypeError for a non-string name
             return _GENERAL
-        copy = None
-        for key, item in value.items():
-            ready = _prepared(item)
-            if ready is not item:
-                if ready is _GENERAL:
-                    return _GENERAL
-                if copy is None:
-                    copy = dict(value)
-                copy[key] = ready
-        return value if copy is None else copy
-    if kind is list or kind is tuple:
+        members: Iterable[tuple[Any, Any]] = value.items()
+    elif kind is list or kind is tuple:
         if value and type(value[0]) is int and set(map(type, value)) == _INT_ONLY:
             return value if min(value) >= -_MAX_SAFE and max(value) <= _MAX_SAFE else _GENERAL
-        items = None
-        for i, item in enumerate(value):
-            ready = _prepared(item)
-            if ready is not item:
-                if ready is _GENERAL:
-                    return _GENERAL
-                if items is None:
-                    items = list(value)
-                items[i] = ready
-        return value if items is None else items
-    return _GENERAL
+        members = enumerate(value)
+    else:
+        return _GENERAL
+    copy = None
+    for key, item in members:
+        ready = _prepared(item)
+        if ready is not item:
+            if ready is _GENERAL:
+                return _GENERAL
+            if copy is None:
+                copy = dict(value) if kind is dict else list(value)
+            copy[key] = ready
+    return value if copy is None else copy
 
 
 def _emit(value: Any, out: list[str]) -> None:
