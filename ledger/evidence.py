@@ -54,8 +54,8 @@ from ledger.errors import LedgerError, VerificationError
 from ledger.signing import (
     SIGNABLE_KINDS,
     Envelope,
+    cached_public_key,
     key_id_for,
-    load_public_key,
     public_key_raw,
     verify_envelope,
 )
@@ -146,18 +146,12 @@ def _get(obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
 
 def _key(entry: Any, what: str) -> Ed25519PublicKey:
     try:
-        key, key_id = _public_key(_get(entry, "public_key", str))
+        key = cached_public_key(_get(entry, "public_key", str))
     except LedgerError as exc:
         raise _fail("format", f"{what} public key is not valid: {exc.message}") from exc
-    if key_id != _get(entry, "key_id", str):
+    if key_id_for(key) != _get(entry, "key_id", str):
         raise _fail("format", f"{what} key_id does not match its public key")
     return key
-
-
-@functools.lru_cache(maxsize=256)
-def _public_key(text: str) -> tuple[Ed25519PublicKey, str]:
-    key = load_public_key(text)
-    return key, key_id_for(key)
 
 
 def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -> VerifiedBundle:

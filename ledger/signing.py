@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -72,6 +73,13 @@ def load_public_key(text: str | bytes) -> Ed25519PublicKey:
     if not isinstance(key, Ed25519PublicKey):
         raise InvalidInput("public key is not Ed25519", code="invalid_public_key")
     return key
+
+
+@functools.lru_cache(maxsize=1024)
+def cached_public_key(text: str) -> Ed25519PublicKey:
+    """:func:`load_public_key` for a key text met again and again (registry rows, bundles of one
+    export): parsed once per process. Failures raise and are not cached."""
+    return load_public_key(text)
 
 
 @dataclass(frozen=True)

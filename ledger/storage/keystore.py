@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import base64
-import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import Row, Select, insert, select
 from sqlalchemy.orm import Session
 
@@ -17,6 +15,7 @@ from ledger.signing import (
     SIGNABLE_KINDS,
     Envelope,
     SigningKey,
+    cached_public_key,
     key_id_for,
     load_public_key,
     public_key_raw,
@@ -242,13 +241,8 @@ def check_signer(envelope: Envelope, keys: dict[str, KeyInfo]) -> KeyInfo:
             code="key_role_not_allowed",
             details={"key_id": envelope.key_id},
         )
-    verify_envelope(envelope, _public_key(info.public_key))
+    verify_envelope(envelope, cached_public_key(info.public_key))
     return info
-
-
-@functools.lru_cache(maxsize=1024)
-def _public_key(encoded: str) -> Ed25519PublicKey:
-    return load_public_key(encoded)
 
 
 def require_unrevoked(session: Session, checked_key_ids: Iterable[str]) -> None:
