@@ -47,6 +47,11 @@ def canonicalize(value: Any) -> bytes:
     Raises InvalidInput for values JSON cannot carry exactly (NaN, infinities, integers
     beyond the IEEE-754 safe range, lone surrogates, non-string member names).
     """
+    if type(value) is str:  # envelope members: orjson's escapes are RFC 8785's
+        try:
+            return orjson.dumps(value)
+        except orjson.JSONEncodeError:  # a lone surrogate: refused below
+            pass
     try:
         prepared = _prepared(value)
     except (TypeError, RecursionError):  # a non-string member name, deep nesting: general walk
@@ -134,6 +139,8 @@ def _prepared(value: Any) -> Any:
         return _GENERAL
     copy = None
     for key, item in members:
+        if type(item) in _SCALARS:  # most members: skip the call
+            continue
         ready = _prepared(item)
         if ready is not item:
             if ready is _GENERAL:

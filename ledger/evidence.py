@@ -54,8 +54,8 @@ from ledger.errors import LedgerError, VerificationError
 from ledger.signing import (
     SIGNABLE_KINDS,
     Envelope,
-    cached_public_key,
-    key_id_for,
+    VerifyingKey,
+    cached_verifying_key,
     public_key_raw,
     verify_envelope,
 )
@@ -76,6 +76,11 @@ CHECKS = (
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+def _b64decode(text: str) -> bytes:
+    """Strict base64 (``base64.b64decode(text, validate=True)`` without its Python wrapper)."""
+    return binascii.a2b_base64(text, strict_mode=True)
 
 
 def build_bundle(
@@ -144,12 +149,12 @@ def _get(obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
     return obj[key]
 
 
-def _key(entry: Any, what: str) -> Ed25519PublicKey:
+def _key(entry: Any, what: str) -> VerifyingKey:
     try:
-        key = cached_public_key(_get(entry, "public_key", str))
+        key = cached_verifying_key(_get(entry, "public_key", str))
     except LedgerError as exc:
         raise _fail("format", f"{what} public key is not valid: {exc.message}") from exc
-    if key_id_for(key) != _get(entry, "key_id", str):
+    if key.key_id != _get(entry, "key_id", str):
         raise _fail("format", f"{what} key_id does not match its public key")
     return key
 
@@ -169,8 +174,8 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -
     log_entry = _get(keys, "log", dict)
     log_pub = _key(log_entry, "log")
     try:
-        proof = [base64.b64decode(h, validate=True) for h in hashes]
-        claimed_leaf = base64.b64decode(_get(bundle, "leaf_hash", str), validate=True)
+        proof = [_b64decode(h) for h in hashes]
+        claimed_leaf = _b64decode(_get(bundle, "leaf_hash", str))
         envelope = Envelope.from_dict(env_data)
     except (binascii.Error, ValueError, TypeError) as exc:
         raise _fail("format", f"bad base64 in proof or leaf hash: {exc}") from exc
@@ -186,14 +191,15 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -
     except VerificationError as exc:
         raise _fail("collector_signature", exc.message, exc.code) from exc
 
-    if pinned_log_key is not None and key_id_for(pinned_log_key) != key_id_for(log_pub):
+    log_key_raw = log_pub.raw if pinned_log_key is None else public_key_raw(pinned_log_key)
+    if log_key_raw != log_pub.raw:
         raise _fail(
             "log_key_pin",
             "the checkpoint is signed by a key other than the pinned log key",
             "log_key_mismatch",
         )
     try:
-        cp = _verified_checkpoint(note, public_key_raw(pinned_log_key or log_pub))
+        cp = _verified_checkpoint(note, log_key_raw)
     except VerificationError as exc:
         raise _fail("checkpoint_signature", exc.message, exc.code) from exc
 
@@ -218,7 +224,7 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -
         tree_size=tree_size,
         root_hash=cp.root_hash,
         collector_key_id=envelope.key_id,
-        log_key_id=key_id_for(log_pub),
+        log_key_id=log_pub.key_id,
         origin=cp.origin,
         log_key_pinned=pinned_log_key is not None,
         replay_verdicts=replays,
@@ -231,7 +237,7 @@ def _verify_replays(
     record_index: int,
     tree_size: int,
     root_hash: bytes,
-    log_pub: Ed25519PublicKey,
+    log_pub: VerifyingKey,
 ) -> tuple[str, ...]:
     """Each replay verdict: signed by the log key, about this record, in the same tree."""
     if items is None:
@@ -243,7 +249,7 @@ def _verify_replays(
         try:
             env = Envelope.from_dict(item.get("envelope"))
             idx = item["leaf_index"]
-            hashes = [base64.b64decode(h, validate=True) for h in item["hashes"]]
+            hashes = [_b64decode(h) for h in item["hashes"]]
             if not isinstance(idx, int):
                 raise TypeError("leaf_index")
         except (
@@ -279,7 +285,7 @@ def _verify_registration(
     record_index: int,
     tree_size: int,
     root_hash: bytes,
-    log_pub: Ed25519PublicKey,
+    log_pub: VerifyingKey,
 ) -> None:
     """The collector key's registration is a leaf of the same tree, before the record."""
     reg = entry.get("registration")
@@ -299,9 +305,7 @@ def _verify_registration(
     if reg_index >= record_index:
         raise _fail("collector_key", "the key was registered after the record was logged")
     try:
-        _verified_registration(
-            env.canonical, public_key_raw(log_pub), reg_index, tree_size, hashes, root_hash
-        )
+        _verified_registration(env.canonical, log_pub.raw, reg_index, tree_size, hashes, root_hash)
     except VerificationError as exc:
         raise _fail("collector_key", exc.message, exc.code) from exc
 
@@ -322,7 +326,7 @@ def _parsed_registration(document: bytes) -> tuple[Envelope, int, tuple[bytes, .
     reg_index = reg["leaf_index"]
     if not isinstance(reg_index, int):
         raise TypeError("leaf_index")
-    return env, reg_index, tuple(base64.b64decode(h, validate=True) for h in reg["hashes"])
+    return env, reg_index, tuple(_b64decode(h) for h in reg["hashes"])
 
 
 @functools.lru_cache(maxsize=1024)

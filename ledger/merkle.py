@@ -31,7 +31,9 @@ ReadNodes = Callable[[Sequence[Node]], dict[Node, bytes]]
 
 def leaf_hash(entry: bytes) -> bytes:
     """SHA-256(0x00 || entry): the hash of one log leaf (entry = canonical envelope bytes)."""
-    return hashlib.sha256(LEAF_PREFIX + entry).digest()
+    h = hashlib.sha256(LEAF_PREFIX)
+    h.update(entry)  # no 0x00 || entry copy: entries are records of tens of KiB
+    return h.digest()
 
 
 def node_hash(left: bytes, right: bytes) -> bytes:
@@ -187,7 +189,7 @@ def append_leaves(
 
 
 def _check_hashes(hashes: Sequence[bytes], code: str) -> None:
-    if any(not isinstance(h, bytes) or len(h) != 32 for h in hashes):
+    if set(map(type, hashes)) != {bytes} or set(map(len, hashes)) != {32}:
         raise VerificationError("every hash must be 32 bytes (SHA-256)", code=code)
 
 
@@ -201,17 +203,18 @@ def verify_inclusion(
         )
     _check_hashes([leaf, root_hash, *proof], "bad_inclusion_proof")
     fn, sn, r = index, tree_size - 1, leaf
+    sha256 = hashlib.sha256  # node_hash, inlined: a proof is up to 64 hashes
     for p in proof:
         if sn == 0:
             raise VerificationError("inclusion proof is too long", code="bad_inclusion_proof")
         if fn & 1 or fn == sn:
-            r = node_hash(p, r)
+            r = sha256(NODE_PREFIX + p + r).digest()
             if not fn & 1:
                 while not fn & 1 and fn != 0:
                     fn >>= 1
                     sn >>= 1
         else:
-            r = node_hash(r, p)
+            r = sha256(NODE_PREFIX + r + p).digest()
         fn >>= 1
         sn >>= 1
     if sn != 0:

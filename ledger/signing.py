@@ -44,7 +44,11 @@ SIGNABLE_KINDS: dict[str, tuple[str, ...]] = {
 
 
 def key_id_for(public_key: Ed25519PublicKey) -> str:
-    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return key_id_of(public_key_raw(public_key))
+
+
+def key_id_of(raw: bytes) -> str:
+    """The key ID of a raw 32-byte Ed25519 public key."""
     return KEY_ID_PREFIX + hashlib.sha256(raw).hexdigest()
 
 
@@ -80,6 +84,32 @@ def cached_public_key(text: str) -> Ed25519PublicKey:
     """:func:`load_public_key` for a key text met again and again (registry rows, bundles of one
     export): parsed once per process. Failures raise and are not cached."""
     return load_public_key(text)
+
+
+@dataclass(frozen=True)
+class VerifyingKey:
+    """A public key as verification uses it: its raw bytes and key ID, derived once.
+
+    ``cryptography``'s key objects are unhashable and derive both on every call (about 2 µs a
+    time); a verifier that meets the same key thousands of times (bundles of one export, a
+    registry's rows) holds this instead.
+    """
+
+    raw: bytes
+    key_id: str
+
+    @classmethod
+    def of(cls, public_key: Ed25519PublicKey | VerifyingKey) -> VerifyingKey:
+        if isinstance(public_key, VerifyingKey):
+            return public_key
+        raw = public_key_raw(public_key)
+        return cls(raw, key_id_of(raw))
+
+
+@functools.lru_cache(maxsize=1024)
+def cached_verifying_key(text: str) -> VerifyingKey:
+    """:func:`cached_public_key`, as a :class:`VerifyingKey`. Failures raise, uncached."""
+    return VerifyingKey.of(cached_public_key(text))
 
 
 @dataclass(frozen=True)
@@ -134,6 +164,10 @@ class SigningKey:
         return base64.b64encode(self.private_key.sign(data)).decode("ascii")
 
 
+# the envelope's canonical bytes between "kind" and "key_id" (JCS member order)
+_SIGNATURE_ALG = b',"signature":{"alg":' + canonicalize(ALG) + b',"key_id":'
+
+
 @dataclass(frozen=True)
 class Envelope:
     """A signed document. ``body_bytes`` and ``canonical`` are derived, never set by callers."""
@@ -156,9 +190,7 @@ class Envelope:
                 body_bytes,
                 b',"kind":',
                 canonicalize(self.kind),
-                b',"signature":{"alg":',
-                canonicalize(ALG),
-                b',"key_id":',
+                _SIGNATURE_ALG,
                 canonicalize(self.key_id),
                 b',"sig":',
                 canonicalize(self.sig),
@@ -213,31 +245,34 @@ def sign_envelope(kind: str, body: dict[str, Any], key: SigningKey) -> Envelope:
     return Envelope(kind=kind, body=body, key_id=key.key_id, sig=key.sign(canonicalize(body)))
 
 
-def verify_envelope(envelope: Envelope, public_key: Ed25519PublicKey) -> None:
+def verify_envelope(envelope: Envelope, public_key: Ed25519PublicKey | VerifyingKey) -> None:
     """Raise VerificationError unless the envelope's signature verifies under the key."""
-    if key_id_for(public_key) != envelope.key_id:
+    key = VerifyingKey.of(public_key)
+    if key.key_id != envelope.key_id:
         raise VerificationError(
             "signature key_id does not match the verifying key", code="key_mismatch"
         )
     try:
-        sig = base64.b64decode(envelope.sig, validate=True)
+        sig = binascii.a2b_base64(envelope.sig, strict_mode=True)
     except (binascii.Error, ValueError) as exc:
         raise VerificationError("signature is not valid base64", code="bad_signature") from exc
     try:
-        verify_signature(public_key, sig, envelope.body_bytes)
+        verify_signature(key, sig, envelope.body_bytes)
     except VerificationError as exc:
         raise VerificationError(
             f"signature does not verify under key {envelope.key_id}", code="bad_signature"
         ) from exc
 
 
-def verify_signature(public_key: Ed25519PublicKey, signature: bytes, message: bytes) -> None:
+def verify_signature(
+    public_key: Ed25519PublicKey | VerifyingKey, signature: bytes, message: bytes
+) -> None:
     """Raise VerificationError unless ``signature`` is an Ed25519 signature of ``message``."""
     if len(signature) != SIGNATURE_SIZE:  # combined mode would read the rest from the message
         raise VerificationError(
             f"a signature is {SIGNATURE_SIZE} bytes, not {len(signature)}", code="bad_signature"
         )
     try:
-        nacl.bindings.crypto_sign_open(signature + message, public_key_raw(public_key))
+        nacl.bindings.crypto_sign_open(signature + message, VerifyingKey.of(public_key).raw)
     except (nacl.exceptions.CryptoError, ValueError, TypeError) as exc:
         raise VerificationError("the signature does not verify", code="bad_signature") from exc

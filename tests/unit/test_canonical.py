@@ -84,6 +84,13 @@ def test_more_values_that_are_refused(bad):
         canonicalize(bad)
 
 
+@settings(max_examples=1000)
+@given(st.text())
+def test_strings_alone_match_the_reference(text):
+    # a lone string (an envelope's kind, key ID, signature) goes straight to orjson
+    assert canonicalize(text) == rfc8785.dumps(text)
+
+
 def test_control_characters_use_rfc8785_escapes():
     s = "".join(chr(c) for c in range(0x20)) + '"\\\x7f'
     assert canonicalize(s) == rfc8785.dumps(s)

@@ -185,9 +185,21 @@ def test_bad_arguments():
         verify_consistency(2, 2, LEAVES[0], LEAVES[1], [])
 
 
+def test_leaf_and_node_hashes_are_rfc9162s():
+    entry = b"x" * 100_000
+    assert leaf_hash(entry) == hashlib.sha256(b"\x00" + entry).digest()
+    assert (
+        node_hash(LEAVES[0], LEAVES[1]) == hashlib.sha256(b"\x01" + LEAVES[0] + LEAVES[1]).digest()
+    )
+
+
 def test_hash_lengths_and_the_empty_tree_are_checked():
     with pytest.raises(VerificationError):
         verify_inclusion(LEAVES[0], 0, 2, [LEAVES[1][:31]], ref_mth(LEAVES[:2]))
+    for not_bytes in (bytearray(LEAVES[1]), LEAVES[1].hex()):
+        with pytest.raises(VerificationError):
+            verify_inclusion(LEAVES[0], 0, 2, [not_bytes], ref_mth(LEAVES[:2]))
+    verify_inclusion(LEAVES[0], 0, 2, [LEAVES[1]], ref_mth(LEAVES[:2]))
     with pytest.raises(VerificationError):
         verify_consistency(0, 5, LEAVES[0], ref_mth(LEAVES[:5]), [])
     verify_consistency(0, 5, EMPTY_ROOT, ref_mth(LEAVES[:5]), [])

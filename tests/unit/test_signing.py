@@ -10,6 +10,8 @@ from ledger.errors import InvalidInput, VerificationError
 from ledger.signing import (
     Envelope,
     SigningKey,
+    VerifyingKey,
+    cached_verifying_key,
     key_id_for,
     load_public_key,
     public_key_pem,
@@ -55,6 +57,27 @@ def test_other_key_fails_verification():
     with pytest.raises(VerificationError) as err:
         verify_envelope(env, other.public_key)
     assert err.value.code == "key_mismatch"
+
+
+def test_a_verifying_key_holds_the_raw_key_and_its_id():
+    env = sign_envelope("k", {"a": 1}, KEY)
+    key = VerifyingKey.of(KEY.public_key)
+    assert (key.raw, key.key_id) == (public_key_raw(KEY.public_key), KEY.key_id)
+    assert VerifyingKey.of(key) is key
+    verify_envelope(env, key)
+    text = "ed25519:" + base64.b64encode(key.raw).decode()
+    assert cached_verifying_key(text) == key
+    assert cached_verifying_key(text) is cached_verifying_key(text)
+    other = VerifyingKey.of(SigningKey.generate().public_key)
+    with pytest.raises(VerificationError) as err:
+        verify_envelope(env, other)
+    assert err.value.code == "key_mismatch"
+    # a key whose ID was forged to match still fails on the signature itself
+    with pytest.raises(VerificationError) as err:
+        verify_envelope(env, VerifyingKey(other.raw, KEY.key_id))
+    assert err.value.code == "bad_signature"
+    with pytest.raises(InvalidInput):
+        cached_verifying_key("ed25519:not-base64")
 
 
 def test_garbage_signature_fails_verification():
