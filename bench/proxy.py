@@ -2,11 +2,22 @@
 
 Starts, as separate processes: a vLLM CPU server on the small fixture model (default
 scheduler), `ledger serve` (embedded SQLite) and `ledger collect` in front of the engine. Then,
-for each concurrency (default 1 and 16), it sends the same requests (fixed prompts, greedy,
---max-tokens tokens) straight to vLLM and through the collector, alternating, --runs times, and
-reports medians: throughput (requests/s) and its ratio, p50/p99 latency and the added p50/p99
-(through minus straight), plus the collector's own added-latency histogram (parse, sign, spool,
-reshape). Targets: throughput ratio >= 0.95, added p50 <= 3 ms.
+for each concurrency (default 1 and 16):
+
+- throughput: it sends the same requests (fixed prompts, greedy, --max-tokens tokens) straight
+  to vLLM and through the collector, one whole batch after the other, --runs times, and reports
+  medians: requests/s and their ratio, p50/p99 latency and their differences;
+- added latency, paired: each prompt goes three ways back to back (the order rotating), from
+  `concurrency` workers at once: straight, straight with what the collector asks the engine
+  for (token IDs and logprobs), and through the collector; all three meet the same engine
+  load. Over --runs batches it reports p50/p99 through minus straight and the medians of the
+  per-prompt differences: in all, the engine's work for the record's fields, and the
+  collector's own. Whole-batch differences carry the engine's batch-to-batch variation (tens
+  of ms on a CPU engine), which pairing cancels;
+
+plus the collector's own added-latency histogram (parse, sign, spool, reshape) and the CPU the
+collector and the ledger used per recorded request. Targets: throughput ratio >= 0.95, added
+p50 <= 3 ms.
 
     .venv/bin/python bench/proxy.py --requests 64 --runs 3
 """
@@ -99,6 +110,55 @@ async def run_load(
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - began
     return len(batch) / elapsed, latencies
+
+
+# What the collector adds to a completions request the client sent without logprobs or
+# token IDs (collectors/exchange.py: plan): the record's token IDs and float32 logprobs.
+RECORD_NEEDS: dict[str, object] = {"return_token_ids": True, "logprobs": 0}
+VARIANTS = ("straight", "straight_with_record_fields", "through")
+
+
+async def run_triples(
+    direct_url: str, collector_url: str, batch: list[str], concurrency: int, max_tokens: int
+) -> list[dict[str, float]]:
+    """Each prompt sent three ways, back to back (the order rotating from prompt to prompt),
+    by `concurrency` workers: straight; straight with what the collector asks the engine for
+    (RECORD_NEEDS); through the collector. All three meet the same engine load, so what the
+    engine does differently from one batch to the next falls on every side alike; the
+    differences split the added latency into the engine's work for the record and the
+    collector's own."""
+    out: list[dict[str, float]] = []
+    queue = list(enumerate(batch))
+    ways: dict[str, tuple[str, dict[str, object]]] = {
+        "straight": (direct_url, {}),
+        "straight_with_record_fields": (direct_url, RECORD_NEEDS),
+        "through": (collector_url, {}),
+    }
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def timed(way: str, prompt: str) -> float:
+            url, extra = ways[way]
+            body = {
+                "model": "fixture",
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                **extra,
+            }
+            start = time.perf_counter()
+            response = await client.post(url + "/v1/completions", json=body)
+            response.raise_for_status()
+            return time.perf_counter() - start
+
+        async def worker() -> None:
+            while queue:
+                i, prompt = queue.pop(0)
+                order = VARIANTS[i % 3 :] + VARIANTS[: i % 3]
+                out.append({way: await timed(way, prompt) for way in order})
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return out
 
 
 def cpu_seconds(pid: int) -> float:
@@ -228,6 +288,24 @@ def main() -> None:
             med = {
                 n: [statistics.median(r[i] for r in v) for i in range(3)] for n, v in rows.items()
             }
+            triples = []
+            for _ in range(args.runs):
+                triples += asyncio.run(
+                    run_triples(engine.url, collect_url, batch, conc, args.max_tokens)
+                )
+                proxied += len(batch)
+            by_way = {way: [t[way] for t in triples] for way in VARIANTS}
+
+            def median_ms(a: str, b: str, ts: list[dict[str, float]] = triples) -> float:
+                return 1000 * statistics.median(t[b] - t[a] for t in ts)
+
+            print(
+                f"concurrency {conc} paired, {len(triples)} prompts: straight p50 "
+                f"{1000 * pct(by_way['straight'], 0.5):.1f} ms, through p50 "
+                f"{1000 * pct(by_way['through'], 0.5):.1f} ms, median difference "
+                f"{median_ms('straight', 'through'):.2f} ms",
+                flush=True,
+            )
             results[conc] = {
                 "direct_rps": med["direct"][0],
                 "collector_rps": med["collector"][0],
@@ -238,6 +316,14 @@ def main() -> None:
                 "direct_p99_ms": 1000 * med["direct"][2],
                 "collector_p99_ms": 1000 * med["collector"][2],
                 "added_p99_ms": 1000 * (med["collector"][2] - med["direct"][2]),
+                "paired_prompts": len(triples),
+                "paired_added_p50_ms": 1000
+                * (pct(by_way["through"], 0.5) - pct(by_way["straight"], 0.5)),
+                "paired_added_p99_ms": 1000
+                * (pct(by_way["through"], 0.99) - pct(by_way["straight"], 0.99)),
+                "paired_median_difference_ms": median_ms("straight", "through"),
+                "engine_record_fields_ms": median_ms("straight", "straight_with_record_fields"),
+                "collector_own_ms": median_ms("straight_with_record_fields", "through"),
             }
         own_ms, own_count = collector_overhead(collect_url)
         time.sleep(1)  # let the last batch ship
@@ -276,6 +362,21 @@ def main() -> None:
                 f"{r['direct_p50_ms']:.1f} / {r['collector_p50_ms']:.1f} ms | "
                 f"{r['added_p50_ms']:.2f} ms | "
                 f"{r['added_p99_ms']:.2f} ms |"
+            )
+        print(
+            "\nPaired (each prompt straight, straight with the record's fields, and through, "
+            "back to back, same engine load; medians of the per-prompt differences):"
+        )
+        print(
+            "| concurrency | prompts | added p50 (<= 3 ms) | added p99 | median added | of which "
+            "the engine's work for the record (token IDs, logprobs) | of which the collector |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for conc, r in results.items():
+            print(
+                f"| {conc} | {r['paired_prompts']} | {r['paired_added_p50_ms']:.2f} ms | "
+                f"{r['paired_added_p99_ms']:.2f} ms | {r['paired_median_difference_ms']:.2f} ms | "
+                f"{r['engine_record_fields_ms']:.2f} ms | {r['collector_own_ms']:.2f} ms |"
             )
         print(
             f"CPU per recorded request: collector {cpu_ms['collector']:.2f} ms, "

@@ -79,13 +79,6 @@ def load_public_key(text: str | bytes) -> Ed25519PublicKey:
     return key
 
 
-@functools.lru_cache(maxsize=1024)
-def cached_public_key(text: str) -> Ed25519PublicKey:
-    """:func:`load_public_key` for a key text met again and again (registry rows, bundles of one
-    export): parsed once per process. Failures raise and are not cached."""
-    return load_public_key(text)
-
-
 @dataclass(frozen=True)
 class VerifyingKey:
     """A public key as verification uses it: its raw bytes and key ID, derived once.
@@ -108,8 +101,9 @@ class VerifyingKey:
 
 @functools.lru_cache(maxsize=1024)
 def cached_verifying_key(text: str) -> VerifyingKey:
-    """:func:`cached_public_key`, as a :class:`VerifyingKey`. Failures raise, uncached."""
-    return VerifyingKey.of(cached_public_key(text))
+    """:func:`load_public_key` for a key text met again and again (registry rows, bundles of
+    one export): parsed once per process. Failures raise and are not cached."""
+    return VerifyingKey.of(load_public_key(text))
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from ledger.replay import VERDICT_KIND
 from ledger.signing import (
     SIGNABLE_KINDS,
     Envelope,
+    VerifyingKey,
     key_id_for,
     load_public_key,
     public_key_raw,
@@ -406,7 +407,7 @@ def check_rows(timeline: Timeline, rows: list[tuple[int, bytes]]) -> Checked:
     records: list[tuple[str, tuple[int, str, str, str]]] = []
     fps: list[tuple[str, tuple[int, str]]] = []
     replays: list[tuple[str, tuple[int, str, str]]] = []
-    keys: dict[str, Ed25519PublicKey] = {}
+    keys: dict[str, VerifyingKey] = {}
     for idx, data in rows:
         try:
             env = Envelope.from_dict(json.loads(data))
@@ -448,7 +449,7 @@ def check_rows(timeline: Timeline, rows: list[tuple[int, bytes]]) -> Checked:
             findings.append(("signature", f"a {role} key may not sign {env.kind}", idx))
             continue
         if env.key_id not in keys:
-            keys[env.key_id] = Ed25519PublicKey.from_public_bytes(raw)
+            keys[env.key_id] = VerifyingKey.of(Ed25519PublicKey.from_public_bytes(raw))
         try:
             verify_envelope(env, keys[env.key_id])
         except LedgerError as exc:

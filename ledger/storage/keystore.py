@@ -15,7 +15,7 @@ from ledger.signing import (
     SIGNABLE_KINDS,
     Envelope,
     SigningKey,
-    cached_public_key,
+    cached_verifying_key,
     key_id_for,
     load_public_key,
     public_key_raw,
@@ -241,7 +241,7 @@ def check_signer(envelope: Envelope, keys: dict[str, KeyInfo]) -> KeyInfo:
             code="key_role_not_allowed",
             details={"key_id": envelope.key_id},
         )
-    verify_envelope(envelope, cached_public_key(info.public_key))
+    verify_envelope(envelope, cached_verifying_key(info.public_key))
     return info
 
 
