@@ -6,7 +6,6 @@ import socket
 import sys
 from pathlib import Path
 
-import httpx
 import typer
 import uvicorn
 
@@ -106,11 +105,7 @@ def collect(
     # The proxy's event loop shares the GIL with the spool writer and the shipper: hand it back
     # sooner than the default 5 ms, so a request never waits behind a batch being shipped.
     sys.setswitchinterval(0.002)
-    client = httpx.AsyncClient(
-        timeout=httpx.Timeout(None, connect=10.0),
-        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-    )
     try:
-        uvicorn.run(create_proxy(state, client), host=host, port=port, log_level="warning")
+        uvicorn.run(create_proxy(state), host=host, port=port, log_level="warning")
     finally:
         collector.close()

@@ -20,11 +20,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -39,6 +39,7 @@ from collectors.replay import REPLAY_PATH, handle_replay
 from collectors.spool import Spool
 from collectors.tiers import TIER_HEADER, check_tier, parse_tier
 from collectors.tokens import TokenRenderer
+from collectors.upstream import Streamed, Upstream
 from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError, Unreachable
 from ledger.records import RECORD_KIND, build_record_body
 from ledger.signing import SigningKey, sign_envelope
@@ -87,12 +88,6 @@ def _error(exc: LedgerError) -> JSONResponse:
             }
         },
         status_code=status,
-    )
-
-
-def _engine_unreachable(state: WorkerState, exc: httpx.HTTPError) -> Unreachable:
-    return Unreachable(
-        f"the engine at {state.engine_url} does not answer: {exc}", code="engine_unreachable"
     )
 
 
@@ -173,19 +168,25 @@ class _Exchange:
         self.state.metrics.spooled.inc()
 
 
-def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
+def create_proxy(state: WorkerState) -> Starlette:
+    """The proxy app; its connection pool to the engine opens and closes with the app."""
     metrics = state.metrics
+    engine = Upstream(state.engine_url)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        await engine.open()
+        try:
+            yield
+        finally:
+            await engine.close()
 
     async def passthrough(request: Request) -> Response:
         try:
-            upstream = await client.get(state.engine_url + request.url.path)
-        except httpx.HTTPError as exc:
-            return _error(_engine_unreachable(state, exc))
-        return Response(
-            upstream.content,
-            upstream.status_code,
-            media_type=upstream.headers.get("content-type"),
-        )
+            answer = await engine.request("GET", request.url.path)
+        except Unreachable as exc:
+            return _error(exc)
+        return Response(answer.body, answer.status, media_type=answer.content_type)
 
     async def own_metrics(_: Request) -> Response:
         metrics.pending.set(await run_in_threadpool(state.spool.pending))
@@ -201,19 +202,20 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
     async def forward_unrecorded(request: Request, raw: bytes, request_id: str) -> Response:
         """A body that is not a JSON object: the engine answers it (an error), nothing to record."""
         try:
-            upstream = await client.post(
-                state.engine_url + request.url.path,
-                content=raw,
+            answer = await engine.request(
+                "POST",
+                request.url.path,
+                body=raw,
                 headers=headers_for_engine(request, request_id),
             )
-        except httpx.HTTPError as exc:
-            return _error(_engine_unreachable(state, exc))
-        if upstream.status_code != 200:
-            metrics.engine_errors.labels(str(upstream.status_code)).inc()
+        except Unreachable as exc:
+            return _error(exc)
+        if answer.status != 200:
+            metrics.engine_errors.labels(str(answer.status)).inc()
         return Response(
-            upstream.content,
-            upstream.status_code,
-            media_type=upstream.headers.get("content-type"),
+            answer.body,
+            answer.status,
+            media_type=answer.content_type,
             headers={REQUEST_ID_HEADER: request_id},
         )
 
@@ -255,37 +257,43 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
             view=ClientView(exchange_plan, state.renderer),
         )
         own = time.perf_counter() - began
-        upstream_request = client.build_request(
-            "POST",
-            state.engine_url + endpoint,
-            content=engine_raw,
-            headers=headers_for_engine(request, request_id),
-        )
+        stack = AsyncExitStack()  # the engine's response: closed here, or when streamed
         try:
-            upstream = await client.send(upstream_request, stream=exchange_plan.stream)
-        except httpx.HTTPError as exc:
+            upstream = await stack.enter_async_context(
+                engine.stream(
+                    "POST",
+                    endpoint,
+                    body=engine_raw,
+                    headers=headers_for_engine(request, request_id),
+                )
+            )
+        except Unreachable as exc:
             metrics.requests.labels(endpoint, "engine_unreachable").inc()
-            return _error(_engine_unreachable(state, exc))
-        if upstream.status_code != 200:
-            content = await upstream.aread()
-            await upstream.aclose()
-            metrics.engine_errors.labels(str(upstream.status_code)).inc()
+            return _error(exc)
+        if exchange_plan.stream and upstream.status == 200:
+            metrics.added_latency.observe(own)
+            return StreamingResponse(
+                _stream(ex, upstream, stack),
+                media_type=upstream.content_type or "text/event-stream",
+                headers={REQUEST_ID_HEADER: request_id},
+            )
+        async with stack:
+            try:
+                content = await upstream.read()
+            except Unreachable as exc:
+                metrics.requests.labels(endpoint, "engine_unreachable").inc()
+                return _error(exc)
+        if upstream.status != 200:
+            metrics.engine_errors.labels(str(upstream.status)).inc()
             metrics.requests.labels(endpoint, "engine_error").inc()
             return Response(
                 content,
-                upstream.status_code,
-                media_type=upstream.headers.get("content-type"),
-                headers={REQUEST_ID_HEADER: request_id},
-            )
-        if exchange_plan.stream:
-            metrics.added_latency.observe(own)
-            return StreamingResponse(
-                _stream(ex, upstream),
-                media_type=upstream.headers.get("content-type", "text/event-stream"),
+                upstream.status,
+                media_type=upstream.content_type,
                 headers={REQUEST_ID_HEADER: request_id},
             )
         after = time.perf_counter()
-        data = upstream.json()
+        data = json.loads(content)
         ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
         ex.acc.feed(data)
         try:
@@ -299,17 +307,19 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
                     code="not_recorded",
                 )
             )
-        out = upstream.content if not exchange_plan.reshapes else ex.for_client(data)
+        out = content if not exchange_plan.reshapes else ex.for_client(data)
         metrics.added_latency.observe(own + time.perf_counter() - after)
         metrics.requests.labels(endpoint, "recorded").inc()
         return Response(
             out, 200, media_type="application/json", headers={REQUEST_ID_HEADER: request_id}
         )
 
-    async def _stream(ex: _Exchange, upstream: httpx.Response) -> AsyncIterator[bytes]:
+    async def _stream(
+        ex: _Exchange, upstream: Streamed, stack: AsyncExitStack
+    ) -> AsyncIterator[bytes]:
         finished = False
         try:
-            async for line in upstream.aiter_lines():
+            async for line in upstream.lines():
                 if not line.startswith("data: "):
                     if line:
                         yield line.encode() + b"\n\n"
@@ -334,12 +344,13 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
                 # runs inside a cancelled scope, so hand it to a thread instead of awaiting.
                 metrics.requests.labels(ex.endpoint, "aborted").inc()
                 state.background.submit(_spool_aborted, ex, metrics)
-            await asyncio.shield(upstream.aclose())
+            await asyncio.shield(stack.aclose())
 
     async def replay(request: Request) -> Response:
-        return await handle_replay(request, state, client)
+        return await handle_replay(request, state, engine)
 
     return Starlette(
+        lifespan=lifespan,
         routes=[
             Route(REPLAY_PATH, replay, methods=["POST"]),
             Route(COMPLETIONS, generate, methods=["POST"]),
@@ -347,7 +358,7 @@ def create_proxy(state: WorkerState, client: httpx.AsyncClient) -> Starlette:
             Route("/v1/models", passthrough, methods=["GET"]),
             Route("/health", passthrough, methods=["GET"]),
             Route("/metrics", own_metrics, methods=["GET"]),
-        ]
+        ],
     )
 
 

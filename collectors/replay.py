@@ -16,11 +16,11 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
 from collectors.exchange import Accumulator
+from collectors.upstream import Upstream
 from ledger.errors import InvalidInput, LedgerError, Unreachable, VerificationError
 from ledger.replay import (
     ORDER_KIND,
@@ -73,48 +73,30 @@ def _once(seen: dict[str, float], replay_id: str) -> None:
     seen[replay_id] = now
 
 
-async def _run(
-    client: httpx.AsyncClient, state: WorkerState, endpoint: str, raw: bytes
-) -> tuple[Accumulator, int]:
+async def _run(engine: Upstream, endpoint: str, raw: bytes) -> tuple[Accumulator, int]:
     acc = Accumulator(endpoint)
     began = time.perf_counter_ns()
     try:
         body = json.loads(raw)
     except ValueError as exc:
         raise InvalidInput("the order's request is not JSON", code="invalid_order") from exc
-    request = client.build_request(
-        "POST",
-        state.engine_url + endpoint,
-        content=raw,
-        headers={"content-type": "application/json"},
-    )
-    try:
-        upstream = await client.send(request, stream=bool(body.get("stream")))
-        try:
-            if upstream.status_code != 200:
-                text = (await upstream.aread())[:500].decode("utf-8", "replace")
-                raise Unreachable(
-                    f"the engine answered HTTP {upstream.status_code}: {text}",
-                    code="engine_error",
-                )
-            if body.get("stream"):
-                async for line in upstream.aiter_lines():
-                    if line.startswith("data: ") and line[6:].strip() != "[DONE]":
-                        acc.feed(json.loads(line[6:]))
-            else:
-                acc.feed(json.loads(await upstream.aread()))
-        finally:
-            await upstream.aclose()
-    except httpx.HTTPError as exc:
-        raise Unreachable(
-            f"the engine at {state.engine_url} does not answer: {exc!r}", code="engine_unreachable"
-        ) from exc
+    headers = {"content-type": "application/json"}
+    async with engine.stream("POST", endpoint, body=raw, headers=headers) as upstream:
+        if upstream.status != 200:
+            text = (await upstream.read())[:500].decode("utf-8", "replace")
+            raise Unreachable(
+                f"the engine answered HTTP {upstream.status}: {text}", code="engine_error"
+            )
+        if body.get("stream"):
+            async for line in upstream.lines():
+                if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+                    acc.feed(json.loads(line[6:]))
+        else:
+            acc.feed(json.loads(await upstream.read()))
     return acc, time.perf_counter_ns() - began
 
 
-async def handle_replay(
-    request: Request, state: WorkerState, client: httpx.AsyncClient
-) -> Response:
+async def handle_replay(request: Request, state: WorkerState, engine: Upstream) -> Response:
     """The endpoint body; ``state`` is the proxy's WorkerState."""
     try:
         order = _order(await request.body(), state)
@@ -124,7 +106,7 @@ async def handle_replay(
             raise InvalidInput("request_raw is not base64", code="invalid_order") from exc
         started = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         fingerprint_id = state.fingerprint_id  # the environment the replay actually ran under
-        acc, elapsed = await _run(client, state, order["endpoint"], raw)
+        acc, elapsed = await _run(engine, order["endpoint"], raw)
         choices = [
             ReplayedChoice(choice, margins)
             for choice, margins in zip(acc.record_choices(), acc.margins(), strict=True)

@@ -73,8 +73,7 @@ def test_a_ledger_outage_loses_and_duplicates_nothing(
             digest_cache=tmp_path / "digests.sqlite",
         )
     ).start()
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
-    proxy = ServerThread(create_proxy(collector.state, client), "127.0.0.1", free_port()).start()
+    proxy = ServerThread(create_proxy(collector.state), "127.0.0.1", free_port()).start()
     try:
         with httpx.Client(base_url=proxy.url, timeout=60) as http:
             for i in range(RUN):

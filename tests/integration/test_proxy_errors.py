@@ -24,8 +24,7 @@ def test_an_engine_that_does_not_answer_is_a_502(tmp_path: Path):
         fingerprint_id="sha256:" + "0" * 64,
         batch_invariance="serial",
     )
-    client = httpx.AsyncClient(timeout=5)
-    server = ServerThread(create_proxy(state, client), "127.0.0.1", free_port()).start()
+    server = ServerThread(create_proxy(state), "127.0.0.1", free_port()).start()
     try:
         for path, method in (("/v1/completions", "POST"), ("/v1/models", "GET")):
             response = httpx.request(

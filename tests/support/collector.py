@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from cli.server_thread import ServerThread, free_port
 from collectors.collector import Collector, CollectorConfig
 from collectors.proxy import create_proxy
@@ -23,7 +21,6 @@ from tests.support.harness import Harness
 class RunningCollector:
     collector: Collector
     server: ServerThread
-    client: httpx.AsyncClient
 
     @property
     def url(self) -> str:
@@ -60,9 +57,8 @@ def start_collector(
         heartbeat_interval=1.0,
     )
     collector = Collector(config).start()
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
-    server = ServerThread(create_proxy(collector.state, client), "127.0.0.1", port).start()
-    return RunningCollector(collector, server, client)
+    server = ServerThread(create_proxy(collector.state), "127.0.0.1", port).start()
+    return RunningCollector(collector, server)
 
 
 def wait_for_record(api: Harness, request_id: str, timeout: float = 30.0) -> dict[str, Any]:
