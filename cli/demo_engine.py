@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from cli.common import console, fail
 from cli.server_thread import ServerThread, free_port
 from collectors.collector import Collector, CollectorConfig
@@ -82,8 +80,7 @@ class EngineDemo:
                     heartbeat_interval=2.0,
                 )
             ).start()
-            client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
-            proxy = ServerThread(create_proxy(collector.state, client), "127.0.0.1", port)
+            proxy = ServerThread(create_proxy(collector.state), "127.0.0.1", port)
             self.workers[pool] = Worker(pool, engine, collector, proxy.start())
         for worker in self.workers.values():
             if not worker.collector.registered.wait(60):
