@@ -84,6 +84,20 @@ def prompts(count: int) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) for _ in range(count)]
 
 
+def completion(
+    prompt: str, max_tokens: int, extra: dict[str, object] | None = None
+) -> dict[str, object]:
+    """The benchmark's request: greedy, exactly ``max_tokens`` tokens."""
+    return {
+        "model": "fixture",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **(extra or {}),
+    }
+
+
 async def run_load(
     url: str, batch: list[str], concurrency: int, max_tokens: int
 ) -> tuple[float, list[float]]:
@@ -94,15 +108,8 @@ async def run_load(
         async def worker() -> None:
             while queue:
                 _, prompt = queue.pop(0)
-                body = {
-                    "model": "fixture",
-                    "prompt": prompt,
-                    "max_tokens": max_tokens,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                }
                 start = time.perf_counter()
-                response = await client.post("/v1/completions", json=body)
+                response = await client.post("/v1/completions", json=completion(prompt, max_tokens))
                 response.raise_for_status()
                 latencies.append(time.perf_counter() - start)
 
@@ -138,14 +145,7 @@ async def run_triples(
 
         async def timed(way: str, prompt: str) -> float:
             url, extra = ways[way]
-            body = {
-                "model": "fixture",
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-                **extra,
-            }
+            body = completion(prompt, max_tokens, extra)
             start = time.perf_counter()
             response = await client.post(url + "/v1/completions", json=body)
             response.raise_for_status()
