@@ -20,6 +20,9 @@ import aiohttp
 from ledger.errors import Unreachable
 
 CONNECT_TIMEOUT = 10.0
+# A connection must open within CONNECT_TIMEOUT; a generation may take as long as the engine
+# needs (the client that waits for it sets its own limit).
+_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
 _FAILURES = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
@@ -65,16 +68,15 @@ class Streamed:
 class Upstream:
     """Calls to one engine. Open it on the event loop that uses it (:meth:`open`)."""
 
-    def __init__(self, engine_url: str, *, timeout: float | None = None) -> None:
+    def __init__(self, engine_url: str) -> None:
         self.engine_url = engine_url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT)
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
         connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=30)
         self._session = aiohttp.ClientSession(
             connector=connector,
-            timeout=self._timeout,
+            timeout=_TIMEOUT,
             skip_auto_headers=("User-Agent",),
         )
 

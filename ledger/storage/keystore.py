@@ -62,7 +62,7 @@ class KeyInfo:
         }
 
 
-def _encode_public(raw: bytes) -> str:
+def encode_public(raw: bytes) -> str:
     return "ed25519:" + base64.b64encode(raw).decode("ascii")
 
 
@@ -85,7 +85,7 @@ def _info(row: Row[*_Columns]) -> KeyInfo:
         key_id=key_id,
         name=name,
         role=role,
-        public_key=_encode_public(public),
+        public_key=encode_public(public),
         registered_at=as_utc(registered_at),
         log_index=log_index,
         revoked_at=as_utc(revoked_at) if revoked_at else None,
@@ -129,7 +129,7 @@ def _register(
         "key_id": key_id,
         "name": name,
         "role": role,
-        "public_key": _encode_public(raw),
+        "public_key": encode_public(raw),
         "registered_at": at.isoformat(),
     }
     (idx,) = log.append(s, [sign_envelope(REGISTRATION_KIND, body, log_key)], at)
@@ -146,7 +146,7 @@ def _register(
             }
         ],
     )
-    return KeyInfo(key_id, name, role, _encode_public(raw), at, idx)
+    return KeyInfo(key_id, name, role, encode_public(raw), at, idx)
 
 
 def ensure_log_key(db: Database, log_key: SigningKey) -> KeyInfo:

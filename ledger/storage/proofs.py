@@ -6,8 +6,8 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, exists, select, true
+from sqlalchemy.orm import Session, aliased
 
 from ledger import merkle
 from ledger.checkpoint import verifier_key
@@ -15,9 +15,10 @@ from ledger.errors import StorageError
 from ledger.evidence import b64 as _b64
 from ledger.evidence import build_bundle
 from ledger.signing import SigningKey, public_key_raw
-from ledger.storage import checkpoints, keystore, log, queries, tree
+from ledger.storage import checkpoints, keystore, queries, tree
 from ledger.storage.database import Database, utcnow
-from ledger.storage.models import LogEntry, Replay
+from ledger.storage.models import CheckpointRow, LogEntry, Record, Replay
+from ledger.storage.models import SigningKey as KeyRow
 
 T = TypeVar("T")
 
@@ -67,6 +68,38 @@ def log_key_entry(log_key: SigningKey, origin: str) -> dict[str, Any]:
     }
 
 
+_Registration = aliased(LogEntry)
+_Latest = (
+    select(CheckpointRow.tree_size, CheckpointRow.note)
+    .order_by(CheckpointRow.tree_size.desc())
+    .limit(1)
+    .subquery()
+)
+# Everything an evidence bundle needs but the Merkle nodes and the replays, in one round trip:
+# the record's envelope, its signer's registry row and registration leaf, the latest
+# checkpoint, and whether any replay verdict is logged for it.
+_EVIDENCE = (
+    select(
+        Record.log_index,
+        Record.key_id,
+        LogEntry.envelope,
+        KeyRow.name.label("key_name"),
+        KeyRow.role.label("key_role"),
+        KeyRow.public_key,
+        KeyRow.log_index.label("key_index"),
+        _Registration.envelope.label("registration"),
+        _Latest.c.tree_size,
+        _Latest.c.note,
+        exists().where(Replay.request_id == Record.request_id).label("has_replays"),
+    )
+    .join_from(Record, LogEntry, LogEntry.idx == Record.log_index)
+    .outerjoin(KeyRow, KeyRow.key_id == Record.key_id)
+    .outerjoin(_Registration, _Registration.idx == KeyRow.log_index)
+    .outerjoin(_Latest, true())
+    .where(Record.request_id == bindparam("request_id"))
+)
+
+
 def evidence(db: Database, log_key: SigningKey, origin: str, request_id: str) -> dict[str, Any]:
     """An evidence bundle for a record: envelope, inclusion proof, covering checkpoint, keys.
 
@@ -86,46 +119,51 @@ def _evidence(
     db: Database, log_key: SigningKey, origin: str, request_id: str
 ) -> dict[str, Any] | None:
     with db.read() as s:
-        record = queries.record_in(s, request_id)
-        cp = checkpoints.latest_in(s)
-        if cp is None or cp.tree_size <= record.log_index:
+        row = s.execute(_EVIDENCE, {"request_id": request_id}).first()
+        if row is None:
+            raise queries.not_found(request_id)
+        if row.tree_size is None or row.tree_size <= row.log_index:
             return None
-        signer = keystore.load_keys(s, [record.key_id]).get(record.key_id)
-        if signer is None:
-            raise StorageError(f"signing key {record.key_id} missing from the registry")
-        registration = log.read_envelope(s, signer.log_index)
-        replays = s.execute(
-            select(Replay.log_index, LogEntry.envelope)
-            .join(LogEntry, LogEntry.idx == Replay.log_index)
-            .where(Replay.request_id == request_id, Replay.log_index < cp.tree_size)
-            .order_by(Replay.log_index)
-        ).all()
+        if row.key_index is None:
+            raise StorageError(f"signing key {row.key_id} missing from the registry")
+        replays = (
+            s.execute(
+                select(Replay.log_index, LogEntry.envelope)
+                .join(LogEntry, LogEntry.idx == Replay.log_index)
+                .where(Replay.request_id == request_id, Replay.log_index < row.tree_size)
+                .order_by(Replay.log_index)
+            ).all()
+            if row.has_replays
+            else []
+        )
+        tree_size = row.tree_size
         hashes = tree.node_reader(s)(
             [
-                *merkle.inclusion_plan(record.log_index, cp.tree_size),
-                *merkle.inclusion_plan(signer.log_index, cp.tree_size),
-                *(i for r in replays for i in merkle.inclusion_plan(r.log_index, cp.tree_size)),
+                *merkle.inclusion_plan(row.log_index, tree_size),
+                *merkle.inclusion_plan(row.key_index, tree_size),
+                *(i for r in replays for i in merkle.inclusion_plan(r.log_index, tree_size)),
             ]
         )
+    registration = row.registration
     if registration is None:
-        raise StorageError(f"registration of {record.key_id} missing from the log")
+        raise StorageError(f"registration of {row.key_id} missing from the log")
     from_memory = merkle.from_hashes(hashes)
 
     return build_bundle(
-        envelope=json.loads(record.envelope),
-        leaf_index=record.log_index,
-        tree_size=cp.tree_size,
-        proof=merkle.inclusion_proof(record.log_index, cp.tree_size, from_memory),
-        checkpoint_note=cp.note,
+        envelope=json.loads(row.envelope),
+        leaf_index=row.log_index,
+        tree_size=tree_size,
+        proof=merkle.inclusion_proof(row.log_index, tree_size, from_memory),
+        checkpoint_note=row.note,
         collector_key={
-            "key_id": signer.key_id,
-            "name": signer.name,
-            "role": signer.role,
-            "public_key": signer.public_key,
+            "key_id": row.key_id,
+            "name": row.key_name,
+            "role": row.key_role,
+            "public_key": keystore.encode_public(row.public_key),
         },
         registration=json.loads(registration),
-        registration_index=signer.log_index,
-        registration_proof=merkle.inclusion_proof(signer.log_index, cp.tree_size, from_memory),
+        registration_index=row.key_index,
+        registration_proof=merkle.inclusion_proof(row.key_index, tree_size, from_memory),
         log_key=log_key_entry(log_key, origin),
         exported_at=utcnow().isoformat(),
         replays=[
@@ -133,7 +171,7 @@ def _evidence(
                 "envelope": json.loads(r.envelope),
                 "leaf_index": r.log_index,
                 "hashes": [
-                    _b64(h) for h in merkle.inclusion_proof(r.log_index, cp.tree_size, from_memory)
+                    _b64(h) for h in merkle.inclusion_proof(r.log_index, tree_size, from_memory)
                 ],
             }
             for r in replays

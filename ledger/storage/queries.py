@@ -67,7 +67,12 @@ class Page:
     next_cursor: str | None
 
 
-def _stored(row: Record, envelope: bytes) -> StoredRecord:
+# Columns, not the ORM entity: a record read is on the path of every lookup and evidence bundle,
+# and loading an entity costs more than the query's round trip.
+_COLUMNS = (*Record.__table__.columns, LogEntry.envelope)
+
+
+def _stored(row: Any) -> StoredRecord:
     return StoredRecord(
         request_id=row.request_id,
         log_index=row.log_index,
@@ -80,7 +85,7 @@ def _stored(row: Record, envelope: bytes) -> StoredRecord:
         worker_id=row.worker_id,
         endpoint=row.endpoint,
         received_at=as_utc(row.received_at),
-        envelope=envelope,
+        envelope=row.envelope,
     )
 
 
@@ -91,13 +96,17 @@ def get_record(db: Database, request_id: str) -> StoredRecord:
 
 def record_in(session: Session, request_id: str) -> StoredRecord:
     found = session.execute(
-        select(Record, LogEntry.envelope)
-        .join(LogEntry, LogEntry.idx == Record.log_index)
+        select(*_COLUMNS)
+        .join_from(Record, LogEntry, LogEntry.idx == Record.log_index)
         .where(Record.request_id == request_id)
     ).first()
     if found is None:
-        raise NotFound(f"no record with request ID {request_id!r}", code="record_not_found")
-    return _stored(found[0], found[1])
+        raise not_found(request_id)
+    return _stored(found)
+
+
+def not_found(request_id: str) -> NotFound:
+    return NotFound(f"no record with request ID {request_id!r}", code="record_not_found")
 
 
 def encode_cursor(log_index: int) -> str:
@@ -123,7 +132,7 @@ def search_records(
         raise InvalidInput(f"limit must be 1..{MAX_PAGE}", code="invalid_limit")
     if flt.since and flt.until and flt.since >= flt.until:
         raise InvalidInput("since must be earlier than until", code="invalid_time_range")
-    q = select(Record, LogEntry.envelope).join(LogEntry, LogEntry.idx == Record.log_index)
+    q = select(*_COLUMNS).join_from(Record, LogEntry, LogEntry.idx == Record.log_index)
     if cursor is not None:
         q = q.where(Record.log_index > decode_cursor(cursor))
     if flt.since is not None:
@@ -141,6 +150,6 @@ def search_records(
     q = q.order_by(Record.log_index).limit(limit + 1)
     with db.read() as s:
         rows = s.execute(q).all()
-    items = [_stored(r[0], r[1]) for r in rows[:limit]]
+    items = [_stored(r) for r in rows[:limit]]
     more = len(rows) > limit
     return Page(items, encode_cursor(items[-1].log_index) if more and items else None)
