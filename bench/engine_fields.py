@@ -14,13 +14,20 @@ For each variant it prints the p50 latency and the median of the per-prompt diff
 plain, per run and as the median over --runs runs. This is the engine's share of the
 collector's added latency, which no change to the collector can remove.
 
-    .venv/bin/python bench/engine_fields.py --requests 60 --runs 3
+With --pin, vLLM's engine core and model worker are held on the engine's CPU and its API
+server (with this load generator) on the other CPUs, as on a GPU host where the frontend has
+cores of its own: it shows how much of the cost is the frontend competing for a CPU with the
+engine's step rather than adding to it.
+
+    .venv/bin/python bench/engine_fields.py --requests 60 --runs 3 [--pin]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import statistics
 import sys
 import tempfile
@@ -61,11 +68,44 @@ async def one_run(url: str, batch: list[str], max_tokens: int) -> dict[str, list
     return out
 
 
+def children(pid: int) -> list[int]:
+    """Every descendant of a process, from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def pin(engine: EngineServer) -> None:
+    """Engine core and worker (vLLM's children) on one CPU; its API server and us on the rest."""
+    allowed = os.sched_getaffinity(0)
+    core = min(allowed)
+    others = allowed - {core} or {core}
+    for pid, cpus in [*((p, {core}) for p in children(engine.pid)), (engine.pid, others)]:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), cpus)
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), others)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--pin", action="store_true", help="engine on CPU 0, frontend apart")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ledger-engine-fields-"))
     engine = EngineServer(
@@ -77,6 +117,8 @@ def main() -> None:
     )
     start_engines([engine])
     try:
+        if args.pin:
+            pin(engine)
         batch = prompts(args.requests)
         asyncio.run(one_run(engine.url, batch[:4], args.max_tokens))  # warm-up
         added: dict[str, list[float]] = {name: [] for name in FIELDS}
@@ -98,6 +140,7 @@ def main() -> None:
     print(
         f"\n{machine()}; {args.requests} prompts x {args.max_tokens} tokens, one at a time, "
         f"median of {args.runs} runs"
+        + ("; engine core and worker on CPU 0, API server apart" if args.pin else "")
     )
     print("| asked of the engine | p50 | added over plain (median per-prompt difference) |")
     print("|---|---|---|")

@@ -24,6 +24,10 @@ CONNECT_TIMEOUT = 10.0
 # needs (the client that waits for it sets its own limit).
 _TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
 _FAILURES = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+# vLLM's server closes a connection left idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE). A pooled
+# connection about that old can be closed by the engine just as it is reused, and the request
+# then fails before the engine has read it; the pool drops idle connections well before that.
+KEEPALIVE = 2.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
-        connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=30)
+        connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=KEEPALIVE)
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=_TIMEOUT,
@@ -89,6 +93,29 @@ class Upstream:
         return Unreachable(
             f"the engine at {self.engine_url} does not answer: {exc!r}", code="engine_unreachable"
         )
+
+    async def _send(
+        self, method: str, path: str, body: bytes | None, headers: Mapping[str, str] | None
+    ) -> aiohttp.ClientResponse:
+        """Send a request; once more if the engine closed the connection before answering.
+
+        A server that closes a keep-alive connection as it is reused has not read the
+        request; one that closes it without answering a request it read has failed it, which
+        a client would retry too. Either way nothing was answered, so sending the request
+        again on another connection changes nothing a client sees. An engine that cannot be
+        connected to, a timeout or a second failure raise :class:`Unreachable`.
+        """
+        session = self._open_session()
+        url = self.engine_url + path
+        try:
+            return await session.request(method, url, data=body, headers=headers)
+        except _FAILURES as exc:
+            if not _closed_by_engine(exc):
+                raise self.unreachable(exc) from exc
+        try:
+            return await session.request(method, url, data=body, headers=headers)
+        except _FAILURES as exc:
+            raise self.unreachable(exc) from exc
 
     def _open_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -118,12 +145,7 @@ class Upstream:
     ) -> AsyncIterator[Streamed]:
         """A response to read as it arrives. Leaving the block early (a client gone away)
         closes the connection, which tells the engine to stop generating."""
-        try:
-            response = await self._open_session().request(
-                method, self.engine_url + path, data=body, headers=headers
-            )
-        except _FAILURES as exc:
-            raise self.unreachable(exc) from exc
+        response = await self._send(method, path, body, headers)
         try:
             yield Streamed(response, self)
         finally:
@@ -131,3 +153,10 @@ class Upstream:
                 response.release()  # read to the end: the connection goes back to the pool
             else:
                 response.close()
+
+
+def _closed_by_engine(exc: BaseException) -> bool:
+    """The engine closed an open connection before its answer began (not: no connection)."""
+    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and not (
+        isinstance(exc, aiohttp.ClientConnectorError)
+    )

@@ -1,4 +1,5 @@
-"""The collector's engine client over real HTTP: line splitting, errors, early close."""
+"""The collector's engine client over real HTTP: line splitting, errors, early close, and
+connections the engine closes before answering."""
 
 from __future__ import annotations
 
@@ -121,3 +122,87 @@ def test_calls_before_open_are_refused():
 
     with pytest.raises(RuntimeError, match="open"):
         asyncio.run(main())
+
+
+class ClosingServer:
+    """A raw HTTP/1.1 server on its own thread that answers ``answered`` requests on each
+    connection, keeping it alive, and closes the connection on the next one after reading it,
+    without answering: a keep-alive that expires just as the client reuses the connection."""
+
+    def __init__(self, answered: int) -> None:
+        self.answered = answered
+        self.requests = 0
+        self.connections = 0
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ClosingServer:
+        self._thread.start()
+        assert self._ready.wait(5)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", self.port))
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        served = 0
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.lower().split(b"\r\n")
+                    if line.startswith(b"content-length:")
+                ),
+                0,
+            )
+            await reader.readexactly(length)
+            self.requests += 1
+            if served == self.answered:
+                break
+            served += 1
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b'content-length: 12\r\n\r\n{"ok": true}'
+            )
+            await writer.drain()
+        writer.close()
+
+
+def test_a_connection_closed_as_it_is_reused_is_retried_once_on_a_new_one():
+    with ClosingServer(answered=1) as engine:
+
+        async def job(upstream: Upstream) -> list[int]:
+            first = await upstream.request("POST", "/v1/completions", body=b"{}")
+            second = await upstream.request("POST", "/v1/completions", body=b"{}")
+            return [first.status, second.status]
+
+        assert run(engine.url, job) == [200, 200]
+        # the second request reached the closing connection, then a new one
+        assert (engine.requests, engine.connections) == (3, 2)
+
+
+def test_an_engine_that_keeps_closing_is_unreachable_after_one_retry():
+    with ClosingServer(answered=0) as engine:
+
+        async def job(upstream: Upstream):
+            return await upstream.request("POST", "/v1/completions", body=b"{}")
+
+        with pytest.raises(Unreachable) as err:
+            run(engine.url, job)
+        assert err.value.code == "engine_unreachable"
+        assert (engine.requests, engine.connections) == (2, 2)
