@@ -85,7 +85,10 @@ def plan(endpoint: str, body: dict[str, Any], *, can_render: bool = False) -> Pl
     engine["return_token_ids"] = True
     if endpoint == CHAT:
         hide_logprobs = not body.get("logprobs")
-        if hide_logprobs:
+        # vLLM refuses top-k or chosen tokens' logprobs without ``logprobs: true``: such a
+        # request goes to the engine as it came, and the client gets vLLM's own error.
+        refused = body.get("top_logprobs") not in (None, 0) or bool(body.get("logprob_token_ids"))
+        if hide_logprobs and not refused:
             engine["logprobs"] = True
             engine["top_logprobs"] = 0
     else:

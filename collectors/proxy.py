@@ -74,9 +74,13 @@ class WorkerState:
     background: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="record")
     )
+    # Exchanges under way on the proxy's event loop (touched only there): with no other, a
+    # record is committed to the spool on the loop rather than through its writer thread.
+    exchanges: int = 0
 
 
-def _error(exc: LedgerError) -> JSONResponse:
+def _error(exc: LedgerError, request_id: str | None = None) -> JSONResponse:
+    """The collector's own error answer, in OpenAI's shape, with the request's ID if known."""
     status = next((s for cls, s in _STATUS.items() if isinstance(exc, cls)), 500)
     return JSONResponse(
         {
@@ -88,6 +92,7 @@ def _error(exc: LedgerError) -> JSONResponse:
             }
         },
         status_code=status,
+        headers={REQUEST_ID_HEADER: request_id} if request_id is not None else None,
     )
 
 
@@ -161,10 +166,17 @@ class _Exchange:
         self.state.metrics.spooled.inc()
 
     async def spool_async(self) -> None:
-        """Sign here (a fraction of a millisecond) and wait for the spool's durable commit."""
-        await asyncio.wrap_future(
-            self.state.spool.submit(self.request_id, self.record(aborted=False))
-        )
+        """Sign here (a fraction of a millisecond) and wait for the spool's durable commit.
+
+        With no other exchange in flight, the commit (an fsync: about a millisecond on a busy
+        host) runs right here, saving two thread hand-offs; a request arriving meanwhile waits
+        that long to be read. Otherwise the spool's writer commits it with whatever else has
+        queued up, in one transaction.
+        """
+        envelope = self.record(aborted=False)
+        spool = self.state.spool
+        if self.state.exchanges > 1 or not spool.put_now(self.request_id, envelope):
+            await asyncio.wrap_future(spool.submit(self.request_id, envelope))
         self.state.metrics.spooled.inc()
 
 
@@ -182,8 +194,10 @@ def create_proxy(state: WorkerState) -> Starlette:
             await engine.close()
 
     async def passthrough(request: Request) -> Response:
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
         try:
-            answer = await engine.request("GET", request.url.path)
+            answer = await engine.request("GET", path, headers=headers)
         except Unreachable as exc:
             return _error(exc)
         return Response(answer.body, answer.status, media_type=answer.content_type)
@@ -209,7 +223,7 @@ def create_proxy(state: WorkerState) -> Starlette:
                 headers=headers_for_engine(request, request_id),
             )
         except Unreachable as exc:
-            return _error(exc)
+            return _error(exc, request_id)
         if answer.status != 200:
             metrics.engine_errors.labels(str(answer.status)).inc()
         return Response(
@@ -222,6 +236,7 @@ def create_proxy(state: WorkerState) -> Starlette:
     async def generate(request: Request) -> Response:
         began = time.perf_counter()
         endpoint = request.url.path
+        request_id = None
         try:
             request_id = _request_id(request)
             raw = await request.body()
@@ -241,7 +256,7 @@ def create_proxy(state: WorkerState) -> Starlette:
             exchange_plan = plan(endpoint, body, can_render=state.renderer is not None)
         except LedgerError as exc:
             metrics.refusals.labels(exc.code).inc()
-            return _error(exc)
+            return _error(exc, request_id)
         engine_raw = dumps(exchange_plan.engine_body)
         ex = _Exchange(
             state=state,
@@ -256,20 +271,28 @@ def create_proxy(state: WorkerState) -> Starlette:
             acc=Accumulator(endpoint, top_k=exchange_plan.top_k),
             view=ClientView(exchange_plan, state.renderer),
         )
-        own = time.perf_counter() - began
+        state.exchanges += 1  # _stream counts a streamed exchange itself once it starts
+        try:
+            return await forward(request, ex, time.perf_counter() - began)
+        finally:
+            state.exchanges -= 1
+
+    async def forward(request: Request, ex: _Exchange, own: float) -> Response:
+        """Send one planned exchange to the engine; record it and answer the client."""
+        endpoint, request_id, exchange_plan = ex.endpoint, ex.request_id, ex.plan
         stack = AsyncExitStack()  # the engine's response: closed here, or when streamed
         try:
             upstream = await stack.enter_async_context(
                 engine.stream(
                     "POST",
                     endpoint,
-                    body=engine_raw,
+                    body=ex.engine_raw,
                     headers=headers_for_engine(request, request_id),
                 )
             )
         except Unreachable as exc:
             metrics.requests.labels(endpoint, "engine_unreachable").inc()
-            return _error(exc)
+            return _error(exc, request_id)
         if exchange_plan.stream and upstream.status == 200:
             metrics.added_latency.observe(own)
             return StreamingResponse(
@@ -282,7 +305,7 @@ def create_proxy(state: WorkerState) -> Starlette:
                 content = await upstream.read()
             except Unreachable as exc:
                 metrics.requests.labels(endpoint, "engine_unreachable").inc()
-                return _error(exc)
+                return _error(exc, request_id)
         if upstream.status != 200:
             metrics.engine_errors.labels(str(upstream.status)).inc()
             metrics.requests.labels(endpoint, "engine_error").inc()
@@ -301,11 +324,14 @@ def create_proxy(state: WorkerState) -> Starlette:
         except LedgerError as exc:
             # Fail closed: an answer that cannot be recorded is not handed out.
             metrics.requests.labels(endpoint, "not_recorded").inc()
+            if isinstance(exc, Conflict):  # the same request ID, sent twice at once
+                return _error(exc, request_id)
             return _error(
                 StorageError(
                     f"the answer could not be recorded, so it is withheld: {exc.message}",
                     code="not_recorded",
-                )
+                ),
+                request_id,
             )
         out = content if not exchange_plan.reshapes else ex.for_client(data)
         metrics.added_latency.observe(own + time.perf_counter() - after)
@@ -318,6 +344,7 @@ def create_proxy(state: WorkerState) -> Starlette:
         ex: _Exchange, upstream: Streamed, stack: AsyncExitStack
     ) -> AsyncIterator[bytes]:
         finished = False
+        state.exchanges += 1
         try:
             async for line in upstream.lines():
                 if not line.startswith("data: "):
@@ -339,6 +366,7 @@ def create_proxy(state: WorkerState) -> Starlette:
                 else:
                     yield line.encode() + b"\n\n"
         finally:
+            state.exchanges -= 1
             if not finished:
                 # The client went away (or the engine did): record what was generated. This
                 # runs inside a cancelled scope, so hand it to a thread instead of awaiting.
@@ -366,4 +394,8 @@ def _spool_aborted(ex: _Exchange, metrics: CollectorMetrics) -> None:
     try:
         ex.spool(aborted=True)
     except LedgerError as exc:
+        if exc.code == "request_id_in_use":
+            # The whole exchange was committed as the client left: that record stands.
+            logger.info("request %s: the client left as its record was committed", ex.request_id)
+            return
         metrics.refusals.labels(exc.code).inc()

@@ -1,11 +1,15 @@
 """Ships spooled records to the ledger in batches, with retry and backoff, never losing one.
 
 A batch is acknowledged as a whole (the ledger's ingest is atomic and idempotent: a record it
-already holds comes back as ``duplicate``), then removed from the spool. When the ledger refuses
-one item for good (invalid, or a different record under the same request ID), that item goes to
-the spool's dead letters with the reason and the rest is retried at once. Anything else (the
-ledger down, overloaded, the network, a credential problem) keeps every record and retries
-with exponential backoff and jitter.
+already holds comes back as ``duplicate``), then removed from the spool. Batches hold at most
+``batch`` records and ``max_bytes`` of envelopes; a batch the ledger finds too large is sent in
+halves, down to one record. When the ledger refuses one item for good (invalid, too large on
+its own, or a different record under the same request ID), that item goes to the spool's dead
+letters with the reason and the rest is retried at once. A record under a fingerprint the
+ledger does not know (one queued as this batch formed, when the engine restarted) waits for
+the fingerprint to be registered again. Anything else (the ledger down, overloaded, the
+network, a credential problem, an unexpected error) keeps every record and retries with
+exponential backoff and jitter.
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ from collections.abc import Callable
 
 from collectors.ledger_client import LedgerClient
 from collectors.spool import Spool, Spooled
-from ledger.errors import Conflict, InvalidInput, LedgerError, Pushback
+from ledger.errors import Conflict, InvalidInput, LedgerError, Pushback, TooLarge
 
 logger = logging.getLogger("ledger.collector.shipper")
 BATCH = 200
+# Bytes of envelopes per batch: well under the ledger's default body limit (32 MiB), so that
+# long-context records do not make every batch too large.
+MAX_BYTES = 8 * 1024 * 1024
+_FRAME = len(b'{"envelopes":[]}')  # a batch body's bytes besides its envelopes and commas
 BACKOFF_START = 0.2
 BACKOFF_MAX = 15.0
 # Wait this long for more records before posting a partial batch: records are durable in the
@@ -36,6 +44,7 @@ class Shipper:
         client: LedgerClient,
         *,
         batch: int = BATCH,
+        max_bytes: int = MAX_BYTES,
         linger: float = LINGER,
         on_shipped: Callable[[int], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
@@ -43,6 +52,7 @@ class Shipper:
         self.spool = spool
         self.client = client
         self.batch = batch
+        self.max_bytes = max_bytes
         self.linger = linger
         self.on_shipped = on_shipped
         self.on_failure = on_failure
@@ -81,36 +91,72 @@ class Shipper:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self._register_fingerprints():
-                continue
-            items = self.spool.oldest(self.batch)
-            if not items:
-                self.spool.added.wait(1.0)
-                self.spool.added.clear()
-                continue
-            if len(items) < self.batch and self.linger > 0:
-                # Let concurrent requests join the batch: one ledger round trip for many.
-                self._stop.wait(self.linger)
-                items = self.spool.oldest(self.batch)
             try:
-                self.client.post_canonical([i.envelope for i in items])
-            except (InvalidInput, Conflict) as exc:
-                index = exc.details.get("item")
-                if isinstance(index, int) and 0 <= index < len(items):
-                    bad = items[index]
-                    reason = f"{exc.code}: {exc.message}"
-                    logger.error("ledger refused record %s for good: %s", bad.request_id, reason)
-                    self.spool.dead_letter(bad, reason)
-                    self._failed(exc.code)
-                    continue
+                self._step()
+            except Exception as exc:  # the shipper outlives any one failure, or records pile up
+                logger.exception("shipping failed unexpectedly")
+                self._retry([], LedgerError(f"unexpected error: {exc!r}", code="shipper_error"))
+
+    def _step(self) -> None:
+        if not self._register_fingerprints():
+            return
+        items, full = self._oldest()
+        if not items:
+            self.spool.added.wait(1.0)
+            self.spool.added.clear()
+            return
+        if not full and self.linger > 0:
+            # Let concurrent requests join the batch: one ledger round trip for many.
+            self._stop.wait(self.linger)
+            items, _ = self._oldest()
+        self._send(items)
+
+    def _oldest(self) -> tuple[list[Spooled], bool]:
+        """The next batch (at least one record, however large), and whether it is full."""
+        items = self.spool.oldest(self.batch)
+        fitting = _fit(items, self.max_bytes)
+        return fitting, len(fitting) < len(items) or len(items) >= self.batch
+
+    def _send(self, items: list[Spooled]) -> None:
+        """Post one batch; acknowledge it, set aside what the ledger refuses for good, or wait."""
+        try:
+            self.client.post_canonical([i.envelope for i in items])
+        except TooLarge as exc:
+            # Over the ledger's body limit: keep under the limit it names from now on, and send
+            # what fits (or, with no limit named, the first half); the rest follows in the next
+            # batches. A record over the limit on its own cannot get in: it is set aside.
+            limit = exc.details.get("limit")
+            if isinstance(limit, int) and limit > _FRAME:
+                self.max_bytes = min(self.max_bytes, limit - _FRAME)
+            if len(items) == 1:
+                self._dead_letter(items[0], exc)
+                return
+            fitting = _fit(items, self.max_bytes)
+            self._send(fitting if len(fitting) < len(items) else items[: len(items) // 2])
+        except (InvalidInput, Conflict) as exc:
+            index = exc.details.get("item")
+            if exc.code == "unknown_fingerprint":
+                # Queued as this batch formed (the engine restarted), or lost by the ledger:
+                # register every fingerprint again before the next attempt.
+                self.spool.reregister_fingerprints()
                 self._retry(items, exc)
-            except LedgerError as exc:
-                self._retry(items, exc)
+            elif isinstance(index, int) and 0 <= index < len(items):
+                self._dead_letter(items[index], exc)
             else:
-                self.spool.ack([i.seq for i in items])
-                self.backoff = 0.0
-                if self.on_shipped is not None:
-                    self.on_shipped(len(items))
+                self._retry(items, exc)
+        except LedgerError as exc:
+            self._retry(items, exc)
+        else:
+            self.spool.ack([i.seq for i in items])
+            self.backoff = 0.0
+            if self.on_shipped is not None:
+                self.on_shipped(len(items))
+
+    def _dead_letter(self, item: Spooled, exc: LedgerError) -> None:
+        reason = f"{exc.code}: {exc.message}"
+        logger.error("ledger refused record %s for good: %s", item.request_id, reason)
+        self.spool.dead_letter(item, reason)
+        self._failed(exc.code)
 
     def _failed(self, code: str) -> None:
         if self.on_failure is not None:
@@ -130,3 +176,13 @@ class Shipper:
             delay,
         )
         self._stop.wait(delay * (0.8 + 0.4 * random.random()))
+
+
+def _fit(items: list[Spooled], max_bytes: int) -> list[Spooled]:
+    """The longest prefix of ``items`` whose batch body is within ``max_bytes`` (at least one)."""
+    size = _FRAME
+    for n, item in enumerate(items):
+        size += len(item.envelope) + 1
+        if size > max_bytes and n > 0:
+            return items[:n]
+    return items

@@ -239,14 +239,26 @@ def test_engine_errors_pass_through_unchanged(
         f"{proxy.url}/v1/completions", content=b"{", headers={"content-type": "application/json"}
     )
     assert not_json.status_code >= 400
+    # Top-k logprobs without logprobs: vLLM refuses it; the collector must not make it valid
+    # by asking for the logprobs its record needs.
+    top_k_alone = {**CHAT, "top_logprobs": 2}
+    status, _, through = call(proxy.url, "/v1/chat/completions", top_k_alone)
+    alone_status, _, alone = call(engines["strict"].url, "/v1/chat/completions", top_k_alone)
+    assert (status, through) == (alone_status, alone) and status == 400
+    metrics = httpx.get(f"{proxy.url}/metrics").text
+    assert 'collector_engine_errors_total{status="404"}' in metrics
+    assert 'collector_engine_errors_total{status="400"}' in metrics
 
 
 def test_refusals_name_the_problem(proxy: RunningCollector):
     status, _, out = call(proxy.url, "/v1/completions", COMPLETION, {"X-Request-ID": "has spaces"})
     assert status == 400 and out["error"]["code"] == "invalid_request_id"
     many = {**COMPLETION, "prompt": ["a", "b"]}
-    status, _, out = call(proxy.url, "/v1/completions", many)
+    status, headers, out = call(proxy.url, "/v1/completions", many, {"X-Request-ID": "many-1"})
     assert status == 400 and out["error"]["code"] == "one_prompt_per_request"
+    assert headers["x-request-id"] == "many-1"  # the collector's own answers carry it too
+    status, headers, _ = call(proxy.url, "/v1/completions", many)
+    assert headers["x-request-id"].startswith("req-")
 
 
 def test_the_openai_client_works_unchanged(proxy: RunningCollector, api: Harness):

@@ -5,6 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from cli.server_thread import ServerThread, free_port
 from collectors.proxy import WorkerState, create_proxy
@@ -34,6 +38,8 @@ def test_an_engine_that_does_not_answer_is_a_502(tmp_path: Path):
                 headers={"X-Request-ID": "away-1"},
             )
             assert response.status_code == 502, path
+            if method == "POST":
+                assert response.headers["x-request-id"] == "away-1"
             error = response.json()["error"]
             assert error["code"] == "engine_unreachable" and "does not answer" in error["message"]
         not_json = httpx.post(server.url + "/v1/chat/completions", content=b"[")
@@ -41,4 +47,42 @@ def test_an_engine_that_does_not_answer_is_a_502(tmp_path: Path):
         assert spool.pending() == 0
     finally:
         server.stop()
+        spool.close()
+
+
+def test_models_pass_through_with_the_clients_credentials_and_query(tmp_path: Path):
+    # A vLLM server started with --api-key answers /v1/models only with the client's key.
+    seen: list[tuple[str, str | None]] = []
+
+    async def models(request: Request) -> JSONResponse:
+        seen.append((str(request.url.query), request.headers.get("authorization")))
+        if request.headers.get("authorization") != "Bearer sk-engine":
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
+        return JSONResponse({"object": "list", "data": [{"id": "fixture"}]})
+
+    engine = ServerThread(
+        Starlette(routes=[Route("/v1/models", models)]), "127.0.0.1", free_port()
+    ).start()
+    spool = Spool(tmp_path / "spool.sqlite")
+    state = WorkerState(
+        engine_url=engine.url,
+        worker_id="w",
+        pool="p",
+        default_tier=0,
+        key=SigningKey.generate(),
+        spool=spool,
+        fingerprint_id="sha256:" + "0" * 64,
+        batch_invariance="serial",
+    )
+    server = ServerThread(create_proxy(state), "127.0.0.1", free_port()).start()
+    try:
+        answer = httpx.get(
+            server.url + "/v1/models?limit=1", headers={"Authorization": "Bearer sk-engine"}
+        )
+        assert answer.status_code == 200 and answer.json()["data"] == [{"id": "fixture"}]
+        assert httpx.get(server.url + "/v1/models").status_code == 401
+        assert seen == [("limit=1", "Bearer sk-engine"), ("", None)]
+    finally:
+        server.stop()
+        engine.stop()
         spool.close()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from collectors.spool import Spool
-from ledger.errors import Conflict
+from ledger.errors import Conflict, StorageError
 
 
 def test_put_is_durable_and_survives_reopening(tmp_path: Path):
@@ -69,4 +70,49 @@ def test_fingerprints_wait_for_registration(tmp_path: Path):
     assert spool.unregistered_fingerprints() == [("sha256:a", b"{}")]
     spool.fingerprint_registered("sha256:a")
     assert spool.unregistered_fingerprints() == []
+    spool.close()
+
+
+def test_put_now_commits_on_the_callers_thread_when_idle(tmp_path: Path):
+    spool = Spool(tmp_path / "s.sqlite")
+    assert spool.put_now("r1", b'{"a":1}') is True
+    assert spool.holds("r1") and spool.added.is_set()
+    with pytest.raises(Conflict) as err:
+        spool.put_now("r1", b'{"a":2}')
+    assert err.value.code == "request_id_in_use"
+    spool.close()
+    again = Spool(tmp_path / "s.sqlite")
+    assert [(i.request_id, i.envelope) for i in again.oldest(10)] == [("r1", b'{"a":1}')]
+    again.close()
+
+
+def test_put_now_declines_while_another_write_runs_or_once_closed(tmp_path: Path):
+    spool = Spool(tmp_path / "s.sqlite")
+    with spool._write_lock:  # an ack, a dead letter or the writer's group commit under way
+        assert spool.put_now("r1", b"x") is False
+    assert not spool.holds("r1") and spool.pending() == 0
+    spool.put("r2", b"y")  # the writer thread still works after a declined put_now
+    assert spool.put_now("r3", b"z") is True
+    assert [i.request_id for i in spool.oldest(10)] == ["r2", "r3"]
+    spool.close()
+    assert spool.put_now("r4", b"w") is False
+    with pytest.raises(StorageError):
+        spool.submit("r4", b"w")
+
+
+def test_a_cancelled_wait_is_dropped_and_the_writer_keeps_working(tmp_path: Path):
+    # A streamed exchange whose client leaves while it waits for the commit cancels the
+    # future (asyncio.wrap_future) and records the exchange as aborted instead. Setting a
+    # result on that cancelled future used to kill the writer thread: every later put hung.
+    spool = Spool(tmp_path / "s.sqlite")
+    with spool._write_lock:  # the writer takes r1's batch and waits here
+        first = spool.submit("r1", b"a")
+        while spool._queue:
+            time.sleep(0.001)
+        second = spool.submit("r2", b"b")
+        assert second.cancel()
+    first.result(5)
+    spool.put("r3", b"c", timeout=5)
+    assert [i.request_id for i in spool.oldest(10)] == ["r1", "r3"]
+    assert not spool.holds("r2")
     spool.close()
