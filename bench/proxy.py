@@ -209,6 +209,7 @@ def main() -> None:
     )
     start_engines([engine])
     procs: list[subprocess.Popen[bytes]] = []
+    logs = [(work / f"{name}.log").open("wb") for name in ("ledger", "collector")]
     try:
         ledger_port, collect_port = free_port(), free_port()
         env = {
@@ -217,9 +218,7 @@ def main() -> None:
             "LEDGER_PORT": str(ledger_port),
         }
         procs.append(
-            subprocess.Popen(
-                [*LEDGER, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
+            subprocess.Popen([*LEDGER, "serve"], env=env, stdout=logs[0], stderr=subprocess.STDOUT)
         )
         ledger_url = f"http://127.0.0.1:{ledger_port}"
         wait_http(ledger_url + "/healthz", procs[-1])
@@ -253,8 +252,8 @@ def main() -> None:
                     str(work / "spool.sqlite"),
                 ],
                 env={**os.environ, "LEDGER_DIGEST_CACHE": str(work / "digests.sqlite")},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stdout=logs[1],
+                stderr=subprocess.STDOUT,
             )
         )
         collect_url = f"http://127.0.0.1:{collect_port}"
@@ -386,11 +385,16 @@ def main() -> None:
             f"collector's own processing (parse, sign, spool, reshape): mean {own_ms:.2f} ms over "
             f"{own_count:.0f} requests; ledger holds records: {bool(pending['items'])}"
         )
+    except BaseException:
+        print(f"failed; the engine's, ledger's and collector's logs are in {work}", file=sys.stderr)
+        raise
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
         engine.stop()
+        for log in logs:
+            log.close()
 
 
 if __name__ == "__main__":
