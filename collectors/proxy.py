@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from collectors.exchange import CHAT, COMPLETIONS, Accumulator, ClientView, Plan, dumps, plan
 from collectors.metrics import CollectorMetrics
@@ -126,6 +127,8 @@ class _Exchange:
     acc: Accumulator
     view: ClientView
     ttft_ns: int | None = None
+    own_s: float = 0.0  # the collector's own time on this exchange so far
+    streaming: bool = False  # a streamed answer's chunks began to flow
 
     def for_client(self, data: dict[str, Any]) -> bytes:
         out = dumps(self.view.shape(data))
@@ -294,9 +297,18 @@ def create_proxy(state: WorkerState) -> Starlette:
             metrics.requests.labels(endpoint, "engine_unreachable").inc()
             return _error(exc, request_id)
         if exchange_plan.stream and upstream.status == 200:
-            metrics.added_latency.observe(own)
-            return StreamingResponse(
+            ex.own_s = own
+
+            async def unstarted() -> None:
+                # The client left before the first chunk: nothing was read from the engine,
+                # so there is nothing to record; closing the stream stops the generation.
+                if not ex.streaming:
+                    metrics.requests.labels(endpoint, "aborted").inc()
+                    await asyncio.shield(stack.aclose())
+
+            return _EndsWithTheResponse(
                 _stream(ex, upstream, stack),
+                unstarted,
                 media_type=upstream.content_type or "text/event-stream",
                 headers={REQUEST_ID_HEADER: request_id},
             )
@@ -342,8 +354,9 @@ def create_proxy(state: WorkerState) -> Starlette:
 
     async def _stream(
         ex: _Exchange, upstream: Streamed, stack: AsyncExitStack
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         finished = False
+        ex.streaming = True
         state.exchanges += 1
         try:
             async for line in upstream.lines():
@@ -353,7 +366,9 @@ def create_proxy(state: WorkerState) -> Starlette:
                     continue
                 payload = line[6:]
                 if payload.strip() == "[DONE]":
+                    began = time.perf_counter()
                     await ex.spool_async()
+                    metrics.added_latency.observe(ex.own_s + time.perf_counter() - began)
                     finished = True
                     metrics.requests.labels(ex.endpoint, "recorded").inc()
                     yield b"data: [DONE]\n\n"
@@ -388,6 +403,33 @@ def create_proxy(state: WorkerState) -> Starlette:
             Route("/metrics", own_metrics, methods=["GET"]),
         ],
     )
+
+
+class _EndsWithTheResponse(StreamingResponse):
+    """A streamed answer whose exchange ends with the response, however it ends.
+
+    When the client goes away, Starlette stops sending but leaves the body's generator
+    suspended until the garbage collector finds it; closing it here records the aborted
+    exchange and releases the engine's stream at once. ``unstarted`` runs last, for a client
+    gone before the first chunk (the generator never ran, so closing it runs nothing).
+    """
+
+    def __init__(
+        self,
+        body: AsyncGenerator[bytes, None],
+        unstarted: Callable[[], Awaitable[None]],
+        **kw: Any,
+    ) -> None:
+        super().__init__(body, **kw)
+        self._body = body
+        self._unstarted = unstarted
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._body.aclose()
+            await self._unstarted()
 
 
 def _spool_aborted(ex: _Exchange, metrics: CollectorMetrics) -> None:
