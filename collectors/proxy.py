@@ -253,7 +253,7 @@ def create_proxy(state: WorkerState) -> Starlette:
             check_tier(tier, body, state.batch_invariance)
             if state.spool.holds(request_id):
                 raise Conflict(
-                    f"request ID {request_id!r} is already in this collector's spool",
+                    f"request ID {request_id!r} was already used with this collector",
                     code="request_id_in_use",
                 )
             exchange_plan = plan(endpoint, body, can_render=state.renderer is not None)

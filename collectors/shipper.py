@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 
 from collectors.ledger_client import LedgerClient
-from collectors.spool import Spool, Spooled
+from collectors.spool import REQUEST_ID_RETENTION, Spool, Spooled
 from ledger.errors import Conflict, InvalidInput, LedgerError, Pushback, TooLarge
 
 logger = logging.getLogger("ledger.collector.shipper")
@@ -35,6 +36,7 @@ BACKOFF_MAX = 15.0
 # spool meanwhile, and each ledger round trip costs both sides a few milliseconds of CPU
 # whatever its size (docs/PERFORMANCE.md, collector overhead).
 LINGER = 0.25
+FORGET_EVERY = 3600.0
 
 
 class Shipper:
@@ -59,6 +61,7 @@ class Shipper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shipper", daemon=True)
         self.backoff = 0.0
+        self._next_forget = 0.0
 
     def start(self) -> Shipper:
         self._thread.start()
@@ -98,6 +101,10 @@ class Shipper:
                 self._retry([], LedgerError(f"unexpected error: {exc!r}", code="shipper_error"))
 
     def _step(self) -> None:
+        if time.monotonic() >= self._next_forget:
+            # The spool remembers used request IDs for a while: forget the oldest (hourly).
+            self._next_forget = time.monotonic() + FORGET_EVERY
+            self.spool.forget_request_ids(time.time() - REQUEST_ID_RETENTION)
         if not self._register_fingerprints():
             return
         items, full = self._oldest()

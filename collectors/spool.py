@@ -32,7 +32,14 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS dead_letters ("
     " seq INTEGER PRIMARY KEY, request_id TEXT NOT NULL, envelope BLOB NOT NULL,"
     " reason TEXT NOT NULL, failed_at REAL NOT NULL)",
+    # Every request ID this collector recorded, shipped or not, for REQUEST_ID_RETENTION: the
+    # ledger keys records by request ID, so a client reusing one is refused before the engine
+    # runs, rather than its record being refused by the ledger after the answer went out.
+    "CREATE TABLE IF NOT EXISTS request_ids ("
+    " request_id TEXT PRIMARY KEY, used_at REAL NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS request_ids_used_at ON request_ids (used_at)",
 )
+REQUEST_ID_RETENTION = 7 * 24 * 3600.0  # seconds a used request ID stays refused
 
 
 @dataclass(frozen=True)
@@ -50,8 +57,11 @@ class Spool:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = self._connect()
         self._read = self._connect()
-        # Request IDs in the spool, so the proxy can refuse a reused ID without a query.
-        self._ids = {str(r) for (r,) in self._read.execute("SELECT request_id FROM spool")}
+        self._lookup = self._connect()  # request ID checks, on the proxy's event loop
+        # A spool from before the request_ids table: its pending records' IDs.
+        self._conn.execute(
+            "INSERT OR IGNORE INTO request_ids SELECT request_id, spooled_at FROM spool"
+        )
         self._queue: list[tuple[str, bytes, Future[None]]] = []
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()  # one transaction at a time on the write connection
@@ -150,6 +160,7 @@ class Spool:
                         "INSERT INTO spool (request_id, envelope, spooled_at) VALUES (?, ?, ?)",
                         (request_id, envelope, now),
                     )
+                    self._conn.execute("INSERT INTO request_ids VALUES (?, ?)", (request_id, now))
                     self._conn.execute("RELEASE one")
                     results.append(None)
                 except sqlite3.IntegrityError:
@@ -157,7 +168,7 @@ class Spool:
                     self._conn.execute("RELEASE one")
                     results.append(
                         Conflict(
-                            f"request ID {request_id!r} is already in this collector's spool",
+                            f"request ID {request_id!r} was already used with this collector",
                             code="request_id_in_use",
                         )
                     )
@@ -167,9 +178,8 @@ class Spool:
                 self._conn.execute("ROLLBACK")
             error = StorageError(f"the spool {self.path} failed: {exc}")
             results = [error] * len(batch)
-        for (request_id, _, future), result in zip(batch, results, strict=True):
+        for (_, _, future), result in zip(batch, results, strict=True):
             if result is None:
-                self._ids.add(request_id)
                 future.set_result(None)
             else:
                 future.set_exception(result)
@@ -188,13 +198,8 @@ class Spool:
             return
         with self._write_lock:
             self._conn.execute("BEGIN IMMEDIATE")
-            gone = self._conn.execute(
-                f"SELECT request_id FROM spool WHERE seq IN ({','.join('?' * len(seqs))})",
-                seqs,
-            ).fetchall()
             self._conn.executemany("DELETE FROM spool WHERE seq = ?", [(s,) for s in seqs])
             self._conn.execute("COMMIT")
-        self._ids.difference_update(str(r) for (r,) in gone)
 
     def failed(self, seqs: list[int], error: str) -> None:
         with self._write_lock:
@@ -215,7 +220,6 @@ class Spool:
             )
             self._conn.execute("DELETE FROM spool WHERE seq = ?", (item.seq,))
             self._conn.execute("COMMIT")
-        self._ids.discard(item.request_id)
 
     def add_fingerprint(self, fingerprint_id: str, envelope: bytes) -> None:
         """Keep a fingerprint until the ledger has it: records under it ship only after."""
@@ -244,7 +248,28 @@ class Spool:
             self._conn.execute("UPDATE fingerprints SET registered = 0")
 
     def holds(self, request_id: str) -> bool:
-        return request_id in self._ids
+        """Whether this request ID was used here (within the retention, or still pending)."""
+        row = self._lookup.execute(
+            "SELECT 1 FROM request_ids WHERE request_id = ?"
+            " UNION ALL SELECT 1 FROM spool WHERE request_id = ? LIMIT 1",
+            (request_id, request_id),
+        ).fetchone()
+        return row is not None
+
+    def forget_request_ids(self, used_before: float, chunk: int = 2_000) -> int:
+        """Forget request IDs used before ``used_before`` (a Unix time), in short transactions
+        so that recording is never held up for long; pending records' IDs stay refused."""
+        forgotten = 0
+        while True:
+            with self._write_lock:
+                gone = self._conn.execute(
+                    "DELETE FROM request_ids WHERE request_id IN (SELECT request_id FROM"
+                    " request_ids WHERE used_at < ? LIMIT ?)",
+                    (used_before, chunk),
+                ).rowcount
+            forgotten += gone
+            if gone < chunk:
+                return forgotten
 
     def pending(self) -> int:
         return int(self._read.execute("SELECT count(*) FROM spool").fetchone()[0])
@@ -259,3 +284,4 @@ class Spool:
         self._writer.join(timeout=30)
         self._conn.close()
         self._read.close()
+        self._lookup.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -45,7 +46,8 @@ def test_ack_and_dead_letter(tmp_path: Path):
     spool.ack([items[0].seq, items[1].seq])
     spool.dead_letter(items[2], "record_conflict: held with other content")
     assert spool.pending() == 2 and spool.dead_letters() == 1
-    assert not spool.holds("r0") and not spool.holds("r2") and spool.holds("r3")
+    # Shipped or set aside, an ID stays used: the ledger would refuse a second record under it.
+    assert all(spool.holds(f"r{i}") for i in range(5)) and not spool.holds("r5")
     spool.failed([items[3].seq], "ledger_unreachable")
     spool.close()
 
@@ -115,4 +117,41 @@ def test_a_cancelled_wait_is_dropped_and_the_writer_keeps_working(tmp_path: Path
     spool.put("r3", b"c", timeout=5)
     assert [i.request_id for i in spool.oldest(10)] == ["r1", "r3"]
     assert not spool.holds("r2")
+    spool.close()
+
+
+def test_a_shipped_request_id_stays_refused_until_forgotten(tmp_path: Path):
+    spool = Spool(tmp_path / "s.sqlite")
+    spool.put("shipped", b"x")
+    spool.put("pending", b"y")
+    spool.ack([spool.oldest(1)[0].seq])
+    assert spool.holds("shipped") and spool.pending() == 1
+    with pytest.raises(Conflict) as err:
+        spool.put("shipped", b"z")
+    assert err.value.code == "request_id_in_use"
+    spool.close()
+    spool = Spool(tmp_path / "s.sqlite")  # remembered across restarts
+    assert spool.holds("shipped")
+    with pytest.raises(Conflict):
+        spool.put_now("shipped", b"z")
+    # Past the retention, shipped IDs are forgotten; a pending record's ID never is.
+    assert spool.forget_request_ids(time.time() + 1, chunk=1) == 2
+    assert not spool.holds("shipped") and spool.holds("pending")
+    spool.put("shipped", b"again")
+    spool.close()
+
+
+def test_a_spool_from_before_the_request_id_table_keeps_its_pending_ids(tmp_path: Path):
+    path = tmp_path / "s.sqlite"
+    Spool(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE request_ids")
+        db.execute("INSERT INTO spool (request_id, envelope, spooled_at) VALUES ('old', x'00', 1)")
+    db.close()
+    spool = Spool(path)
+    assert spool.holds("old")
+    spool.forget_request_ids(time.time())
+    assert spool.holds("old")  # still pending
+    with pytest.raises(Conflict):
+        spool.put("old", b"x")
     spool.close()
