@@ -216,6 +216,32 @@ def test_the_client_gets_what_vllm_alone_returns_and_the_record_is_exact(
     assert 0 < int(timings["ttft_ns"]) <= int(timings["total_ns"])
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("stop", ["token", "string"])
+def test_the_stop_reason_is_recorded(
+    proxy: RunningCollector, engines: dict[str, EngineServer], api: Harness, stop: str, stream: bool
+):
+    # Stop on something the greedy answer holds: its third token, or two characters of it.
+    plain = reference(engines["strict"], "/v1/completions", COMPLETION)["choices"][0]
+    if stop == "token":
+        value: int | str = plain["token_ids"][2]
+        body = {**COMPLETION, "stop_token_ids": [value], "stream": stream}
+    else:
+        middle = len(plain["text"]) // 2
+        value = plain["text"][middle : middle + 2]
+        assert len(value) == 2
+        body = {**COMPLETION, "stop": [value], "stream": stream}
+    request_id = f"stop-{stop}-{'s' if stream else 'w'}-{api.backend}"
+    status, _, through = call(proxy.url, "/v1/completions", body, {"X-Request-ID": request_id})
+    _, _, alone = call(engines["strict"].url, "/v1/completions", body)
+    assert status == 200 and stable(through) == stable(alone)
+    want = reference(engines["strict"], "/v1/completions", body)["choices"][0]
+    assert want["finish_reason"] == "stop" and want["stop_reason"] == value
+    (got,) = wait_for_record(api, request_id)["choices"]
+    assert (got["finish_reason"], got["stop_reason"]) == ("stop", value)
+    assert ints(got["token_ids"]) == want["token_ids"]
+
+
 def test_models_pass_through_and_metrics_are_the_collectors(
     proxy: RunningCollector, engines: dict[str, EngineServer]
 ):

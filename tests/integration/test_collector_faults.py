@@ -91,6 +91,15 @@ def test_a_ledger_outage_loses_and_duplicates_nothing(
         ids = ledger_ids(admin, "outage")
         assert sorted(ids) == [f"outage-{i:03d}" for i in range(RUN)]  # all, each once
         assert collector.spool.dead_letters() == 0
+        # What the collector's metrics say of it: every request recorded, spooled and
+        # shipped once, and the outage seen as failed shipping attempts.
+        sample = collector.metrics.registry.get_sample_value
+        recorded = {"endpoint": "/v1/completions", "outcome": "recorded"}
+        assert sample("collector_requests_total", recorded) == RUN
+        assert sample("collector_records_spooled_total") == RUN
+        assert (sample("collector_records_shipped_total") or 0) >= RUN  # a retried batch: again
+        assert (sample("collector_ship_failures_total", {"code": "ledger_unreachable"}) or 0) > 0
+        assert sample("collector_added_latency_seconds_count") == RUN
     finally:
         proxy.stop()
         collector.close()

@@ -86,3 +86,37 @@ def test_models_pass_through_with_the_clients_credentials_and_query(tmp_path: Pa
         server.stop()
         engine.stop()
         spool.close()
+
+
+def test_the_collectors_default_tier_applies_without_the_header(tmp_path: Path):
+    # Refusals come before the engine is called, so an engine that is away shows which
+    # requests got past the policy (502) and which did not (409).
+    spool = Spool(tmp_path / "spool.sqlite")
+    state = WorkerState(
+        engine_url=f"http://127.0.0.1:{free_port()}",
+        worker_id="w",
+        pool="p",
+        default_tier=1,
+        key=SigningKey.generate(),
+        spool=spool,
+        fingerprint_id="sha256:" + "0" * 64,
+        batch_invariance="none",
+    )
+    server = ServerThread(create_proxy(state), "127.0.0.1", free_port()).start()
+    sampled = {"model": "m", "prompt": "x", "max_tokens": 1, "temperature": 0.7}
+    try:
+        refused = httpx.post(server.url + "/v1/completions", json=sampled)
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "tier_refused"
+        seeded = httpx.post(server.url + "/v1/completions", json={**sampled, "seed": 3})
+        assert seeded.status_code == 502
+        tier_0 = httpx.post(
+            server.url + "/v1/completions", json=sampled, headers={"X-Reproducibility-Tier": "0"}
+        )
+        assert tier_0.status_code == 502
+        state.default_tier = 2  # greedy, but this worker is not batch-invariant
+        greedy = httpx.post(server.url + "/v1/completions", json={**sampled, "temperature": 0})
+        assert greedy.status_code == 409
+        assert any("batch-invariant" in m for m in greedy.json()["error"]["details"]["missing"])
+    finally:
+        server.stop()
+        spool.close()
