@@ -78,6 +78,9 @@ class WorkerState:
     # Exchanges under way on the proxy's event loop (touched only there): with no other, a
     # record is committed to the spool on the loop rather than through its writer thread.
     exchanges: int = 0
+    # Request IDs of exchanges under way (loop only): the spool knows an ID once its record
+    # is in, so two requests sent at once under one ID are told apart here.
+    in_flight: set[str] = field(default_factory=set)
 
 
 def _error(exc: LedgerError, request_id: str | None = None) -> JSONResponse:
@@ -251,7 +254,7 @@ def create_proxy(state: WorkerState) -> Starlette:
                 return await forward_unrecorded(request, raw, request_id)
             tier = parse_tier(request.headers.get(TIER_HEADER), state.default_tier)
             check_tier(tier, body, state.batch_invariance)
-            if state.spool.holds(request_id):
+            if request_id in state.in_flight or state.spool.holds(request_id):
                 raise Conflict(
                     f"request ID {request_id!r} was already used with this collector",
                     code="request_id_in_use",
@@ -275,10 +278,15 @@ def create_proxy(state: WorkerState) -> Starlette:
             view=ClientView(exchange_plan, state.renderer),
         )
         state.exchanges += 1  # _stream counts a streamed exchange itself once it starts
+        state.in_flight.add(request_id)
+        response: Response | None = None
         try:
-            return await forward(request, ex, time.perf_counter() - began)
+            response = await forward(request, ex, time.perf_counter() - began)
+            return response
         finally:
             state.exchanges -= 1
+            if not isinstance(response, _EndsWithTheResponse):  # that one releases the ID
+                state.in_flight.discard(request_id)
 
     async def forward(request: Request, ex: _Exchange, own: float) -> Response:
         """Send one planned exchange to the engine; record it and answer the client."""
@@ -299,7 +307,8 @@ def create_proxy(state: WorkerState) -> Starlette:
         if exchange_plan.stream and upstream.status == 200:
             ex.own_s = own
 
-            async def unstarted() -> None:
+            async def ended() -> None:
+                state.in_flight.discard(request_id)
                 # The client left before the first chunk: nothing was read from the engine,
                 # so there is nothing to record; closing the stream stops the generation.
                 if not ex.streaming:
@@ -308,7 +317,7 @@ def create_proxy(state: WorkerState) -> Starlette:
 
             return _EndsWithTheResponse(
                 _stream(ex, upstream, stack),
-                unstarted,
+                ended,
                 media_type=upstream.content_type or "text/event-stream",
                 headers={REQUEST_ID_HEADER: request_id},
             )
@@ -410,26 +419,26 @@ class _EndsWithTheResponse(StreamingResponse):
 
     When the client goes away, Starlette stops sending but leaves the body's generator
     suspended until the garbage collector finds it; closing it here records the aborted
-    exchange and releases the engine's stream at once. ``unstarted`` runs last, for a client
+    exchange and releases the engine's stream at once. ``ended`` runs last, also for a client
     gone before the first chunk (the generator never ran, so closing it runs nothing).
     """
 
     def __init__(
         self,
         body: AsyncGenerator[bytes, None],
-        unstarted: Callable[[], Awaitable[None]],
+        ended: Callable[[], Awaitable[None]],
         **kw: Any,
     ) -> None:
         super().__init__(body, **kw)
         self._body = body
-        self._unstarted = unstarted
+        self._ended = ended
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self._body.aclose()
-            await self._unstarted()
+            await self._ended()
 
 
 def _spool_aborted(ex: _Exchange, metrics: CollectorMetrics) -> None:
@@ -439,5 +448,6 @@ def _spool_aborted(ex: _Exchange, metrics: CollectorMetrics) -> None:
         if exc.code == "request_id_in_use":
             # The whole exchange was committed as the client left: that record stands.
             logger.info("request %s: the client left as its record was committed", ex.request_id)
+            metrics.spooled.inc()
             return
         metrics.refusals.labels(exc.code).inc()

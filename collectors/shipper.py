@@ -101,6 +101,7 @@ class Shipper:
                 self._retry([], LedgerError(f"unexpected error: {exc!r}", code="shipper_error"))
 
     def _step(self) -> None:
+        self.spool.checkpoint()
         if time.monotonic() >= self._next_forget:
             # The spool remembers used request IDs for a while: forget the oldest (hourly).
             self._next_forget = time.monotonic() + FORGET_EVERY
@@ -129,23 +130,29 @@ class Shipper:
         try:
             self.client.post_canonical([i.envelope for i in items])
         except TooLarge as exc:
-            # Over the ledger's body limit: keep under the limit it names from now on, and send
-            # what fits (or, with no limit named, the first half); the rest follows in the next
-            # batches. A record over the limit on its own cannot get in: it is set aside.
+            # Over one of the ledger's limits (bytes per body, or records per batch): keep
+            # under the limit it names from now on, and send what fits (or, with no limit
+            # named, the first half); the rest follows in the next batches. A record over the
+            # body limit on its own cannot get in: it is set aside.
             limit = exc.details.get("limit")
-            if isinstance(limit, int) and limit > _FRAME:
-                self.max_bytes = min(self.max_bytes, limit - _FRAME)
+            if isinstance(limit, int) and limit > 0:
+                if exc.code == "batch_too_large":
+                    self.batch = min(self.batch, limit)
+                elif limit > _FRAME:
+                    self.max_bytes = min(self.max_bytes, limit - _FRAME)
             if len(items) == 1:
                 self._dead_letter(items[0], exc)
                 return
-            fitting = _fit(items, self.max_bytes)
+            fitting = _fit(items[: self.batch], self.max_bytes)
             self._send(fitting if len(fitting) < len(items) else items[: len(items) // 2])
         except (InvalidInput, Conflict) as exc:
             index = exc.details.get("item")
-            if exc.code == "unknown_fingerprint":
+            if exc.code == "unknown_fingerprint" and self.spool.reregister_fingerprint(
+                str(exc.details.get("fingerprint_id"))
+            ):
                 # Queued as this batch formed (the engine restarted), or lost by the ledger:
-                # register every fingerprint again before the next attempt.
-                self.spool.reregister_fingerprints()
+                # register it again before the next attempt. (A fingerprint this collector
+                # never had cannot be: that record is set aside below.)
                 self._retry(items, exc)
             elif isinstance(index, int) and 0 <= index < len(items):
                 self._dead_letter(items[index], exc)

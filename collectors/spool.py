@@ -14,11 +14,13 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.errors import Conflict, StorageError
+from ledger.errors import Conflict, LedgerError, StorageError
 
 logger = logging.getLogger("ledger.collector.spool")
 
@@ -76,6 +78,9 @@ class Spool:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA busy_timeout=10000")
+            # Checkpoints run on the shipper's thread (checkpoint()), never in a commit on a
+            # request's path: a multi-megabyte one would hold up the proxy's event loop.
+            conn.execute("PRAGMA wal_autocheckpoint=0")
             for statement in _SCHEMA:
                 conn.execute(statement)
         except sqlite3.Error as exc:
@@ -114,13 +119,13 @@ class Spool:
                 return False
         if not self._write_lock.acquire(blocking=False):
             return False
-        done: Future[None] = Future()
         try:
-            self._commit([(request_id, envelope, done)])
+            (error,) = self._commit([(request_id, envelope)])
         finally:
             self._write_lock.release()
         self.added.set()
-        done.result()
+        if error is not None:
+            raise error
         return True
 
     def _write_loop(self) -> None:
@@ -137,23 +142,29 @@ class Spool:
             batch = [item for item in batch if item[2].set_running_or_notify_cancel()]
             if not batch:
                 continue
+            results: list[LedgerError | None]
             try:
                 with self._write_lock:
-                    self._commit(batch)
+                    results = self._commit([(r, e) for r, e, _ in batch])
             except Exception as exc:  # the writer outlives any one batch, or every put hangs
                 logger.exception("the spool's writer failed on a batch of %d", len(batch))
-                error = StorageError(f"the spool {self.path} failed: {exc}")
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(error)
+                results = [StorageError(f"the spool {self.path} failed: {exc}")] * len(batch)
+            # Waiters wake once the write lock is free (a woken one may write at once).
+            for (_, _, future), result in zip(batch, results, strict=True):
+                if result is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(result)
             self.added.set()
 
-    def _commit(self, batch: list[tuple[str, bytes, Future[None]]]) -> None:
+    def _commit(self, batch: list[tuple[str, bytes]]) -> list[LedgerError | None]:
+        """Insert records in one transaction (the caller holds the write lock); per record,
+        None or the error that kept it out."""
         now = time.time()
-        results: list[BaseException | None] = []
+        results: list[LedgerError | None] = []
         try:
             self._conn.execute("BEGIN IMMEDIATE")
-            for request_id, envelope, _ in batch:
+            for request_id, envelope in batch:
                 try:
                     self._conn.execute("SAVEPOINT one")
                     self._conn.execute(
@@ -176,13 +187,26 @@ class Spool:
         except sqlite3.Error as exc:
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
-            error = StorageError(f"the spool {self.path} failed: {exc}")
-            results = [error] * len(batch)
-        for (_, _, future), result in zip(batch, results, strict=True):
-            if result is None:
-                future.set_result(None)
-            else:
-                future.set_exception(result)
+            results = [StorageError(f"the spool {self.path} failed: {exc}")] * len(batch)
+        return results
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction on the write connection, rolled back if any of it fails (a
+        transaction left open would fail every later commit)."""
+        with self._write_lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
+    def checkpoint(self) -> None:
+        """Copy the write-ahead log into the database (the shipper's thread calls this)."""
+        self._read.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     # -- shipping ------------------------------------------------------------------------
 
@@ -196,30 +220,24 @@ class Spool:
         """The ledger holds these records: forget them."""
         if not seqs:
             return
-        with self._write_lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.executemany("DELETE FROM spool WHERE seq = ?", [(s,) for s in seqs])
-            self._conn.execute("COMMIT")
+        with self._transaction() as conn:
+            conn.executemany("DELETE FROM spool WHERE seq = ?", [(s,) for s in seqs])
 
     def failed(self, seqs: list[int], error: str) -> None:
-        with self._write_lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.executemany(
+        with self._transaction() as conn:
+            conn.executemany(
                 "UPDATE spool SET attempts = attempts + 1, last_error = ? WHERE seq = ?",
                 [(error, s) for s in seqs],
             )
-            self._conn.execute("COMMIT")
 
     def dead_letter(self, item: Spooled, reason: str) -> None:
         """The ledger refuses this record for good: keep it aside for an operator."""
-        with self._write_lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.execute(
+        with self._transaction() as conn:
+            conn.execute(
                 "INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?)",
                 (item.seq, item.request_id, item.envelope, reason, time.time()),
             )
-            self._conn.execute("DELETE FROM spool WHERE seq = ?", (item.seq,))
-            self._conn.execute("COMMIT")
+            conn.execute("DELETE FROM spool WHERE seq = ?", (item.seq,))
 
     def add_fingerprint(self, fingerprint_id: str, envelope: bytes) -> None:
         """Keep a fingerprint until the ledger has it: records under it ship only after."""
@@ -242,10 +260,15 @@ class Spool:
                 (fingerprint_id,),
             )
 
-    def reregister_fingerprints(self) -> None:
-        """The ledger lacks a fingerprint marked registered: post them all again (idempotent)."""
+    def reregister_fingerprint(self, fingerprint_id: str) -> bool:
+        """The ledger lacks a fingerprint marked registered: post it again (idempotent).
+        False if this spool never had it."""
         with self._write_lock:
-            self._conn.execute("UPDATE fingerprints SET registered = 0")
+            cursor = self._conn.execute(
+                "UPDATE fingerprints SET registered = 0 WHERE fingerprint_id = ?",
+                (fingerprint_id,),
+            )
+        return cursor.rowcount > 0
 
     def holds(self, request_id: str) -> bool:
         """Whether this request ID was used here (within the retention, or still pending)."""

@@ -360,6 +360,30 @@ def test_tier_2_needs_a_batch_invariant_worker(
         running.close()
 
 
+def test_a_request_id_in_flight_is_refused_to_a_second_request(
+    proxy: RunningCollector, api: Harness
+):
+    # A client retrying under the same X-Request-ID while its first request still streams:
+    # the second is refused before the engine runs, not after its answer went out.
+    request_id = f"twice-{uuid.uuid4().hex}"
+    body = {**COMPLETION, "max_tokens": 48, "ignore_eos": True, "stream": True}
+    headers = {"X-Request-ID": request_id}
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream("POST", f"{proxy.url}/v1/completions", json=body, headers=headers) as first,
+    ):
+        lines = first.iter_lines()
+        next(line for line in lines if line.startswith("data: "))  # under way
+        status, _, out = call(proxy.url, "/v1/completions", body, headers)
+        assert status == 409 and out["error"]["code"] == "request_id_in_use"
+        assert "data: [DONE]" in list(lines)
+    record = wait_for_record(api, request_id)
+    assert record.get("aborted") is None and len(ints(record["choices"][0]["token_ids"])) == 48
+    status, _, out = call(proxy.url, "/v1/completions", body, headers)  # recorded: still used
+    assert status == 409 and out["error"]["code"] == "request_id_in_use"
+    assert proxy.collector.state.in_flight == set()
+
+
 def test_a_client_that_leaves_mid_stream_still_leaves_an_aborted_record(
     proxy: RunningCollector, api: Harness
 ):

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from collectors.ledger_client import LedgerClient
-from collectors.shipper import Shipper
+from collectors.shipper import MAX_BYTES, Shipper
 from collectors.spool import Spool
 from ledger.fingerprint import fingerprint_id
 from ledger.signing import Envelope
 from tests.support.documents import fingerprint_envelope
-from tests.support.harness import MAX_BODY, Harness
+from tests.support.harness import MAX_BATCH, MAX_BODY, Harness
 
 
 def test_a_conflicting_record_goes_to_dead_letters_and_the_rest_ships(api: Harness, tmp_path: Path):
@@ -125,6 +125,46 @@ def test_a_record_under_a_fingerprint_the_ledger_lacks_waits_for_it(api: Harness
     assert shipped == [1] and failures == ["unknown_fingerprint"]
     assert api.client().get(f"/v1/fingerprints/{fp_id}").status_code == 200
     assert _held(api, [env]) == [200]
+    spool.close()
+    client.close()
+
+
+def test_a_batch_over_the_ledgers_record_limit_is_cut_to_it(api: Harness, tmp_path: Path):
+    # The ledger takes at most MAX_BATCH records per batch; its 413 names that count, which is
+    # not a byte limit.
+    key, fp_id = api.setup_collector()
+    envs = [api.record(key, fp_id) for _ in range(MAX_BATCH + 10)]
+    spool = Spool(tmp_path / "spool.sqlite")
+    for env in envs:
+        spool.put(env.body["request_id"], env.canonical)
+    shipped: list[int] = []
+    failures: list[str] = []
+    client = LedgerClient(api.url, api.token("records:write"))
+    shipper = Shipper(spool, client, on_shipped=shipped.append, on_failure=failures.append)
+    _ship_all(spool, shipper)
+    assert shipped == [MAX_BATCH, 10] and failures == []
+    assert shipper.batch == MAX_BATCH and shipper.max_bytes == MAX_BYTES
+    spool.close()
+    client.close()
+
+
+def test_a_record_under_a_fingerprint_this_collector_never_had_is_set_aside(
+    api: Harness, tmp_path: Path
+):
+    key, fp_id = api.setup_collector()
+    stray = api.record(key, "sha256:" + "1" * 64)
+    good = api.record(key, fp_id)
+    spool = Spool(tmp_path / "spool.sqlite")
+    spool.put(stray.body["request_id"], stray.canonical)
+    spool.put(good.body["request_id"], good.canonical)
+    shipped: list[int] = []
+    failures: list[str] = []
+    client = LedgerClient(api.url, api.token("records:write"))
+    shipper = Shipper(spool, client, on_shipped=shipped.append, on_failure=failures.append)
+    _ship_all(spool, shipper)
+    assert spool.pending() == 0 and spool.dead_letters() == 1
+    assert shipped == [1] and failures == ["unknown_fingerprint"]
+    assert _held(api, [good, stray]) == [200, 404]
     spool.close()
     client.close()
 

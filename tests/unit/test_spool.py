@@ -155,3 +155,35 @@ def test_a_spool_from_before_the_request_id_table_keeps_its_pending_ids(tmp_path
     with pytest.raises(Conflict):
         spool.put("old", b"x")
     spool.close()
+
+
+def test_a_failed_transaction_is_rolled_back_and_recording_goes_on(tmp_path: Path):
+    # A write the database refuses (here a trigger; a full disk in production) must not leave
+    # the write connection inside a transaction: every later commit would fail.
+    spool = Spool(tmp_path / "s.sqlite")
+    spool.put("r1", b"x")
+    with sqlite3.connect(tmp_path / "s.sqlite") as db:
+        db.execute(
+            "CREATE TRIGGER no_delete BEFORE DELETE ON spool BEGIN SELECT RAISE(ABORT, 'no'); END"
+        )
+    db.close()
+    with pytest.raises(sqlite3.IntegrityError):
+        spool.ack([spool.oldest(1)[0].seq])
+    spool.put("r2", b"y")
+    assert spool.put_now("r3", b"z") is True
+    assert [i.request_id for i in spool.oldest(10)] == ["r1", "r2", "r3"]
+    spool.close()
+
+
+def test_commits_leave_checkpoints_to_the_shipper(tmp_path: Path):
+    # A commit that crosses SQLite's automatic checkpoint threshold (~4 MB of log) would copy
+    # the log into the database, fsyncs included, on the request's path (the event loop, for
+    # put_now). The spool checkpoints only when the shipper asks.
+    path = tmp_path / "s.sqlite"
+    spool = Spool(path)
+    for i in range(12):
+        spool.put_now(f"r{i}", bytes(500_000))
+    assert path.stat().st_size < 1_000_000  # still in the log
+    spool.checkpoint()
+    assert path.stat().st_size > 6_000_000
+    spool.close()
