@@ -1,8 +1,12 @@
-"""The proxy when the engine is away: a clear 502, nothing recorded."""
+"""The proxy without a vLLM engine: one that is away (a clear 502, nothing recorded), the
+default tier's refusals, and what /v1/models forwards."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
@@ -15,25 +19,38 @@ from collectors.proxy import WorkerState, create_proxy
 from collectors.spool import Spool
 from ledger.signing import SigningKey
 
+AWAY = "http://127.0.0.1:{port}"  # an engine URL nothing listens on
 
-def test_an_engine_that_does_not_answer_is_a_502(tmp_path: Path):
+
+@contextmanager
+def running_proxy(
+    tmp_path: Path, engine_url: str | None = None, **state: Any
+) -> Iterator[tuple[str, WorkerState]]:
+    """A proxy over real HTTP in front of ``engine_url`` (default: nothing listening)."""
     spool = Spool(tmp_path / "spool.sqlite")
-    state = WorkerState(
-        engine_url=f"http://127.0.0.1:{free_port()}",
+    worker = WorkerState(
+        engine_url=engine_url or AWAY.format(port=free_port()),
         worker_id="w",
         pool="p",
-        default_tier=0,
         key=SigningKey.generate(),
         spool=spool,
         fingerprint_id="sha256:" + "0" * 64,
-        batch_invariance="serial",
+        **{"default_tier": 0, "batch_invariance": "serial", **state},
     )
-    server = ServerThread(create_proxy(state), "127.0.0.1", free_port()).start()
+    server = ServerThread(create_proxy(worker), "127.0.0.1", free_port()).start()
     try:
+        yield server.url, worker
+    finally:
+        server.stop()
+        spool.close()
+
+
+def test_an_engine_that_does_not_answer_is_a_502(tmp_path: Path):
+    with running_proxy(tmp_path) as (url, worker):
         for path, method in (("/v1/completions", "POST"), ("/v1/models", "GET")):
             response = httpx.request(
                 method,
-                server.url + path,
+                url + path,
                 json={"model": "m", "prompt": "x", "max_tokens": 1} if method == "POST" else None,
                 headers={"X-Request-ID": "away-1"},
             )
@@ -42,12 +59,9 @@ def test_an_engine_that_does_not_answer_is_a_502(tmp_path: Path):
                 assert response.headers["x-request-id"] == "away-1"
             error = response.json()["error"]
             assert error["code"] == "engine_unreachable" and "does not answer" in error["message"]
-        not_json = httpx.post(server.url + "/v1/chat/completions", content=b"[")
+        not_json = httpx.post(url + "/v1/chat/completions", content=b"[")
         assert not_json.status_code == 502
-        assert spool.pending() == 0
-    finally:
-        server.stop()
-        spool.close()
+        assert worker.spool.pending() == 0
 
 
 def test_models_pass_through_with_the_clients_credentials_and_query(tmp_path: Path):
@@ -63,60 +77,32 @@ def test_models_pass_through_with_the_clients_credentials_and_query(tmp_path: Pa
     engine = ServerThread(
         Starlette(routes=[Route("/v1/models", models)]), "127.0.0.1", free_port()
     ).start()
-    spool = Spool(tmp_path / "spool.sqlite")
-    state = WorkerState(
-        engine_url=engine.url,
-        worker_id="w",
-        pool="p",
-        default_tier=0,
-        key=SigningKey.generate(),
-        spool=spool,
-        fingerprint_id="sha256:" + "0" * 64,
-        batch_invariance="serial",
-    )
-    server = ServerThread(create_proxy(state), "127.0.0.1", free_port()).start()
     try:
-        answer = httpx.get(
-            server.url + "/v1/models?limit=1", headers={"Authorization": "Bearer sk-engine"}
-        )
-        assert answer.status_code == 200 and answer.json()["data"] == [{"id": "fixture"}]
-        assert httpx.get(server.url + "/v1/models").status_code == 401
-        assert seen == [("limit=1", "Bearer sk-engine"), ("", None)]
+        with running_proxy(tmp_path, engine.url) as (url, _):
+            answer = httpx.get(
+                url + "/v1/models?limit=1", headers={"Authorization": "Bearer sk-engine"}
+            )
+            assert answer.status_code == 200 and answer.json()["data"] == [{"id": "fixture"}]
+            assert httpx.get(url + "/v1/models").status_code == 401
+            assert seen == [("limit=1", "Bearer sk-engine"), ("", None)]
     finally:
-        server.stop()
         engine.stop()
-        spool.close()
 
 
 def test_the_collectors_default_tier_applies_without_the_header(tmp_path: Path):
     # Refusals come before the engine is called, so an engine that is away shows which
     # requests got past the policy (502) and which did not (409).
-    spool = Spool(tmp_path / "spool.sqlite")
-    state = WorkerState(
-        engine_url=f"http://127.0.0.1:{free_port()}",
-        worker_id="w",
-        pool="p",
-        default_tier=1,
-        key=SigningKey.generate(),
-        spool=spool,
-        fingerprint_id="sha256:" + "0" * 64,
-        batch_invariance="none",
-    )
-    server = ServerThread(create_proxy(state), "127.0.0.1", free_port()).start()
     sampled = {"model": "m", "prompt": "x", "max_tokens": 1, "temperature": 0.7}
-    try:
-        refused = httpx.post(server.url + "/v1/completions", json=sampled)
+    with running_proxy(tmp_path, default_tier=1, batch_invariance="none") as (url, worker):
+        refused = httpx.post(url + "/v1/completions", json=sampled)
         assert refused.status_code == 409 and refused.json()["error"]["code"] == "tier_refused"
-        seeded = httpx.post(server.url + "/v1/completions", json={**sampled, "seed": 3})
+        seeded = httpx.post(url + "/v1/completions", json={**sampled, "seed": 3})
         assert seeded.status_code == 502
         tier_0 = httpx.post(
-            server.url + "/v1/completions", json=sampled, headers={"X-Reproducibility-Tier": "0"}
+            url + "/v1/completions", json=sampled, headers={"X-Reproducibility-Tier": "0"}
         )
         assert tier_0.status_code == 502
-        state.default_tier = 2  # greedy, but this worker is not batch-invariant
-        greedy = httpx.post(server.url + "/v1/completions", json={**sampled, "temperature": 0})
+        worker.default_tier = 2  # greedy, but this worker is not batch-invariant
+        greedy = httpx.post(url + "/v1/completions", json={**sampled, "temperature": 0})
         assert greedy.status_code == 409
         assert any("batch-invariant" in m for m in greedy.json()["error"]["details"]["missing"])
-    finally:
-        server.stop()
-        spool.close()
