@@ -2,14 +2,14 @@
 
 A batch is acknowledged as a whole (the ledger's ingest is atomic and idempotent: a record it
 already holds comes back as ``duplicate``), then removed from the spool. Batches hold at most
-``batch`` records and ``max_bytes`` of envelopes; a batch the ledger finds too large is sent in
-halves, down to one record. When the ledger refuses one item for good (invalid, too large on
-its own, or a different record under the same request ID), that item goes to the spool's dead
-letters with the reason and the rest is retried at once. A record under a fingerprint the
-ledger does not know (one queued as this batch formed, when the engine restarted) waits for
-the fingerprint to be registered again. Anything else (the ledger down, overloaded, the
-network, a credential problem, an unexpected error) keeps every record and retries with
-exponential backoff and jitter.
+``batch`` records and ``max_bytes`` of envelopes; a batch the ledger finds too large is cut to
+the limit its answer names (halved when it names none), down to one record. When the ledger
+refuses one item for good (invalid, too large on its own, or a different record under the same
+request ID), that item goes to the spool's dead letters with the reason and the rest is
+retried at once. A record under a fingerprint the ledger does not know (one queued as this
+batch formed, when the engine restarted) waits for the fingerprint to be registered again.
+Anything else (the ledger down, overloaded, the network, a credential problem, an unexpected
+error) keeps every record and retries with exponential backoff and jitter.
 """
 
 from __future__ import annotations

@@ -3,9 +3,12 @@
 SQLite in WAL mode with ``synchronous=FULL``: a committed record survives the collector being
 killed and the machine losing power. Writers hand records to one writer thread that commits
 whatever has queued up in one transaction (group commit), so concurrent requests share an
-fsync. A record leaves the spool only when the ledger has acknowledged it (:meth:`ack`), or,
-when the ledger refuses it for good (a conflicting duplicate, say), into ``dead_letters`` with
-the reason, where it stays for an operator.
+fsync; a lone request commits on its own thread instead (:meth:`put_now`). A record leaves the
+spool only when the ledger has acknowledged it (:meth:`ack`), or, when the ledger refuses it
+for good (a conflicting duplicate, say), into ``dead_letters`` with the reason, where it stays
+for an operator. Request IDs stay known for :data:`REQUEST_ID_RETENTION` after their record
+left, so a reused one is refused. The write-ahead log is copied into the database only when
+the shipper calls :meth:`checkpoint`, never inside a record's commit.
 """
 
 from __future__ import annotations
@@ -108,11 +111,10 @@ class Spool:
 
         Returns False, having done nothing, when a write is queued or running (or the spool
         is closed): the caller then hands it to the writer (:meth:`submit`). With one request in
-        flight this skips two thread hand-offs (to the writer and back), which cost more than
-        the commit itself on a CPU shared with a busy engine; under load the writer's group
-        commit, which shares one fsync among many records, is the better path. Raises what
-        the commit raised: :class:`Conflict` for a request ID already spooled, else
-        :class:`StorageError`.
+        flight this skips two thread hand-offs (to the writer and back: ~0.3 ms on a CPU shared
+        with a busy engine, docs/PERFORMANCE.md); under load the writer's group commit, which
+        shares one fsync among many records, is the better path. Raises what the commit
+        raised: :class:`Conflict` for a request ID already used, else :class:`StorageError`.
         """
         with self._cond:
             if self._queue or self._closed:
