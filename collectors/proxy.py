@@ -132,6 +132,7 @@ class _Exchange:
     ttft_ns: int | None = None
     own_s: float = 0.0  # the collector's own time on this exchange so far
     streaming: bool = False  # a streamed answer's chunks began to flow
+    engine_error: bool = False  # the engine sent an error chunk mid-stream
 
     def for_client(self, data: dict[str, Any]) -> bytes:
         out = dumps(self.view.shape(data))
@@ -179,7 +180,7 @@ class _Exchange:
         that long to be read. Otherwise the spool's writer commits it with whatever else has
         queued up, in one transaction.
         """
-        envelope = self.record(aborted=False)
+        envelope = self.record(aborted=self.engine_error)
         spool = self.state.spool
         if self.state.exchanges > 1 or not spool.put_now(self.request_id, envelope):
             await asyncio.wrap_future(spool.submit(self.request_id, envelope))
@@ -379,10 +380,18 @@ def create_proxy(state: WorkerState) -> Starlette:
                     await ex.spool_async()
                     metrics.added_latency.observe(ex.own_s + time.perf_counter() - began)
                     finished = True
-                    metrics.requests.labels(ex.endpoint, "recorded").inc()
+                    outcome = "engine_error" if ex.engine_error else "recorded"
+                    metrics.requests.labels(ex.endpoint, outcome).inc()
                     yield b"data: [DONE]\n\n"
                     continue
                 data = json.loads(payload)
+                if "error" in data and not data.get("choices"):
+                    # vLLM failed mid-stream: the client gets its error as sent, and the
+                    # record, of what came before, is marked aborted.
+                    ex.engine_error = True
+                    metrics.engine_errors.labels("stream").inc()
+                    yield line.encode() + b"\n\n"
+                    continue
                 if ex.acc.feed(data) and ex.ttft_ns is None:
                     ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
                 if ex.plan.reshapes:

@@ -28,7 +28,7 @@ A record body is a plain JSON object; every numeric array is packed (see ``ledge
       "timings": {"started_at": "2026-11-29T09:00:00.123456Z", "ttft_ns": "1200000",
                   "total_ns": "53000000"},
       "system_fingerprint": "vllm-0.32.0-1a2b3c4d" | null,
-      "aborted": false                       # optional: client disconnected mid-stream
+      "aborted": false                       # optional: client or engine gone mid-stream
     }
 """
 

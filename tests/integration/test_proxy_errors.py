@@ -1,9 +1,10 @@
 """The proxy without a vLLM engine: one that is away (a clear 502, nothing recorded), the
-default tier's refusals, and what /v1/models forwards."""
+default tier's refusals, what /v1/models forwards, and an engine failing mid-stream."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from cli.server_thread import ServerThread, free_port
@@ -106,3 +107,62 @@ def test_the_collectors_default_tier_applies_without_the_header(tmp_path: Path):
         greedy = httpx.post(url + "/v1/completions", json={**sampled, "temperature": 0})
         assert greedy.status_code == 409
         assert any("batch-invariant" in m for m in greedy.json()["error"]["details"]["missing"])
+
+
+def test_an_engine_error_mid_stream_reaches_the_client_and_marks_the_record(tmp_path: Path):
+    # vLLM reports a failure during generation as an error chunk, then ends the stream. No
+    # vLLM here can be made to fail on demand: this engine sends what vLLM 0.32 sends.
+    chunk = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "fixture",
+        "choices": [
+            {
+                "index": 0,
+                "text": " the",
+                "logprobs": {
+                    "text_offset": [0],
+                    "token_logprobs": [-0.25],
+                    "tokens": [" the"],
+                    "top_logprobs": [{" the": -0.25}],
+                },
+                "finish_reason": None,
+                "stop_reason": None,
+                "prompt_token_ids": [1, 2],
+                "token_ids": [7],
+            }
+        ],
+    }
+    error = {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}
+
+    async def completions(_: Request) -> StreamingResponse:
+        async def events() -> AsyncIterator[bytes]:
+            for data in (chunk, error):
+                yield b"data: " + json.dumps(data).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    engine = ServerThread(
+        Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])]),
+        "127.0.0.1",
+        free_port(),
+    ).start()
+    body = {"model": "fixture", "prompt": "x", "max_tokens": 4, "stream": True}
+    try:
+        with running_proxy(tmp_path, engine.url) as (url, worker):
+            answer = httpx.post(url + "/v1/completions", json=body, headers={"X-Request-ID": "e1"})
+            events = [e for e in answer.text.split("\n\n") if e]
+            assert answer.status_code == 200 and len(events) == 3
+            assert json.loads(events[1][6:]) == error and events[2] == "data: [DONE]"
+            assert json.loads(events[0][6:])["choices"][0]["logprobs"] is None  # not asked
+            (item,) = worker.spool.oldest(10)
+            record = json.loads(item.envelope)["body"]
+            assert record["aborted"] is True and record["choices"][0]["finish_reason"] is None
+            sample = worker.metrics.registry.get_sample_value
+            assert sample("collector_engine_errors_total", {"status": "stream"}) == 1
+            outcome = {"endpoint": "/v1/completions", "outcome": "engine_error"}
+            assert sample("collector_requests_total", outcome) == 1
+    finally:
+        engine.stop()

@@ -184,6 +184,8 @@ def test_commits_leave_checkpoints_to_the_shipper(tmp_path: Path):
     for i in range(12):
         spool.put_now(f"r{i}", bytes(500_000))
     assert path.stat().st_size < 1_000_000  # still in the log
-    spool.checkpoint()
+    assert spool.checkpoint() is True  # over CHECKPOINT_BYTES since the last one
     assert path.stat().st_size > 6_000_000
+    spool.put_now("one-more", b"x")
+    assert spool.checkpoint() is False  # too little since
     spool.close()
