@@ -75,11 +75,9 @@ class WorkerState:
     background: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="record")
     )
-    # Exchanges under way on the proxy's event loop (touched only there): with no other, a
-    # record is committed to the spool on the loop rather than through its writer thread.
-    exchanges: int = 0
-    # Request IDs of exchanges under way (loop only): the spool knows an ID once its record
-    # is in, so two requests sent at once under one ID are told apart here.
+    # Request IDs of exchanges under way (touched only on the proxy's event loop): the spool
+    # knows an ID once its record is in, so two requests sent at once under one ID are told
+    # apart here; and with no other exchange, a record is committed on the loop.
     in_flight: set[str] = field(default_factory=set)
 
 
@@ -182,7 +180,7 @@ class _Exchange:
         """
         envelope = self.record(aborted=self.engine_error)
         spool = self.state.spool
-        if self.state.exchanges > 1 or not spool.put_now(self.request_id, envelope):
+        if len(self.state.in_flight) > 1 or not spool.put_now(self.request_id, envelope):
             await asyncio.wrap_future(spool.submit(self.request_id, envelope))
         self.state.metrics.spooled.inc()
 
@@ -278,14 +276,12 @@ def create_proxy(state: WorkerState) -> Starlette:
             acc=Accumulator(endpoint, top_k=exchange_plan.top_k),
             view=ClientView(exchange_plan, state.renderer),
         )
-        state.exchanges += 1  # _stream counts a streamed exchange itself once it starts
         state.in_flight.add(request_id)
         response: Response | None = None
         try:
             response = await forward(request, ex, time.perf_counter() - began)
             return response
         finally:
-            state.exchanges -= 1
             if not isinstance(response, _EndsWithTheResponse):  # that one releases the ID
                 state.in_flight.discard(request_id)
 
@@ -367,7 +363,6 @@ def create_proxy(state: WorkerState) -> Starlette:
     ) -> AsyncGenerator[bytes, None]:
         finished = False
         ex.streaming = True
-        state.exchanges += 1
         try:
             async for line in upstream.lines():
                 if not line.startswith("data: "):
@@ -399,7 +394,6 @@ def create_proxy(state: WorkerState) -> Starlette:
                 else:
                     yield line.encode() + b"\n\n"
         finally:
-            state.exchanges -= 1
             if not finished:
                 # The client went away (or the engine did): record what was generated. This
                 # runs inside a cancelled scope, so hand it to a thread instead of awaiting.
