@@ -14,10 +14,9 @@ from ledger.storage import tokenstore
 from ledger.tokens import Principal
 
 
-async def authenticate(
-    request: Request, state: Annotated[AppState, Depends(get_state)]
-) -> Principal:
-    header = request.headers.get("authorization", "")
+async def principal_for(state: AppState, header: str) -> Principal:
+    """The principal of an ``Authorization`` header value (shared by the dependency below and
+    the gate, ``api.gate``, which checks it before a body is read)."""
     scheme, _, token = header.partition(" ")
     if not header:
         raise AuthenticationError(
@@ -32,22 +31,37 @@ async def authenticate(
     if principal is None:
         principal = await run_in_threadpool(tokenstore.authenticate, state.db, secret)
         state.token_cache.put(secret, principal)
-    request.state.principal = principal
+    return principal
+
+
+async def authenticate(
+    request: Request, state: Annotated[AppState, Depends(get_state)]
+) -> Principal:
+    principal: Principal | None = getattr(request.state, "principal", None)  # set by the gate
+    if principal is None:
+        principal = await principal_for(state, request.headers.get("authorization", ""))
+        request.state.principal = principal
+    return principal
+
+
+def check_scope(principal: Principal, scope: str) -> Principal:
+    if not principal.allows(scope):
+        raise PermissionDenied(
+            f"this token lacks the {scope!r} scope (it has {list(principal.scopes)})",
+            code="insufficient_scope",
+            details={"required": scope},
+        )
     return principal
 
 
 def require(scope: str) -> Callable[..., object]:
-    """Dependency factory: the caller's token must carry ``scope`` (or ``admin``)."""
+    """Dependency factory: the caller's token must carry ``scope`` (or ``admin``). The gate
+    reads ``required_scope`` to check it before the body."""
 
     async def _check(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
-        if not principal.allows(scope):
-            raise PermissionDenied(
-                f"this token lacks the {scope!r} scope (it has {list(principal.scopes)})",
-                code="insufficient_scope",
-                details={"required": scope},
-            )
-        return principal
+        return check_scope(principal, scope)
 
+    _check.required_scope = scope  # type: ignore[attr-defined]
     return _check
 
 
