@@ -25,6 +25,7 @@ from typing import Any
 
 import nacl.bindings
 import nacl.exceptions
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -63,20 +64,80 @@ def public_key_pem(public_key: Ed25519PublicKey) -> str:
 
 
 def load_public_key(text: str | bytes) -> Ed25519PublicKey:
-    """Load an Ed25519 public key from PEM or from ``ed25519:<base64 raw 32 bytes>``."""
-    data = text.encode() if isinstance(text, str) else text
-    stripped = data.strip()
+    """Load an Ed25519 public key from PEM or from ``ed25519:<base64 raw 32 bytes>``.
+
+    Refuses (InvalidInput) what is not a canonical encoding of a curve point
+    (``invalid_public_key``) and the small-order points (``weak_public_key``, see
+    :func:`check_public_key`).
+    """
     try:
+        data = text.encode() if isinstance(text, str) else text
+        stripped = data.strip()
         if stripped.startswith(b"-----BEGIN"):
             key = serialization.load_pem_public_key(stripped)
         else:
             raw = stripped[len(KEY_ID_PREFIX) :] if stripped.startswith(b"ed25519:") else stripped
             key = Ed25519PublicKey.from_public_bytes(base64.b64decode(raw, validate=True))
-    except (ValueError, TypeError, binascii.Error) as exc:
+    except (ValueError, TypeError, binascii.Error, UnsupportedAlgorithm) as exc:
         raise InvalidInput(f"not an Ed25519 public key: {exc}", code="invalid_public_key") from exc
     if not isinstance(key, Ed25519PublicKey):
         raise InvalidInput("public key is not Ed25519", code="invalid_public_key")
+    check_public_key(public_key_raw(key))
     return key
+
+
+# Edwards25519 (RFC 8032, 5.1): -x^2 + y^2 = 1 + d x^2 y^2 over GF(p).
+_P = 2**255 - 19
+_D = -121665 * pow(121666, _P - 2, _P) % _P
+_SQRT_M1 = pow(2, (_P - 1) // 4, _P)
+_Point = tuple[int, int, int, int]  # extended coordinates (X, Y, Z, T), x = X/Z, y = Y/Z
+
+
+def _point_add(a: _Point, b: _Point) -> _Point:
+    """RFC 8032's complete addition formula (also right for doubling)."""
+    x1, y1, z1, t1 = a
+    x2, y2, z2, t2 = b
+    aa, bb = (y1 - x1) * (y2 - x2) % _P, (y1 + x1) * (y2 + x2) % _P
+    cc, dd = 2 * t1 * t2 * _D % _P, 2 * z1 * z2 % _P
+    e, f, g, h = bb - aa, dd - cc, dd + cc, bb + aa
+    return (e * f % _P, g * h % _P, f * g % _P, e * h % _P)
+
+
+def check_public_key(raw: bytes) -> None:
+    """Refuse a raw Ed25519 public key that no honest key generator produces.
+
+    - ``weak_public_key``: a point of small order, i.e. [8]P is the identity: the 8 points of
+      the torsion subgroup (the all-zero encoding among them), in any encoding, canonical or
+      not (y >= p, or the sign bit set on x = 0). A signature under such a key says nothing
+      about who made it: anyone can produce one that some verifiers accept.
+    - ``invalid_public_key``: 32 bytes that encode no curve point, or a non-canonical encoding
+      (y >= p, or x = 0 with the sign bit set; RFC 8032, 5.1.3) of a point.
+    """
+    if len(raw) != 32:
+        raise InvalidInput(f"an Ed25519 key is 32 bytes, not {len(raw)}", code="invalid_public_key")
+    n = int.from_bytes(raw, "little")
+    sign, y_bits = n >> 255, n & ((1 << 255) - 1)
+    y = y_bits % _P
+    # RFC 8032, 5.1.3: x^2 = (y^2 - 1) / (d y^2 + 1)
+    u, v = (y * y - 1) % _P, (_D * y * y + 1) % _P
+    x = (u * pow(v, 3, _P)) * pow(u * pow(v, 7, _P), (_P - 5) // 8, _P) % _P
+    if (v * x * x - u) % _P:
+        x = x * _SQRT_M1 % _P
+    if (v * x * x - u) % _P:
+        raise InvalidInput("the public key is not a point on Ed25519", code="invalid_public_key")
+    point = (x, y, 1, x * y % _P)  # the order of P does not depend on the sign of x
+    for _ in range(3):
+        point = _point_add(point, point)
+    if point[0] == 0 and point[1] == point[2]:
+        raise InvalidInput(
+            "the public key is a small-order Ed25519 point (all-zero or another of the 8 "
+            "torsion points): it binds no signer",
+            code="weak_public_key",
+        )
+    if y_bits >= _P or (x == 0 and sign):
+        raise InvalidInput(
+            "the public key is a non-canonical encoding of its point", code="invalid_public_key"
+        )
 
 
 @dataclass(frozen=True)

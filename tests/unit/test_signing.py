@@ -2,6 +2,7 @@ import base64
 import copy
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -121,8 +122,9 @@ def test_the_verifier_refuses_what_openssl_refuses_and_more():
     assert not _verifies(KEY.public_key, flipped, message)
     # the identity point as public key and as R, with S = 0, "signs" every message for a
     # verifier that accepts small-order points (OpenSSL, through cryptography 50, does)
+    # (load_public_key refuses such a key: tests/unit/test_small_order_keys.py)
     identity = (1).to_bytes(32, "little")
-    weak_key = load_public_key("ed25519:" + base64.b64encode(identity).decode())
+    weak_key = Ed25519PublicKey.from_public_bytes(identity)
     assert not _verifies(weak_key, identity + bytes(32), message)
 
 
