@@ -1,10 +1,12 @@
 """Replay orchestration: pick a worker, re-run the recorded request, compare, log a verdict.
 
-A worker qualifies when it is live, its fingerprint ID equals the record's and its
-batch_invariance is not ``none``. Without one: 409 ``no_matching_pool`` listing the nearest
-pools with the field-level fingerprint diff. With ``force`` the named pool's worker is used and
-the verdict is ``not_comparable`` (the comparison is still reported) unless that worker does
-qualify. A worker that fails to answer yields a logged ``error`` verdict.
+A worker qualifies when it is live (a recent heartbeat, signed by its key, that still
+verifies), its fingerprint ID equals the record's and the batch invariance derived from that
+fingerprint is not ``none``. Without one: 409 ``no_matching_pool`` listing the nearest pools
+with the field-level fingerprint diff. With ``force`` the named pool's worker is used and the
+verdict is ``not_comparable`` (the comparison is still reported) unless that worker does
+qualify. A worker that fails to answer, or answers with output not signed by the key it is
+bound to, yields a logged ``error`` verdict. Every verdict names the worker and its key.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ async def replay(
         },
         "pool": worker.pool,
         "worker_id": worker.worker_id,
+        "worker_key_id": worker.key_id,
         "forced": force,
     }
     try:
@@ -149,8 +152,12 @@ async def replay(
         return await _log(state, verdict)
     produced_under = answer.body["fingerprint_id"]
     result = compare.compare(record_generation(body), output_generation(answer.body))
-    # What decides comparability is what the worker ran under, not what it registered.
-    comparable = produced_under == record.fingerprint_id and worker.batch_invariance != "none"
+    # What decides comparability is what the worker ran under, not what it registered: the
+    # invariance derived from that fingerprint (ledger.heartbeat.batch_invariance).
+    invariance = "none"
+    if produced_under == record.fingerprint_id:
+        invariance = await run_in_threadpool(workers.fingerprint_invariance, db, produced_under)
+    comparable = produced_under == record.fingerprint_id and invariance != "none"
     differences = None
     reason = None
     if produced_under != record.fingerprint_id:
@@ -162,7 +169,7 @@ async def replay(
         except NotFound:
             reason += " that the ledger does not hold yet (no field-level diff)"
     elif not comparable:
-        reason = f"pool {worker.pool!r} is not batch-invariant ({worker.batch_invariance})"
+        reason = f"fingerprint {produced_under} is not batch-invariant ({invariance})"
     elif not is_deterministic(body["request"]):
         reason = "the recorded request samples without a seed: a difference is expected"
     verdict = build_verdict(

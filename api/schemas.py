@@ -94,13 +94,24 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 class WorkerHeartbeat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    worker_id: str = Field(min_length=1, max_length=100)
-    pool: str = Field(min_length=1, max_length=100)
-    url: str = Field(min_length=1, max_length=500, description="the worker's collector URL")
-    fingerprint_id: str
-    batch_invariance: str = Field(description="kernel | serial | none")
-    key_id: str = Field(description="the collector key that signs this worker's replay outputs")
+    """The body of a ``worker_heartbeat`` envelope, signed by the worker's collector key
+    (for the OpenAPI document; ``ledger.heartbeat`` checks it)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    schema_version: int = Field(description="1")
+    worker_id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._\-]+$")
+    pool: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._\-]+$")
+    url: str = Field(
+        min_length=1,
+        max_length=500,
+        description="the worker's collector URL: http(s), no userinfo, query or fragment; "
+        "every address it resolves to must be allowed (LEDGER_WORKER_NETWORKS)",
+    )
+    fingerprint_id: str = Field(description="a registered fingerprint: sha256:<64 hex>")
+    issued_at: str = Field(
+        description="RFC 3339 UTC (…Z), within 60 s of the ledger's clock and later than the "
+        "worker's last accepted heartbeat"
+    )
 
 
 class ReplayCreate(BaseModel):

@@ -8,6 +8,9 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ledger.errors import InvalidInput
+from ledger.worker_url import UrlPolicy
+
 
 class Settings(BaseSettings):
     """All settings; nothing is read until a Settings() is built (never at import time)."""
@@ -43,10 +46,24 @@ class Settings(BaseSettings):
     replay_timeout: float = Field(
         default=300.0, gt=0, description="seconds a worker may take to answer a replay order"
     )
+    worker_networks: str = Field(
+        default="",
+        description="comma-separated CIDRs worker URLs may reach (empty: any address but "
+        "link-local, metadata, unspecified, multicast, broadcast; see ledger/worker_url.py)",
+    )
     host: str = "127.0.0.1"
     port: int = 8700
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     max_batch_records: int = Field(default=1000, ge=1)
+
+    @field_validator("worker_networks")
+    @classmethod
+    def _networks_parse(cls, value: str) -> str:
+        try:
+            UrlPolicy.parse(value)
+        except InvalidInput as exc:
+            raise ValueError(f"LEDGER_WORKER_NETWORKS: {exc.message}") from exc
+        return value
 
     @field_validator("log_origin")
     @classmethod

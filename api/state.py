@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 
 from api.metrics import Metrics
 from api.settings import Settings
+from api.workers_client import new_client
 from ledger.errors import Pushback
 from ledger.signing import SigningKey
 from ledger.storage.database import Database
@@ -78,16 +79,9 @@ class AppState:
     @property
     def workers_http(self) -> httpx.AsyncClient:
         if self.http is None:
-            self.http = _new_client(self.settings.replay_timeout)
+            # Connects only to addresses the worker URL policy allows (api.workers_client).
+            self.http = new_client(self.settings)
         return self.http
-
-
-def _new_client(timeout: float) -> httpx.AsyncClient:
-    # Certification waves send up to 256 probes at once: the pool must not queue them.
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout, connect=10.0),
-        limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
-    )
 
 
 def get_state(request: Request) -> AppState:

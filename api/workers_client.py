@@ -2,27 +2,41 @@
 
 Used by replays and by certification probes. The order is signed by the log key (the
 collector checks it against the ledger's public key); the answer must be a replay output
-signed by the collector key the worker registered. Network failures and refusals become
+signed by the collector key the worker is bound to (the key that registered it), for this
+worker, order and request. Network failures and refusals become
 :class:`ledger.errors.Unreachable` (the worker did not give an answer) here, where they enter.
+
+Every connection to a worker goes through :class:`GuardedBackend`: it resolves the host,
+checks every address against the worker URL policy (``ledger.worker_url``, setting
+``LEDGER_WORKER_NETWORKS``) and connects to a checked address, so a name that resolves
+elsewhere than at registration is caught when the order is sent. The client uses no HTTP
+proxy (a proxy would make the policy check the proxy, not the worker) and follows no redirect.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import socket
+import typing
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+import httpcore
 import httpx
 from starlette.concurrency import run_in_threadpool
 
+from api.settings import Settings
 from ledger.errors import Unreachable, VerificationError
 from ledger.replay import ORDER_KIND, OUTPUT_KIND, build_order, check_output
 from ledger.signing import Envelope, SigningKey, sign_envelope
 from ledger.storage import keystore
 from ledger.storage.database import Database
 from ledger.storage.workers import WorkerInfo
+from ledger.worker_url import UrlPolicy, ip_literal, parse_worker_url
 
 REPLAY_PATH = "/ledger/v1/replay"
 
@@ -31,10 +45,85 @@ def new_replay_id() -> str:
     return "rpl-" + uuid.uuid4().hex
 
 
+class GuardedBackend(httpcore.AsyncNetworkBackend):
+    """A network backend that connects only to addresses the worker URL policy allows."""
+
+    def __init__(self, policy: Callable[[], UrlPolicy]) -> None:
+        self._policy = policy
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: typing.Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        name = host.strip("[]")
+        literal = ip_literal(name.split("%", 1)[0])
+        if literal is not None:
+            addresses = [name]
+        else:
+            try:
+                infos = await anyio.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                raise httpcore.ConnectError(f"{name} does not resolve: {exc}") from exc
+            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        # InvalidInput url_not_allowed: not an httpx error, so it reaches the caller as it is.
+        self._policy().check_addresses(f"{host}:{port}", addresses)
+        failure: Exception | None = None
+        for address in addresses:
+            try:
+                return await self._inner.connect_tcp(
+                    address,
+                    port,
+                    timeout=timeout,
+                    local_address=local_address,
+                    socket_options=socket_options,
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class GuardedTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport over :class:`GuardedBackend` (httpx takes no backend argument, so
+    the connection pool it builds is replaced by one with the same settings and the backend;
+    tests/integration/test_worker_binding.py fails if the guard is ever bypassed)."""
+
+    def __init__(self, policy: Callable[[], UrlPolicy], limits: httpx.Limits) -> None:
+        super().__init__(limits=limits)
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=GuardedBackend(policy),
+        )
+
+
+def new_client(settings: Settings) -> httpx.AsyncClient:
+    """The client for replay orders and certification probes."""
+    # Certification waves send up to 256 probes at once: the pool must not queue them.
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.replay_timeout, connect=10.0),
+        # An explicit transport: httpx then uses no proxy from the environment.
+        transport=GuardedTransport(lambda: UrlPolicy.parse(settings.worker_networks), limits),
+        follow_redirects=False,
+    )
+
+
 @dataclass(frozen=True)
 class WorkerAnswer:
     output: dict[str, Any]  # the signed replay output envelope, as a dict
     body: dict[str, Any]
+    key_id: str  # the key that signed it: the worker's
 
 
 async def run_order(
@@ -49,6 +138,12 @@ async def run_order(
     request_raw: bytes,
 ) -> WorkerAnswer:
     """Have ``worker`` run ``request_raw`` once, unrecorded; return its verified output."""
+    if not worker.live:
+        raise Unreachable(
+            f"worker {worker.worker_id} is not live ({worker.problem or 'no recent heartbeat'})",
+            code="worker_not_live",
+        )
+    parse_worker_url(worker.url)
     order = sign_envelope(
         ORDER_KIND,
         build_order(
@@ -86,17 +181,20 @@ async def run_order(
         )
     envelope = Envelope.from_dict(data)
     await run_in_threadpool(_verify, db, worker, envelope, replay_id, request_id)
-    return WorkerAnswer(json.loads(envelope.canonical), envelope.body)
+    return WorkerAnswer(json.loads(envelope.canonical), envelope.body, envelope.key_id)
 
 
 def _verify(
     db: Database, worker: WorkerInfo, env: Envelope, replay_id: str, request_id: str
 ) -> None:
+    """The answer counts only as a replay output signed by the key bound to ``worker``
+    (registered, unrevoked, role collector), for this worker, order and request."""
     if env.kind != OUTPUT_KIND:
         raise VerificationError(f"worker answered a {env.kind!r}, not a replay output")
     if env.key_id != worker.key_id:
         raise VerificationError(
-            f"replay output signed by {env.key_id}, not by the worker's key {worker.key_id}",
+            f"replay output signed by {env.key_id}, not by the key {worker.key_id} that "
+            f"worker {worker.worker_id} is bound to",
             code="wrong_signer",
         )
     with db.read() as s:
@@ -104,3 +202,8 @@ def _verify(
     body = check_output(env.body)
     if body["replay_id"] != replay_id or body["request_id"] != request_id:
         raise VerificationError("the replay output answers another order", code="wrong_order")
+    if body["worker_id"] != worker.worker_id:
+        raise VerificationError(
+            f"the replay output names worker {body['worker_id']!r}, not {worker.worker_id!r}",
+            code="wrong_order",
+        )

@@ -27,7 +27,8 @@ from collectors.snapshot import Snapshot, is_local, take_snapshot
 from collectors.spool import Spool
 from collectors.tokens import TokenRenderer
 from ledger.errors import LedgerError
-from ledger.signing import SigningKey, load_public_key
+from ledger.heartbeat import HEARTBEAT_KIND, build_heartbeat
+from ledger.signing import Envelope, SigningKey, load_public_key, sign_envelope
 
 logger = logging.getLogger("ledger.collector")
 
@@ -125,6 +126,7 @@ class Collector:
     def _heartbeat(self) -> None:
         """Learn the log key, then register this worker and keep it live with heartbeats."""
         wait = 0.0
+        last_failure = None
         while not self._stop.wait(wait):
             wait = 0.5  # quick retries until registered (the fingerprint may be in flight)
             try:
@@ -132,25 +134,33 @@ class Collector:
                     self.state.log_public_key = load_public_key(self.client.log_key()["public_key"])
                 if self.config.advertise_url is None:
                     return
-                self._beat_client.heartbeat(self.registration())
+                self._beat_client.heartbeat(self.heartbeat_envelope())
             except LedgerError as exc:
                 self.metrics.heartbeat_failures.labels(exc.code).inc()
-                if self.registered.is_set():
+                # Said once per kind of failure (a refused URL or a worker ID owned by another
+                # key would otherwise stay silent until registered).
+                if self.registered.is_set() or (
+                    exc.code != last_failure and exc.code != "unknown_fingerprint"
+                ):
                     logger.warning("heartbeat failed: %s", exc.message)
+                last_failure = exc.code
                 continue
+            last_failure = None
             self.registered.set()
             wait = self.config.heartbeat_interval
 
-    def registration(self) -> dict[str, str]:
+    def heartbeat_envelope(self) -> Envelope:
+        """A heartbeat signed by this collector's key, issued now (ledger.heartbeat): it binds
+        the worker ID to the key and says where the ledger reaches the worker. Invariance is
+        not claimed: the ledger derives it from the fingerprint."""
         assert self.config.advertise_url is not None
-        return {
-            "worker_id": self.config.worker_id,
-            "pool": self.config.pool,
-            "url": self.config.advertise_url,
-            "fingerprint_id": self.state.fingerprint_id,
-            "batch_invariance": self.state.batch_invariance,
-            "key_id": self.config.key.key_id,
-        }
+        body = build_heartbeat(
+            worker_id=self.config.worker_id,
+            pool=self.config.pool,
+            url=self.config.advertise_url,
+            fingerprint_id=self.state.fingerprint_id,
+        )
+        return sign_envelope(HEARTBEAT_KIND, body, self.config.key)
 
     def _watch(self) -> None:
         # One client for the watcher's life: a new one per poll would build a TLS context

@@ -138,8 +138,11 @@ class LedgerClient:
         result: dict[str, Any] = self._request("GET", "/v1/log/key")
         return result
 
-    def heartbeat(self, registration: dict[str, str]) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("POST", "/v1/workers", json=registration)
+    def heartbeat(self, envelope: Envelope) -> dict[str, Any]:
+        """Register the worker or keep it live: a ``worker_heartbeat`` signed by its key."""
+        result: dict[str, Any] = self._request(
+            "POST", "/v1/workers", content=envelope.canonical, headers=_JSON
+        )
         return result
 
     def pools(self) -> list[dict[str, Any]]:

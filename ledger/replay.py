@@ -14,8 +14,11 @@ verdict is evidence on its own.
              "system_fingerprint", "timings": {"started_at", "total_ns"}}
     verdict {"schema_version", "replay_id", "request_id",
              "record": {"log_index", "content_hash", "fingerprint_id"},
-             "pool", "worker_id", "worker_fingerprint_id", "forced", "verdict", "reason",
-             "comparison", "fingerprint_diff", "output", "replayed_at"}
+             "pool", "worker_id", "worker_key_id", "worker_fingerprint_id", "forced",
+             "verdict", "reason", "comparison", "fingerprint_diff", "output", "replayed_at"}
+
+``worker_key_id`` is the collector key the worker is bound to (the key that registered it):
+the embedded output, when there is one, is signed by it, or there is no verdict but ``error``.
 
 ``margins`` (float32, one per output position) is the top-1 minus top-2 logprob the engine
 reported there, present when the request asked for at least two alternatives.
@@ -52,8 +55,9 @@ def _require(body: Any, fields: Sequence[str], what: str) -> dict[str, Any]:
     missing = [f for f in fields if f not in body]
     if missing:
         raise _fail(f"{what} lacks {missing}")
-    if body.get("schema_version") != SCHEMA_VERSION:
-        raise _fail(f"unsupported {what} schema_version {body.get('schema_version')!r}")
+    version = body.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:  # true and 1.0 are not 1
+        raise _fail(f"unsupported {what} schema_version {version!r}")
     return body
 
 
@@ -95,10 +99,15 @@ def check_order(body: Any, worker_id: str, now: datetime | None = None) -> dict[
         raise _fail(f"cannot replay endpoint {order['endpoint']!r}")
     if order["worker_id"] != worker_id:
         raise _fail(f"this order is for worker {order['worker_id']!r}, not {worker_id!r}")
+    stamp = order["issued_at"]
     try:
-        issued = datetime.fromisoformat(str(order["issued_at"]).replace("Z", "+00:00"))
+        if not isinstance(stamp, str):
+            raise ValueError("not a string")
+        issued = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     except ValueError as exc:
         raise _fail("issued_at is not an RFC 3339 time") from exc
+    if issued.tzinfo is None:  # a naive time cannot be compared with the clock
+        raise _fail("issued_at must carry a time zone (Z)")
     age = (now or datetime.now(UTC)) - issued
     if not -ORDER_MAX_AGE < age < ORDER_MAX_AGE:
         raise _fail(f"the order was issued {age.total_seconds():.0f} s ago: too old or early")
@@ -229,6 +238,7 @@ def build_verdict(
     record: dict[str, Any],
     pool: str,
     worker_id: str,
+    worker_key_id: str,
     worker_fingerprint_id: str,
     forced: bool,
     verdict: str,
@@ -241,6 +251,9 @@ def build_verdict(
         raise _fail(f"unknown verdict {verdict!r}")
     if not _REPLAY_ID.fullmatch(replay_id):
         raise _fail(f"bad replay ID {replay_id!r}")
+    signer = (output or {}).get("signature", {}).get("key_id")
+    if output is not None and signer != worker_key_id:
+        raise _fail(f"the output is signed by {signer}, not by the worker's key {worker_key_id}")
     return {
         "schema_version": SCHEMA_VERSION,
         "replay_id": replay_id,
@@ -248,6 +261,7 @@ def build_verdict(
         "record": record,
         "pool": pool,
         "worker_id": worker_id,
+        "worker_key_id": worker_key_id,
         "worker_fingerprint_id": worker_fingerprint_id,
         "forced": forced,
         "verdict": verdict,

@@ -37,7 +37,7 @@ KEY_ID_PREFIX = "ed25519:"
 SIGNATURE_SIZE = 64
 # What a registered key's role may sign (the log key signs key events and checkpoints).
 SIGNABLE_KINDS: dict[str, tuple[str, ...]] = {
-    "collector": ("fingerprint", "inference_record", "replay_output"),
+    "collector": ("fingerprint", "inference_record", "replay_output", "worker_heartbeat"),
     "replayer": ("replay_verdict",),
     # The ledger's own key signs key events (checked apart), replay verdicts, certificates.
     "log": ("replay_verdict", "pool_certificate"),

@@ -136,7 +136,8 @@ class ApiToken(Base):
 
 
 class Worker(Base):
-    """A registered worker (its collector's URL), refreshed by heartbeats. Live state."""
+    """A registered worker: its last signed heartbeat (kept, and re-verified on every read)
+    and the columns it gives. Live state; ``key_id`` is the key that first registered it."""
 
     __tablename__ = "workers"
     __table_args__ = (Index("ix_workers_pool", "pool"),)
@@ -145,10 +146,11 @@ class Worker(Base):
     pool: Mapped[str] = mapped_column(String(100))
     url: Mapped[str] = mapped_column(String(500))
     fingerprint_id: Mapped[str] = mapped_column(String(80))
-    batch_invariance: Mapped[str] = mapped_column(String(20))
     key_id: Mapped[str] = mapped_column(String(80))
     registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat: Mapped[bytes] = mapped_column(LargeBinary)
+    heartbeat_issued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class Replay(Base):

@@ -1,27 +1,45 @@
-"""Workers and pools: collectors register and heartbeat; a worker is live while it beats.
+"""Workers and pools: collectors register and heartbeat with signed heartbeats.
 
-A worker row is live state (updated by each heartbeat), not a ledger table. What a worker
-serves is named by its fingerprint ID, which the log holds; the row only says where to reach
-it (its collector's URL) and which collector key signs what it returns.
+A worker row is live state (each heartbeat replaces it), not a ledger table, so nothing it
+holds is served on its own word:
+
+- the row keeps the last accepted heartbeat envelope (``ledger.heartbeat``), signed by the
+  collector key; every read re-verifies it against the key registry and compares it with the
+  row, so an edited row (URL, key, pool, fingerprint) or a revoked key makes the worker
+  not live, with the reason in ``problem``;
+- a ``worker_id`` belongs to the first key that registered it: a heartbeat signed by another
+  key is 409 ``worker_conflict`` and changes nothing;
+- a heartbeat must be newer than the last accepted one (``stale_heartbeat`` otherwise), so a
+  captured heartbeat cannot roll a URL back;
+- the worker's batch invariance is derived from the signed fingerprint it serves (its engine
+  section, :func:`ledger.heartbeat.batch_invariance`), never claimed.
 """
 
 from __future__ import annotations
 
-import re
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from ledger.errors import InvalidInput, NotFound
+from ledger.canonical import digest_of
+from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
+from ledger.fingerprint import FINGERPRINT_KIND
+from ledger.heartbeat import HEARTBEAT_KIND, batch_invariance, check_heartbeat, format_time
+from ledger.signing import Envelope
 from ledger.storage import keystore
 from ledger.storage.database import Database, as_utc, utcnow
-from ledger.storage.models import Fingerprint, Worker
+from ledger.storage.models import Fingerprint, LogEntry, Worker
+from ledger.worker_url import Resolver, UrlPolicy, check_worker_url, system_resolve
 
-INVARIANCE_MODES = ("kernel", "serial", "none")
-_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,100}$")
+# Derived invariance per fingerprint ID: the ID is the digest of the body it was derived from
+# (checked before caching), so an entry can never go stale.
+_INVARIANCE: dict[str, str] = {}
+_INVARIANCE_CACHE = 4096
 
 
 @dataclass(frozen=True)
@@ -30,11 +48,13 @@ class WorkerInfo:
     pool: str
     url: str
     fingerprint_id: str
-    batch_invariance: str
-    key_id: str
+    batch_invariance: str  # derived from the fingerprint body
+    key_id: str  # the collector key the worker is bound to
     registered_at: datetime
-    last_seen: datetime
+    last_seen: datetime  # when the ledger accepted the last heartbeat
+    heartbeat_issued_at: datetime  # when the collector signed it
     live: bool
+    problem: str | None = None  # why the stored heartbeat cannot be trusted (then not live)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -46,7 +66,9 @@ class WorkerInfo:
             "key_id": self.key_id,
             "registered_at": self.registered_at.isoformat(),
             "last_seen": self.last_seen.isoformat(),
+            "heartbeat_issued_at": format_time(self.heartbeat_issued_at),
             "live": self.live,
+            "problem": self.problem,
         }
 
 
@@ -70,70 +92,132 @@ class Pool:
         }
 
 
-def _check(data: Any) -> dict[str, str]:
-    if not isinstance(data, dict):
-        raise InvalidInput("a worker registration must be a JSON object", code="schema_violation")
-    fields = ("worker_id", "pool", "url", "fingerprint_id", "batch_invariance", "key_id")
-    missing = [f for f in fields if not isinstance(data.get(f), str) or not data[f]]
-    if missing:
-        raise InvalidInput(f"worker registration lacks {missing}", code="schema_violation")
-    extra = set(data) - set(fields)
-    if extra:
-        raise InvalidInput(f"unknown members {sorted(extra)}", code="schema_violation")
-    for name in ("worker_id", "pool"):
-        if not _NAME.fullmatch(data[name]):
-            raise InvalidInput(f"{name} must be 1-100 of [A-Za-z0-9._-]", code="schema_violation")
-    url = urlsplit(data["url"])
-    if url.scheme not in ("http", "https") or not url.netloc or len(data["url"]) > 500:
-        raise InvalidInput(f"url {data['url']!r} is not an http(s) URL", code="invalid_url")
-    if data["batch_invariance"] not in INVARIANCE_MODES:
+def heartbeat(
+    db: Database, data: Any, policy: UrlPolicy, resolve: Resolver = system_resolve
+) -> WorkerInfo:
+    """Register a worker or refresh it (the same call) from a signed heartbeat envelope.
+
+    Checks, in order: the envelope and body (``ledger.heartbeat``), the URL and every address
+    it resolves to (``ledger.worker_url``), the signer (registered, unrevoked, role collector,
+    signature), the fingerprint (registered), the owner (``worker_conflict``) and that the
+    heartbeat is newer than the last one accepted (``stale_heartbeat``)."""
+    env = Envelope.from_dict(data)
+    if env.kind != HEARTBEAT_KIND:
         raise InvalidInput(
-            f"batch_invariance must be one of {list(INVARIANCE_MODES)}", code="schema_violation"
+            f"expected an envelope of kind {HEARTBEAT_KIND!r}, got {env.kind!r}", code="wrong_kind"
         )
-    return {f: data[f] for f in fields}
-
-
-def heartbeat(db: Database, data: Any) -> WorkerInfo:
-    """Register a worker or refresh it (the same call); the fingerprint must be registered."""
-    item = _check(data)
+    beat = check_heartbeat(env.body, utcnow())
+    check_worker_url(beat.url, policy, resolve)
+    with db.read() as s:
+        keys = keystore.load_keys(s, [env.key_id])
+    keystore.check_signer(env, keys)
     with db.write() as s:
-        if s.get(Fingerprint, item["fingerprint_id"]) is None:
+        keystore.require_unrevoked(s, [env.key_id])
+        if s.get(Fingerprint, beat.fingerprint_id) is None:
             raise InvalidInput(
-                f"fingerprint {item['fingerprint_id']} is not registered: register it first",
+                f"fingerprint {beat.fingerprint_id} is not registered: register it first",
                 code="unknown_fingerprint",
             )
-        keys = keystore.load_keys(s, [item["key_id"]])
-        key = keys.get(item["key_id"])
-        if key is None or key.revoked or key.role != "collector":
-            raise InvalidInput(
-                f"key {item['key_id']} is not a registered, unrevoked collector key",
-                code="unknown_key",
-            )
         now = utcnow()
-        row = s.get(Worker, item["worker_id"])
+        row = s.get(Worker, beat.worker_id)
         if row is None:
-            row = Worker(**item, registered_at=now, last_seen=now)
+            row = Worker(worker_id=beat.worker_id, key_id=env.key_id, registered_at=now)
             s.add(row)
-        else:
-            for name, value in item.items():
-                setattr(row, name, value)
-            row.last_seen = now
+        elif row.key_id != env.key_id:
+            raise Conflict(
+                f"worker {beat.worker_id!r} belongs to key {row.key_id}; a heartbeat signed by "
+                f"{env.key_id} cannot take it over",
+                code="worker_conflict",
+                details={"worker_id": beat.worker_id, "key_id": row.key_id},
+            )
+        elif beat.issued_at <= as_utc(row.heartbeat_issued_at):
+            raise InvalidInput(
+                f"this heartbeat (issued {format_time(beat.issued_at)}) is not newer than the "
+                f"last one accepted for worker {beat.worker_id!r} "
+                f"({format_time(as_utc(row.heartbeat_issued_at))})",
+                code="stale_heartbeat",
+            )
+        row.pool, row.url, row.fingerprint_id = beat.pool, beat.url, beat.fingerprint_id
+        row.heartbeat, row.heartbeat_issued_at, row.last_seen = env.canonical, beat.issued_at, now
         s.flush()
-        return _info(row, now, timedelta(seconds=1))
+        invariance = _invariances(s, [beat.fingerprint_id])
+        return _info(row, keys, invariance, now, timedelta(seconds=1))
 
 
-def _info(row: Worker, now: datetime, ttl: timedelta) -> WorkerInfo:
+def _invariances(session: Session, fingerprint_ids: Iterable[str]) -> dict[str, str]:
+    """Each fingerprint's derived batch invariance, from its logged envelope (``none`` when
+    the envelope is missing or does not hash to its ID)."""
+    wanted = set(fingerprint_ids)
+    out = {fp: _INVARIANCE[fp] for fp in wanted if fp in _INVARIANCE}
+    missing = sorted(wanted - set(out))
+    if missing:
+        rows = session.execute(
+            select(Fingerprint.fingerprint_id, LogEntry.envelope)
+            .join(LogEntry, LogEntry.idx == Fingerprint.log_index)
+            .where(Fingerprint.fingerprint_id.in_(missing))
+        ).all()
+        for fp_id, envelope in rows:
+            data = json.loads(envelope)
+            if not isinstance(data, dict) or data.get("kind") != FINGERPRINT_KIND:
+                continue
+            body = data.get("body")
+            if not isinstance(body, dict) or digest_of(body) != fp_id:
+                continue  # an edited log entry: claim nothing (audit names it)
+            out[fp_id] = batch_invariance(body)
+            if len(_INVARIANCE) >= _INVARIANCE_CACHE:
+                _INVARIANCE.clear()
+            _INVARIANCE[fp_id] = out[fp_id]
+    return {fp: out.get(fp, "none") for fp in wanted}
+
+
+def fingerprint_invariance(db: Database, fingerprint_id: str) -> str:
+    """The batch invariance the registered fingerprint implies (NotFound if not registered)."""
+    with db.read() as s:
+        if s.get(Fingerprint, fingerprint_id) is None:
+            raise NotFound(f"no fingerprint {fingerprint_id}", code="fingerprint_not_found")
+        return _invariances(s, [fingerprint_id])[fingerprint_id]
+
+
+def _problem(row: Worker, keys: dict[str, keystore.KeyInfo]) -> str | None:
+    """Why the row's stored heartbeat cannot be trusted now (None: it can)."""
+    try:
+        env = Envelope.from_dict(json.loads(row.heartbeat))
+    except (LedgerError, ValueError):
+        return "the stored heartbeat is not an envelope"
+    body = env.body
+    signed = (body.get("worker_id"), body.get("pool"), body.get("url"), body.get("fingerprint_id"))
+    if signed != (row.worker_id, row.pool, row.url, row.fingerprint_id) or env.key_id != row.key_id:
+        return "the worker row disagrees with its signed heartbeat"
+    if env.kind != HEARTBEAT_KIND:
+        return f"the stored heartbeat is a {env.kind!r}"
+    try:
+        keystore.check_signer(env, keys)
+    except LedgerError as exc:
+        return f"{exc.code}: {exc.message}"
+    return None
+
+
+def _info(
+    row: Worker,
+    keys: dict[str, keystore.KeyInfo],
+    invariance: dict[str, str],
+    now: datetime,
+    ttl: timedelta,
+) -> WorkerInfo:
     seen = as_utc(row.last_seen)
+    problem = _problem(row, keys)
     return WorkerInfo(
         worker_id=row.worker_id,
         pool=row.pool,
         url=row.url,
         fingerprint_id=row.fingerprint_id,
-        batch_invariance=row.batch_invariance,
+        batch_invariance=invariance.get(row.fingerprint_id, "none") if problem is None else "none",
         key_id=row.key_id,
         registered_at=as_utc(row.registered_at),
         last_seen=seen,
-        live=now - seen <= ttl,
+        heartbeat_issued_at=as_utc(row.heartbeat_issued_at),
+        live=problem is None and now - seen <= ttl,
+        problem=problem,
     )
 
 
@@ -143,7 +227,10 @@ def list_workers(db: Database, ttl: float, pool: str | None = None) -> list[Work
         q = q.where(Worker.pool == pool)
     now = utcnow()
     with db.read() as s:
-        return [_info(r, now, timedelta(seconds=ttl)) for r in s.execute(q).scalars()]
+        rows = list(s.execute(q).scalars())
+        keys = keystore.load_keys(s, [r.key_id for r in rows])
+        invariance = _invariances(s, [r.fingerprint_id for r in rows])
+    return [_info(r, keys, invariance, now, timedelta(seconds=ttl)) for r in rows]
 
 
 def pools(db: Database, ttl: float) -> list[Pool]:

@@ -23,6 +23,7 @@ import pytest
 
 from ledger.errors import VerificationError
 from ledger.evidence import verify_bundle
+from ledger.heartbeat import HEARTBEAT_KIND
 from ledger.replay import ORDER_KIND, build_order
 from ledger.signing import Envelope, SigningKey, load_public_key, sign_envelope, verify_envelope
 from ledger.storage.audit import audit
@@ -113,6 +114,8 @@ def test_strict_records_made_under_load_replay_bitwise(pools: Pools) -> None:
         verdict = response.json()["envelope"]["body"]
         assert verdict["verdict"] == "bitwise", verdict["comparison"]
         assert verdict["pool"] == "strict" and verdict["worker_id"] == "strict"
+        assert verdict["worker_key_id"] == pools.strict.collector.config.key.key_id
+        assert verdict["output"]["signature"]["key_id"] == verdict["worker_key_id"]
         comparison = verdict["comparison"]
         assert comparison["prompt_equal"] and comparison["first_divergence"] is None
         (choice,) = comparison["choices"]
@@ -300,16 +303,24 @@ def test_chat_records_key_by_messages_and_template(pools: Pools) -> None:
 
 def test_worker_registration_is_checked(pools: Pools) -> None:
     writer = pools.api.client(pools.api.token("records:write"))
-    good = pools.strict.collector.registration()
+    collector = pools.strict.collector
+    good = collector.heartbeat_envelope()  # signed by the collector's key, as it sends them
     for change, code in (
         ({"fingerprint_id": "sha256:" + "0" * 64}, "unknown_fingerprint"),
         ({"url": "ftp://x"}, "invalid_url"),
-        ({"batch_invariance": "maybe"}, "schema_violation"),
-        ({"key_id": "ed25519:nope"}, "unknown_key"),
+        ({"url": "http://169.254.169.254/"}, "url_not_allowed"),
+        ({"batch_invariance": "serial"}, "schema_violation"),
     ):
-        response = writer.post("/v1/workers", json={**good, **change})
+        env = sign_envelope(HEARTBEAT_KIND, {**good.body, **change}, collector.config.key)
+        response = writer.post("/v1/workers", content=env.canonical)
         assert response.status_code == 422, response.text
         assert response.json()["error"]["code"] == code
+    # the same heartbeat signed by another registered collector key: the worker is not its
+    takeover = sign_envelope(HEARTBEAT_KIND, good.body, pools.api.collector())
+    response = writer.post("/v1/workers", content=takeover.canonical)
+    assert response.status_code == 409 and response.json()["error"]["code"] == "worker_conflict"
+    unsigned = writer.post("/v1/workers", json=good.body)
+    assert unsigned.status_code == 422
 
 
 def certify(api: Harness, pool: str, **params: Any) -> dict[str, Any]:

@@ -13,20 +13,17 @@ from ledger.cachekey import cache_key
 from ledger.storage.models import Worker
 from tests.support.collector import ints
 from tests.support.harness import Harness
+from tests.support.workers import heartbeat, post_heartbeat, register_fingerprint
 
 
 def _setup(api: Harness, invariance: str = "serial", url: str = "http://127.0.0.1:9") -> dict:
-    key, fp = api.setup_collector()
+    """A collector key, a fingerprint whose engine section derives ``invariance``, and a worker
+    registered by a heartbeat signed with that key."""
+    key = api.collector()
+    fp = register_fingerprint(api, key, {"name": "vllm", "batch_invariance": invariance})
     pool = f"pool-{uuid.uuid4().hex[:8]}"
-    worker = {
-        "worker_id": f"w-{uuid.uuid4().hex[:8]}",
-        "pool": pool,
-        "url": url,
-        "fingerprint_id": fp,
-        "batch_invariance": invariance,
-        "key_id": key.key_id,
-    }
-    response = api.client(api.token("records:write")).post("/v1/workers", json=worker)
+    worker = {"worker_id": f"w-{uuid.uuid4().hex[:8]}", "pool": pool, "url": url}
+    response = post_heartbeat(api, heartbeat(key, **worker, fingerprint_id=fp))
     assert response.status_code == 200, response.text
     return {"key": key, "fp": fp, "pool": pool, "worker": worker}
 
@@ -37,13 +34,19 @@ def test_heartbeat_registers_and_refreshes(api: Harness) -> None:
     pool = client.get(f"/v1/pools/{s['pool']}").json()
     assert pool["live_workers"] == 1 and pool["batch_invariance"] == ["serial"]
     (worker,) = pool["workers"]
+    assert worker["key_id"] == s["key"].key_id and worker["problem"] is None
     first_seen = worker["last_seen"]
-    moved = {**s["worker"], "url": "http://127.0.0.1:10"}
-    again = api.client(api.token("records:write")).post("/v1/workers", json=moved).json()
-    assert again["url"] == moved["url"] and again["registered_at"] == worker["registered_at"]
+    moved = heartbeat(
+        s["key"], **{**s["worker"], "url": "http://127.0.0.1:10"}, fingerprint_id=s["fp"]
+    )
+    again = post_heartbeat(api, moved).json()
+    assert (
+        again["url"] == "http://127.0.0.1:10" and again["registered_at"] == worker["registered_at"]
+    )
     assert again["last_seen"] >= first_seen
     assert client.get("/v1/pools/nowhere").status_code == 404
-    assert api.client(api.token("records:read")).post("/v1/workers", json=moved).status_code == 403
+    reader = api.client(api.token("records:read"))
+    assert reader.post("/v1/workers", content=moved.canonical).status_code == 403
 
 
 def _record(api: Harness, s: dict[str, Any], **kw: Any) -> str:

@@ -83,6 +83,7 @@ def test_verdict_names_only_known_verdicts() -> None:
         record={},
         pool="p",
         worker_id="w",
+        worker_key_id="ed25519:k",
         worker_fingerprint_id="sha256:x",
         forced=False,
         reason=None,
@@ -90,9 +91,32 @@ def test_verdict_names_only_known_verdicts() -> None:
         fingerprint_diff=None,
         output=None,
     )
-    assert build_verdict(**args, verdict="error")["verdict"] == "error"
+    made = build_verdict(**args, verdict="error")
+    assert made["verdict"] == "error" and made["worker_key_id"] == "ed25519:k"
     with pytest.raises(InvalidInput):
         build_verdict(**args, verdict="maybe")
+
+
+def test_a_verdict_embeds_only_output_signed_by_the_workers_key() -> None:
+    args = dict(
+        replay_id="rpl-1",
+        request_id="req-1",
+        record={},
+        pool="p",
+        worker_id="w",
+        worker_key_id="ed25519:bound",
+        worker_fingerprint_id="sha256:x",
+        forced=False,
+        verdict="bitwise",
+        reason=None,
+        comparison=None,
+        fingerprint_diff=None,
+    )
+    output = {"kind": "replay_output", "body": {}, "signature": {"key_id": "ed25519:other"}}
+    with pytest.raises(InvalidInput, match="not by the worker's key"):
+        build_verdict(**args, output=output)
+    output["signature"]["key_id"] = "ed25519:bound"
+    assert build_verdict(**args, output=output)["output"] is output
 
 
 def test_probe_prompts_are_seeded_mixed_and_within_budget() -> None:

@@ -1,0 +1,126 @@
+"""Worker heartbeats (schema version 1): a collector's signed word on where its worker is.
+
+A collector registers its worker, and keeps it live, by posting a **worker heartbeat**
+envelope signed by its collector key (``POST /v1/workers``):
+
+    kind "worker_heartbeat", signed by the collector key
+    body {"schema_version": 1, "worker_id", "pool", "url", "fingerprint_id", "issued_at"}
+
+The signature binds the worker to the key: a ``worker_id`` belongs to the first key that
+registered it, and a replay output only counts when that key signed it. ``issued_at``
+(RFC 3339, UTC) must lie within :data:`MAX_SKEW` of the ledger's clock and be later than the
+worker's last accepted heartbeat, so a captured heartbeat can neither be replayed nor roll a
+URL back. The body claims no batch invariance: the ledger derives it from the fingerprint
+(:func:`batch_invariance`), whose body the collector signed when it registered it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ledger.errors import InvalidInput
+from ledger.worker_url import parse_worker_url
+
+HEARTBEAT_KIND = "worker_heartbeat"
+SCHEMA_VERSION = 1
+MAX_SKEW = timedelta(seconds=60)
+INVARIANCE_MODES = ("kernel", "serial", "none")
+FIELDS = ("schema_version", "worker_id", "pool", "url", "fingerprint_id", "issued_at")
+_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,100}$")
+_FINGERPRINT_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z$")
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A checked heartbeat body."""
+
+    worker_id: str
+    pool: str
+    url: str
+    fingerprint_id: str
+    issued_at: datetime
+
+
+def _fail(message: str, code: str = "schema_violation") -> InvalidInput:
+    return InvalidInput(message, code=code)
+
+
+def format_time(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def build_heartbeat(
+    *, worker_id: str, pool: str, url: str, fingerprint_id: str, issued_at: datetime | None = None
+) -> dict[str, Any]:
+    """The body a collector signs (``issued_at`` now unless given)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "worker_id": worker_id,
+        "pool": pool,
+        "url": url,
+        "fingerprint_id": fingerprint_id,
+        "issued_at": format_time(issued_at or datetime.now(UTC)),
+    }
+
+
+def check_heartbeat(body: Any, now: datetime) -> Heartbeat:
+    """Validate a heartbeat body (shape, names, URL syntax, time window); raise InvalidInput.
+
+    The URL's addresses are checked apart (:func:`ledger.worker_url.check_worker_url`): that
+    needs a resolver and the configured networks."""
+    if not isinstance(body, dict):
+        raise _fail("a worker heartbeat body must be a JSON object")
+    missing = [f for f in FIELDS if f not in body]
+    if missing:
+        raise _fail(f"worker heartbeat lacks {missing}")
+    extra = sorted(set(body) - set(FIELDS))
+    if extra:
+        raise _fail(f"worker heartbeat has unknown members {extra} (it claims no invariance)")
+    version = body["schema_version"]
+    if type(version) is not int or version != SCHEMA_VERSION:  # true is not 1
+        raise _fail(
+            f"unsupported worker heartbeat schema_version {version!r}; this ledger reads "
+            f"{SCHEMA_VERSION}",
+            code="unsupported_schema_version",
+        )
+    for name in FIELDS[1:]:
+        if not isinstance(body[name], str):
+            raise _fail(f"worker heartbeat {name} must be a string")
+    for name in ("worker_id", "pool"):
+        if not _NAME.fullmatch(body[name]):
+            raise _fail(f"{name} must be 1-100 of [A-Za-z0-9._-]")
+    if not _FINGERPRINT_ID.fullmatch(body["fingerprint_id"]):
+        raise _fail("fingerprint_id must be sha256:<64 hex>")
+    parse_worker_url(body["url"])
+    issued = parse_time(body["issued_at"])
+    age = now - issued
+    if not -MAX_SKEW <= age <= MAX_SKEW:
+        raise _fail(
+            f"the heartbeat was issued {age.total_seconds():.0f} s before the ledger's clock; "
+            f"at most {MAX_SKEW.total_seconds():.0f} s either way (is the collector's clock "
+            "right?)",
+            code="stale_heartbeat",
+        )
+    return Heartbeat(body["worker_id"], body["pool"], body["url"], body["fingerprint_id"], issued)
+
+
+def parse_time(value: str) -> datetime:
+    if not _TIME.fullmatch(value):
+        raise _fail(f"issued_at {value[:40]!r} is not an RFC 3339 UTC time (…Z)")
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise _fail(f"issued_at {value!r} is not a valid time") from exc
+
+
+def batch_invariance(fingerprint_body: dict[str, Any]) -> str:
+    """The batch invariance a fingerprint body implies: its engine section's derived
+    ``batch_invariance`` (``kernel`` or ``serial``); anything else, or no engine section,
+    is ``none``."""
+    engine = fingerprint_body.get("engine")
+    value = engine.get("batch_invariance") if isinstance(engine, dict) else None
+    return value if value in ("kernel", "serial") else "none"

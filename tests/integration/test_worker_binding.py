@@ -1,0 +1,381 @@
+"""Workers bound to keys, through the API on SQLite and Postgres (real HTTP, real signatures,
+a real HTTP server playing the attacker's fake worker).
+
+The attack this closes: with a ``records:write`` token and a collector key of one's own,
+register another collector's ``worker_id`` at a URL one controls, answer the replay of the
+victim's record with an output signed by one's own key, and have the ledger log a ``bitwise``
+verdict for the victim's worker. And its neighbours: unsigned, stale or replayed heartbeats,
+revoked keys, URLs aimed at metadata services, claimed batch invariance, edited worker rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from ledger.heartbeat import MAX_SKEW
+from ledger.signing import SigningKey, sign_envelope
+from ledger.storage.models import Worker
+from tests.support.harness import Harness
+from tests.support.workers import (
+    FakeWorker,
+    heartbeat,
+    post_heartbeat,
+    register_fingerprint,
+    serial_engine,
+)
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _worker(api: Harness, worker_id: str) -> dict[str, Any]:
+    items = api.client().get("/v1/workers").json()["items"]
+    (found,) = [w for w in items if w["worker_id"] == worker_id]
+    return found
+
+
+def _register(api: Harness, key: SigningKey, fp: str, url: str, **kw: Any) -> dict[str, Any]:
+    ids = {"worker_id": kw.pop("worker_id", _name("w")), "pool": kw.pop("pool", _name("pool"))}
+    response = post_heartbeat(api, heartbeat(key, **ids, url=url, fingerprint_id=fp, **kw))
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _record(api: Harness, key: SigningKey, fp: str) -> dict[str, Any]:
+    env = api.record(key, fp, request_extra={"temperature": 0})
+    assert api.post([env]).status_code == 201
+    return env.body
+
+
+def _replay(api: Harness, request_id: str, pool: str) -> dict[str, Any]:
+    response = api.client().post("/v1/replays", json={"request_id": request_id, "pool": pool})
+    assert response.status_code == 201, response.text
+    verdict: dict[str, Any] = response.json()["envelope"]["body"]
+    return verdict
+
+
+def _error(response: Any, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code, response.text
+
+
+@pytest.fixture
+def fakes() -> Iterator[list[FakeWorker]]:
+    started: list[FakeWorker] = []
+    yield started
+    for fake in started:
+        fake.close()
+
+
+def _fake(
+    fakes: list[FakeWorker], key: SigningKey, record: dict[str, Any], **kw: Any
+) -> FakeWorker:
+    fake = FakeWorker(key, record, **kw).start()
+    fakes.append(fake)
+    return fake
+
+
+# ---- the takeover and the forged verdict ---------------------------------------------------
+
+
+def test_another_key_cannot_take_a_worker_over(api: Harness) -> None:
+    victim, attacker = api.collector(), api.collector()
+    fp = register_fingerprint(api, victim, serial_engine())
+    mine = _register(api, victim, fp, "http://127.0.0.1:9", worker_id=_name("victim"))
+    before = _worker(api, mine["worker_id"])
+    for url, pool in (("http://127.0.0.1:666", mine["pool"]), ("http://127.0.0.1:9", "other")):
+        takeover = heartbeat(
+            attacker, worker_id=mine["worker_id"], pool=pool, url=url, fingerprint_id=fp
+        )
+        response = post_heartbeat(api, takeover)
+        _error(response, 409, "worker_conflict")
+        assert response.json()["error"]["details"]["key_id"] == victim.key_id
+    after = _worker(api, mine["worker_id"])
+    assert after == {**before, "live": after["live"]}  # nothing changed
+    assert after["key_id"] == victim.key_id and after["url"] == "http://127.0.0.1:9"
+
+
+def test_no_verdict_for_output_not_signed_by_the_workers_key(
+    api: Harness, fakes: list[FakeWorker]
+) -> None:
+    victim, attacker = api.collector(), api.collector()
+    fp = register_fingerprint(api, victim, serial_engine())
+    record = _record(api, victim, fp)
+    request_id = record["request_id"]
+    # Control: an honest worker of the victim's (signing with the victim's key) is bitwise.
+    honest = _fake(fakes, victim, record)
+    good = _register(api, victim, fp, honest.url, worker_id=_name("victim"))
+    verdict = _replay(api, request_id, good["pool"])
+    assert verdict["verdict"] == "bitwise", verdict
+    assert verdict["worker_id"] == good["worker_id"] and verdict["worker_key_id"] == victim.key_id
+    assert verdict["output"]["signature"]["key_id"] == victim.key_id
+    # The attacker answers at the victim's worker's URL (its host, its DNS, a proxy on the
+    # way): outputs signed by the attacker's key, a perfect copy of the record.
+    impostor = _fake(fakes, attacker, record)
+    victims = _register(api, victim, fp, impostor.url, worker_id=_name("victim"))
+    verdict = _replay(api, request_id, victims["pool"])
+    assert len(impostor.orders) == 1  # it did answer
+    assert verdict["verdict"] == "error" and "wrong_signer" in verdict["reason"]
+    assert verdict["output"] is None and verdict["comparison"] is None
+    assert verdict["worker_key_id"] == victim.key_id
+    # The attacker's own worker serving the victim's fingerprint: its verdict names the
+    # attacker's worker and key, never the victim's.
+    own = _register(api, attacker, fp, impostor.url, worker_id=_name("attacker"))
+    verdict = _replay(api, request_id, own["pool"])
+    assert verdict["worker_id"] == own["worker_id"] and verdict["worker_key_id"] == attacker.key_id
+    assert verdict["output"]["signature"]["key_id"] == attacker.key_id
+    # ... and its output may not speak for another worker.
+    liar = _fake(fakes, attacker, record, worker_id=victims["worker_id"])
+    lying = _register(api, attacker, fp, liar.url, worker_id=_name("attacker"))
+    verdict = _replay(api, request_id, lying["pool"])
+    assert verdict["verdict"] == "error" and "wrong_order" in verdict["reason"]
+    # Every verdict about the record names a worker and the key bound to it.
+    listed = api.client().get(f"/v1/records/{request_id}").json()["replays"]
+    bound = {good["worker_id"]: victim.key_id, victims["worker_id"]: victim.key_id}
+    bound |= {own["worker_id"]: attacker.key_id, lying["worker_id"]: attacker.key_id}
+    for item in listed:
+        body = api.client().get(f"/v1/replays/{item['replay_id']}").json()["envelope"]["body"]
+        assert body["worker_key_id"] == bound[body["worker_id"]]
+        if body["output"] is not None:
+            assert body["output"]["signature"]["key_id"] == body["worker_key_id"]
+        if body["verdict"] == "bitwise" and body["worker_key_id"] == attacker.key_id:
+            assert body["worker_id"] == own["worker_id"]
+    assert {i["worker_id"] for i in listed if i["verdict"] == "bitwise"} == {
+        good["worker_id"],
+        own["worker_id"],
+    }
+
+
+# ---- heartbeats: signed, fresh, newer ----------------------------------------------------
+
+
+def test_unsigned_badly_signed_stale_and_old_heartbeats_are_refused(api: Harness) -> None:
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    ids = {"worker_id": _name("w"), "pool": _name("pool"), "fingerprint_id": fp}
+    now = datetime.now(UTC)
+    # the old, unsigned registration
+    unsigned = {**ids, "url": "http://127.0.0.1:9", "batch_invariance": "serial"}
+    _error(post_heartbeat(api, {**unsigned, "key_id": key.key_id}), 422, "schema_violation")
+    signed = heartbeat(key, **ids, url="http://127.0.0.1:9")
+    tampered = signed.to_dict()
+    tampered["body"]["url"] = "http://127.0.0.1:666"
+    _error(post_heartbeat(api, tampered), 422, "bad_signature")
+    _error(post_heartbeat(api, heartbeat(SigningKey.generate(), **ids, url="http://127.0.0.1:9")),
+           422, "unknown_key")  # fmt: skip
+    wrong_kind = heartbeat(key, **ids, url="http://127.0.0.1:9", kind="replay_output")
+    _error(post_heartbeat(api, wrong_kind), 422, "wrong_kind")
+    for skew in (MAX_SKEW + timedelta(seconds=5), -(MAX_SKEW + timedelta(seconds=5))):
+        stale = heartbeat(key, **ids, url="http://127.0.0.1:9", issued_at=now - skew)
+        _error(post_heartbeat(api, stale), 422, "stale_heartbeat")
+    body = heartbeat(key, **ids, url="http://127.0.0.1:9").body
+    for change in ({"schema_version": True}, {"schema_version": 2}):
+        env = sign_envelope("worker_heartbeat", {**body, **change}, key)
+        _error(post_heartbeat(api, env), 422, "unsupported_schema_version")
+    for change in ({"issued_at": "yesterday"}, {"issued_at": 5}, {"pool": "a b"}):
+        env = sign_envelope("worker_heartbeat", {**body, **change}, key)
+        _error(post_heartbeat(api, env), 422, "schema_violation")
+    # an older heartbeat, captured and sent after a newer one, cannot roll the URL back
+    old = heartbeat(key, **ids, url="http://127.0.0.1:7", issued_at=now - timedelta(seconds=10))
+    new = heartbeat(key, **ids, url="http://127.0.0.1:8", issued_at=now)
+    assert post_heartbeat(api, new).status_code == 200
+    _error(post_heartbeat(api, old), 422, "stale_heartbeat")
+    _error(post_heartbeat(api, new), 422, "stale_heartbeat")  # the same one again
+    assert _worker(api, ids["worker_id"])["url"] == "http://127.0.0.1:8"
+    newer = heartbeat(key, **ids, url="http://127.0.0.1:7", issued_at=now + timedelta(seconds=1))
+    assert post_heartbeat(api, newer).json()["url"] == "http://127.0.0.1:7"
+
+
+def test_revoked_and_non_collector_keys_are_refused(api: Harness) -> None:
+    replayer = api.collector(role="replayer")
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    ids = {"pool": _name("pool"), "fingerprint_id": fp, "url": "http://127.0.0.1:9"}
+    by_replayer = heartbeat(replayer, worker_id=_name("w"), **ids)
+    _error(post_heartbeat(api, by_replayer), 422, "key_role_not_allowed")
+    worker = _register(api, key, fp, ids["url"], pool=ids["pool"])
+    request_id = _record(api, key, fp)["request_id"]
+    revoked = api.client().post(f"/v1/keys/{key.key_id}/revoke", json={"reason": "stolen"})
+    assert revoked.status_code == 200, revoked.text
+    again = heartbeat(key, worker_id=worker["worker_id"], **ids)
+    _error(post_heartbeat(api, again), 422, "revoked_key")
+    # its worker is no longer live, and says why; no replay goes to it
+    listed = _worker(api, worker["worker_id"])
+    assert not listed["live"] and "revoked_key" in listed["problem"]
+    response = api.client().post(
+        "/v1/replays", json={"request_id": request_id, "pool": ids["pool"]}
+    )
+    _error(response, 409, "no_matching_pool")
+
+
+def test_an_edited_worker_row_is_not_trusted(api: Harness, fakes: list[FakeWorker]) -> None:
+    """A database superuser points the victim's worker at a fake signing with its own key."""
+    victim, attacker = api.collector(), api.collector()
+    fp = register_fingerprint(api, victim, serial_engine())
+    record = _record(api, victim, fp)
+    honest = _fake(fakes, victim, record)
+    worker = _register(api, victim, fp, honest.url)
+    impostor = _fake(fakes, attacker, record)
+    for change in ({"url": impostor.url}, {"url": impostor.url, "key_id": attacker.key_id}):
+        with api.db.write() as s:
+            s.execute(
+                update(Worker).where(Worker.worker_id == worker["worker_id"]).values(**change)
+            )
+        listed = _worker(api, worker["worker_id"])
+        assert not listed["live"] and listed["problem"]
+        response = api.client().post(
+            "/v1/replays", json={"request_id": record["request_id"], "pool": worker["pool"]}
+        )
+        _error(response, 409, "no_matching_pool")
+    assert impostor.orders == []
+
+
+# ---- worker URL policy -------------------------------------------------------------------
+
+REFUSED_URLS = [
+    "http://169.254.169.254/latest/meta-data/",  # link-local: the cloud metadata address
+    "http://169.254.1.1:8100",
+    "http://[fe80::1]:8100",
+    "http://[fe80::1%25eth0]:8100",
+    "http://[fd00:ec2::254]/",  # AWS metadata over IPv6
+    "http://100.100.100.200/",  # Alibaba Cloud metadata
+    "http://[::ffff:169.254.169.254]/",  # IPv4-mapped
+    "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 of 169.254.169.254
+    "http://2852039166/",  # a host name that resolves to 169.254.169.254
+    "http://0.0.0.0:8100",  # unspecified
+    "http://[::]:8100",
+    "http://224.0.0.1/",  # multicast
+    "http://[ff02::1]/",
+    "http://255.255.255.255/",  # broadcast
+]
+INVALID_URLS = [
+    "http://[::1",  # was a 500
+    "http://[::1]x/",
+    "http://user:secret@127.0.0.1:8100",
+    "http://@127.0.0.1:8100",
+    "ftp://127.0.0.1/",
+    "file:///etc/passwd",
+    "gopher://127.0.0.1:70/",
+    "127.0.0.1:8100",
+    "http://",
+    "http:///path",
+    "http://127.0.0.1:99999/",
+    "http://127.0.0.1:port/",
+    "http://127.0.0.1:8100/?next=http://169.254.169.254",
+    "http://127.0.0.1:8100/#x",
+    "http://127.0.0.1:8100/\u00e9",
+    "http://127.0.0.1:8100/a b",
+    "http://127.0.0.1:8100/" + "a" * 500,
+    "http://no-such-host.invalid:8100",
+]
+
+
+def _url_answer(api: Harness, key: SigningKey, fp: str, url: str) -> Any:
+    return post_heartbeat(
+        api, heartbeat(key, worker_id=_name("w"), pool=_name("p"), url=url, fingerprint_id=fp)
+    )
+
+
+def test_worker_urls_follow_the_policy(api: Harness) -> None:
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    for url in REFUSED_URLS:
+        _error(_url_answer(api, key, fp, url), 422, "url_not_allowed")
+    for url in INVALID_URLS:
+        _error(_url_answer(api, key, fp, url), 422, "invalid_url")
+    for url in ("http://127.0.0.1:8100", "https://localhost:8443/prefix/", "http://[::1]:8100"):
+        assert _url_answer(api, key, fp, url).status_code == 200, url
+
+
+def test_worker_networks_setting(api: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    monkeypatch.setattr(api.settings, "worker_networks", "10.0.0.0/8")
+    for url in ("http://127.0.0.1:8100", "http://localhost:8100"):  # outside the networks
+        _error(_url_answer(api, key, fp, url), 422, "url_not_allowed")
+    # everything listed still does not allow metadata; listing it explicitly does
+    monkeypatch.setattr(api.settings, "worker_networks", "0.0.0.0/0,::/0")
+    _error(_url_answer(api, key, fp, "http://169.254.169.254/"), 422, "url_not_allowed")
+    assert _url_answer(api, key, fp, "http://127.0.0.1:8100").status_code == 200
+    monkeypatch.setattr(api.settings, "worker_networks", "169.254.169.254/32")
+    assert _url_answer(api, key, fp, "http://169.254.169.254/").status_code == 200
+    _error(_url_answer(api, key, fp, "http://169.254.169.253/"), 422, "url_not_allowed")
+
+
+def test_addresses_are_checked_again_when_an_order_is_sent(
+    api: Harness, fakes: list[FakeWorker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    record = _record(api, key, fp)
+    fake = _fake(fakes, key, record)
+    url = fake.url.replace("127.0.0.1", "localhost")  # a name, resolved at each connection
+    worker = _register(api, key, fp, url)
+    monkeypatch.setattr(api.settings, "worker_networks", "10.0.0.0/8")
+    verdict = _replay(api, record["request_id"], worker["pool"])
+    assert verdict["verdict"] == "error" and "url_not_allowed" in verdict["reason"]
+    assert fake.orders == []
+    monkeypatch.setattr(api.settings, "worker_networks", "")
+    assert _replay(api, record["request_id"], worker["pool"])["verdict"] == "bitwise"
+    assert len(fake.orders) == 1
+
+
+# ---- batch invariance is derived, never claimed ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("engine", "expected"),
+    [
+        (None, "none"),  # no engine section
+        ({"name": "test"}, "none"),
+        ({"name": "vllm", "batch_invariance": "serial"}, "serial"),
+        ({"name": "vllm", "batch_invariance": "kernel"}, "kernel"),
+        ({"name": "vllm", "batch_invariance": "yes, trust me"}, "none"),
+        ({"name": "vllm", "batch_invariance": True}, "none"),
+    ],
+)
+def test_batch_invariance_comes_from_the_fingerprint(
+    api: Harness, engine: dict[str, Any] | None, expected: str
+) -> None:
+    key = api.collector()
+    fp = register_fingerprint(api, key, engine)
+    pool = _name("pool")
+    claimed = heartbeat(
+        key, worker_id=_name("w"), pool=pool, url="http://127.0.0.1:9", fingerprint_id=fp,
+        batch_invariance="serial",
+    )  # fmt: skip
+    _error(post_heartbeat(api, claimed), 422, "schema_violation")
+    worker = _register(api, key, fp, "http://127.0.0.1:9", pool=pool)
+    assert worker["batch_invariance"] == expected
+    assert api.client().get(f"/v1/pools/{pool}").json()["batch_invariance"] == [expected]
+    if expected == "none":
+        request_id = _record(api, key, fp)["request_id"]
+        response = api.client().post("/v1/replays", json={"request_id": request_id})
+        _error(response, 409, "no_matching_pool")
+        nearest = response.json()["error"]["details"]["nearest_pools"]
+        assert next(p for p in nearest if p["pool"] == pool)["batch_invariance"] == "none"
+
+
+def test_a_forced_replay_on_a_fingerprint_without_invariance_is_not_comparable(
+    api: Harness, fakes: list[FakeWorker]
+) -> None:
+    key = api.collector()
+    fp = register_fingerprint(api, key, None)
+    record = _record(api, key, fp)
+    worker = _register(api, key, fp, _fake(fakes, key, record).url)
+    response = api.client().post(
+        "/v1/replays",
+        json={"request_id": record["request_id"], "pool": worker["pool"], "force": True},
+    )
+    verdict = response.json()["envelope"]["body"]
+    assert verdict["verdict"] == "not_comparable" and "not batch-invariant" in verdict["reason"]
+    assert verdict["comparison"]["verdict"] == "bitwise"
+    assert verdict["worker_key_id"] == key.key_id
