@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pydantic import ValidationError
 
+from api.settings import Settings
 from ledger.errors import InvalidInput
 from ledger.heartbeat import MAX_SKEW, batch_invariance, build_heartbeat, check_heartbeat
 from ledger.worker_url import UrlPolicy, check_worker_url, parse_worker_url
@@ -133,3 +135,9 @@ def test_batch_invariance_is_derived_from_the_engine_section() -> None:
     assert batch_invariance({"engine": {"batch_invariance": ["serial"]}}) == "none"
     assert batch_invariance({"engine": "serial"}) == "none"
     assert batch_invariance({"model": {}}) == "none"
+
+
+def test_the_setting_is_checked_at_start() -> None:
+    assert Settings(worker_networks="10.0.0.0/8, ::1/128").worker_networks
+    with pytest.raises(ValidationError, match="LEDGER_WORKER_NETWORKS"):
+        Settings(worker_networks="10.0.0.0/8,not-a-network")
