@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager, suppress
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from api import errors
+from api import certifier, errors
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import (
     cache,
@@ -60,10 +60,12 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(certifier.sweep, state)
         task = None
         if settings.checkpoint_interval > 0:
             task = asyncio.create_task(_checkpointer(state, settings.checkpoint_interval))
         yield
+        await certifier.shutdown(state)
         if state.http is not None:
             await state.http.aclose()
         if task is not None:

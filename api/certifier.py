@@ -1,8 +1,14 @@
 """Certification jobs: run the replay matrix (``ledger.certify``) on a pool's worker.
 
-A job runs in the API process as an asyncio task; ``GET /v1/certifications/{id}`` reports its
-progress and, when done, the signed certificate (a log leaf). Jobs live in memory: a restart
-of the API abandons running ones (the certificate is only logged when a job completes).
+A job's state lives in the database (``ledger.storage.certification_jobs``), so every API
+process answers ``GET /v1/certifications/{id}``: progress, and when done the signed
+certificate (a log leaf). The process that accepted the job runs it as an asyncio task and
+holds its lease: a heartbeat writes the progress every ``FLUSH_EVERY`` seconds when it moved,
+and renews the lease at least every ``RENEW_EVERY``. A process that dies leaves its jobs to
+expire ``LEASE`` after the last renewal; the next process to read one (or any process
+starting) fails it with ``interrupted``. A process that shuts down fails its running jobs
+with ``interrupted`` at once. Jobs are not resumed (see the storage module for why).
+
 Every probe goes through the replay channel (a log-key-signed order to the worker's
 collector), so probes are never recorded as traffic.
 """
@@ -12,8 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import time
 import uuid
-from dataclasses import dataclass, field
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -24,44 +34,52 @@ from ledger import certify
 from ledger.compare import Comparison, Generation, compare
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
 from ledger.replay import output_generation
-from ledger.storage import cache, verdicts, workers
+from ledger.storage import cache, certification_jobs, verdicts, workers
+from ledger.storage.certification_jobs import INTERRUPTED, Job
 from ledger.storage.workers import WorkerInfo
 
 logger = logging.getLogger("ledger.certify")
 DEFAULT_MAX_MODEL_LEN = 2048
+LEASE = timedelta(seconds=15)
+RENEW_EVERY = 3.0
+FLUSH_EVERY = 0.5
+_JOB_ID = re.compile(r"^cert-[0-9a-f]{32}$")
 
 
 @dataclass
-class Job:
-    job_id: str
-    pool: str
-    worker: WorkerInfo
-    parameters: dict[str, Any]
-    total: int
-    done: int = 0
-    status: str = "running"  # running | done | failed
-    error: dict[str, Any] | None = None
-    certificate: verdicts.Stored | None = None
-    # Held so the running task is not garbage-collected (the loop keeps only a weak reference).
-    task: asyncio.Task[None] | None = field(default=None, repr=False)
+class Run:
+    """A job this process runs: the worker it probes and its progress, in memory."""
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "certification_id": self.job_id,
-            "pool": self.pool,
-            "worker_id": self.worker.worker_id,
-            "fingerprint_id": self.worker.fingerprint_id,
-            "status": self.status,
-            "done": self.done,
-            "total": self.total,
-            "parameters": self.parameters,
-            "error": self.error,
-        }
-        if self.certificate is not None:
-            out["certificate_id"] = self.certificate.id
-            out["log_index"] = self.certificate.log_index
-            out["envelope"] = json.loads(self.certificate.envelope)
-        return out
+    job: Job  # the row as created
+    worker: WorkerInfo
+    done: int = 0
+    # Held so the running task is not garbage-collected (the loop keeps only a weak reference).
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.job.certification_id
+
+
+def to_dict(job: Job) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "certification_id": job.certification_id,
+        "pool": job.pool,
+        "worker_id": job.worker_id,
+        "fingerprint_id": job.fingerprint_id,
+        "status": job.state,
+        "done": job.done,
+        "total": job.total,
+        "parameters": job.parameters,
+        "error": job.error,
+        "created_at": job.created_at.isoformat(),
+        "updated_at": job.updated_at.isoformat(),
+    }
+    if job.certificate is not None:
+        out["certificate_id"] = job.certificate_id
+        out["log_index"] = job.log_index
+        out["envelope"] = json.loads(job.certificate)
+    return out
 
 
 def _validate(concurrency: list[int], max_tokens: list[int]) -> None:
@@ -88,7 +106,9 @@ def start(
     concurrency: list[int],
     max_tokens: list[int],
     seed: int,
-) -> Job:
+) -> Run:
+    """Check the request, choose the worker and write the job, running, leased to this
+    process (blocking: call it in a thread); :func:`launch` then runs it."""
     _validate(concurrency, max_tokens)
     found = workers.get_pool(state.db, pool, state.settings.worker_ttl)
     live = found.live
@@ -108,31 +128,34 @@ def start(
             code="invalid_parameters",
         )
     sorted_c = sorted(set(concurrency) | {1})
-    parameters = {
+    sorted_m = sorted(set(max_tokens))
+    parameters: dict[str, Any] = {
         "prompts": prompts,
         "concurrency": sorted_c,
-        "max_tokens": sorted(set(max_tokens)),
+        "max_tokens": sorted_m,
         "seed": seed,
         "prompt_chars": budget,
         "model": _served_name(engine.get("served_model_name")),
     }
-    job = Job(
-        f"cert-{uuid.uuid4().hex}",
-        pool,
-        worker,
-        parameters,
-        _total(prompts, sorted_c, parameters["max_tokens"]),
+    job = certification_jobs.create(
+        state.db,
+        certification_id=f"cert-{uuid.uuid4().hex}",
+        pool=pool,
+        worker_id=worker.worker_id,
+        fingerprint_id=worker.fingerprint_id,
+        parameters=parameters,
+        total=_total(prompts, sorted_c, sorted_m),
+        runner=state.runner_id,
+        lease=LEASE,
     )
-    _forget_old(state.jobs)
-    state.jobs[job.job_id] = job
-    return job
+    return Run(job, worker)
 
 
-def _forget_old(jobs: dict[str, Any], keep: int = 100) -> None:
-    """Keep the most recent finished jobs (their certificates stay in the log)."""
-    finished = [k for k, j in jobs.items() if isinstance(j, Job) and j.status != "running"]
-    for key in finished[: max(0, len(finished) - keep)]:
-        del jobs[key]
+def launch(state: AppState, run: Run) -> dict[str, Any]:
+    """Run the job in this process's event loop; what POST answers."""
+    state.jobs[run.job_id] = run
+    run.task = asyncio.create_task(_run_job(state, run), name=run.job_id)
+    return to_dict(run.job)
 
 
 def _served_name(value: Any) -> str | None:
@@ -141,80 +164,182 @@ def _served_name(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def get(state: AppState, job_id: str) -> Job:
-    job = state.jobs.get(job_id)
-    if not isinstance(job, Job):
-        raise NotFound(
-            f"no certification {job_id!r} (jobs are kept in memory)", code="job_not_found"
-        )
-    return job
+def get(state: AppState, job_id: str) -> dict[str, Any]:
+    """A job as the database has it, whichever process runs it (blocking)."""
+    if not _JOB_ID.fullmatch(job_id):
+        raise NotFound(f"no certification {job_id!r}", code="job_not_found")
+    return to_dict(certification_jobs.get(state.db, job_id))
 
 
-async def run(state: AppState, job: Job) -> None:
+def sweep(state: AppState) -> None:
+    """At start-up: fail the jobs of processes that died (their leases ran out)."""
     try:
-        await _run(state, job)
-        job.status = "done"
+        failed = certification_jobs.expire(state.db)
+    except LedgerError as exc:  # a later read of each job fails it all the same
+        logger.warning("certification jobs not swept: %s", exc.message)
+        return
+    if failed:
+        logger.warning("certifications interrupted by a stopped process: %s", failed)
+
+
+async def shutdown(state: AppState) -> None:
+    """Stop this process's jobs and fail them now, rather than when their leases run out."""
+    runs = [r for r in state.jobs.values() if isinstance(r, Run) and r.task is not None]
+    for r in runs:
+        assert r.task is not None
+        r.task.cancel()
+    if runs:
+        await asyncio.wait([r.task for r in runs if r.task is not None], timeout=10)
+    for r in runs:
+        error = {
+            "code": INTERRUPTED,
+            "message": "the ledger process running it shut down; start a new certification",
+            "details": {"runner": state.runner_id, "done": r.done, "total": r.job.total},
+        }
+        try:
+            await run_in_threadpool(
+                certification_jobs.finish,
+                state.db,
+                r.job_id,
+                state.runner_id,
+                done=r.done,
+                error=error,
+            )
+        except LedgerError as exc:  # its lease runs out instead
+            logger.warning("certification %s not marked interrupted: %s", r.job_id, exc.message)
+
+
+async def _run_job(state: AppState, run: Run) -> None:
+    beat = asyncio.create_task(_heartbeat(state, run))
+    try:
+        body = await _probes(state, run)
+        # Append and record under one thread call, shielded: once the certificate is being
+        # logged, a cancellation (shutdown, lost lease) no longer separates the two.
+        await asyncio.shield(run_in_threadpool(_conclude, state, run, body))
     except LedgerError as exc:
-        job.status, job.error = "failed", exc.to_dict()
+        await _fail(state, run, exc.to_dict())
     except Exception as exc:  # a job must end in a state the client can read
-        logger.exception("certification %s failed", job.job_id)
-        job.status, job.error = "failed", {"code": "internal_error", "message": repr(exc)}
+        logger.exception("certification %s failed", run.job_id)
+        await _fail(state, run, {"code": "internal_error", "message": repr(exc)})
+    finally:
+        beat.cancel()
+        with suppress(asyncio.CancelledError):
+            await beat
+        state.jobs.pop(run.job_id, None)
 
 
-async def _probe(state: AppState, job: Job, body: dict[str, Any], n: int) -> Generation:
+def _conclude(state: AppState, run: Run, body: dict[str, Any]) -> None:
+    db, runner = state.db, state.runner_id
+    if not certification_jobs.renew(db, run.job_id, runner, done=run.done, lease=LEASE):
+        logger.warning("certification %s lost its lease before logging", run.job_id)
+        return
+    stored = verdicts.append_certificate(db, state.log_key, body)
+    certification_jobs.finish(
+        db,
+        run.job_id,
+        runner,
+        done=run.done,
+        certificate_id=stored.id,
+        log_index=stored.log_index,
+    )
+
+
+async def _fail(state: AppState, run: Run, error: dict[str, Any]) -> None:
+    try:
+        await run_in_threadpool(
+            certification_jobs.finish,
+            state.db,
+            run.job_id,
+            state.runner_id,
+            done=run.done,
+            error=error,
+        )
+    except LedgerError as exc:  # its lease runs out instead, and it fails as interrupted
+        logger.warning("certification %s: failure not recorded: %s", run.job_id, exc.message)
+
+
+async def _heartbeat(state: AppState, run: Run) -> None:
+    """Write progress when it moved and renew the lease; stop the job if it was lost."""
+    written, renewed = 0, time.monotonic()
+    while True:
+        await asyncio.sleep(FLUSH_EVERY)
+        if run.done == written and time.monotonic() - renewed < RENEW_EVERY:
+            continue
+        done = run.done
+        try:
+            held = await run_in_threadpool(
+                certification_jobs.renew,
+                state.db,
+                run.job_id,
+                state.runner_id,
+                done=done,
+                lease=LEASE,
+            )
+        except LedgerError as exc:  # the database may be briefly away: retry next tick
+            logger.warning("certification %s: lease not renewed: %s", run.job_id, exc.message)
+            continue
+        if not held:
+            logger.warning("certification %s: this process lost its lease; stopping", run.job_id)
+            with suppress(LedgerError):
+                await run_in_threadpool(certification_jobs.expire, state.db, only=run.job_id)
+            if run.task is not None:
+                run.task.cancel()
+            return
+        written, renewed = done, time.monotonic()
+
+
+async def _probe(state: AppState, run: Run, body: dict[str, Any], n: int) -> Generation:
     raw = json.dumps(body, separators=(",", ":")).encode()
     answer: WorkerAnswer = await run_order(
         state.workers_http,
         state.db,
         state.log_key,
-        job.worker,
-        replay_id=f"{job.job_id[:30]}-{n}",
-        request_id=f"{job.job_id}-probe-{n}",
+        run.worker,
+        replay_id=f"{run.job_id[:30]}-{n}",
+        request_id=f"{run.job_id}-probe-{n}",
         endpoint="/v1/completions",
         request_raw=raw,
     )
-    if answer.body["fingerprint_id"] != job.worker.fingerprint_id:
+    if answer.body["fingerprint_id"] != run.worker.fingerprint_id:
         raise Conflict(
             "the worker's fingerprint changed during certification", code="fingerprint_changed"
         )
-    job.done += 1
+    run.done += 1
     return output_generation(answer.body)
 
 
-async def _run(state: AppState, job: Job) -> None:
-    p = job.parameters
+async def _probes(state: AppState, run: Run) -> dict[str, Any]:
+    """Run the matrix; the certificate body."""
+    p = run.job.parameters
     probes = certify.probe_prompts(p["prompts"], p["seed"], p["prompt_chars"])
     counter = iter(range(1_000_000))
     results = []
     for m in p["max_tokens"]:
         bodies = [certify.probe_request(pr, m, p["model"]) for pr in probes]
-        baseline = [await _probe(state, job, b, next(counter)) for b in bodies]
+        baseline = [await _probe(state, run, b, next(counter)) for b in bodies]
         for c in p["concurrency"]:
             comparisons: list[Comparison] = []
             if c == 1:
                 for i, b in enumerate(bodies):
-                    again = await _probe(state, job, b, next(counter))
+                    again = await _probe(state, run, b, next(counter))
                     comparisons.append(compare(baseline[i], again))
             else:
                 order = [i % len(bodies) for i in range(_wave_size(len(bodies), c))]
-                for start in range(0, len(order), c):
-                    wave = order[start : start + c]
+                for start_at in range(0, len(order), c):
+                    wave = order[start_at : start_at + c]
                     outs = await asyncio.gather(
-                        *(_probe(state, job, bodies[i], next(counter)) for i in wave)
+                        *(_probe(state, run, bodies[i], next(counter)) for i in wave)
                     )
                     comparisons.extend(
                         compare(baseline[i], out) for i, out in zip(wave, outs, strict=True)
                     )
             results.append(certify.cell(m, c, comparisons, baseline))
-    body = certify.certificate(
-        certificate_id=job.job_id,
-        pool=job.pool,
-        worker_id=job.worker.worker_id,
-        fingerprint_id=job.worker.fingerprint_id,
-        batch_invariance=job.worker.batch_invariance,
+    return certify.certificate(
+        certificate_id=run.job_id,
+        pool=run.job.pool,
+        worker_id=run.worker.worker_id,
+        fingerprint_id=run.worker.fingerprint_id,
+        batch_invariance=run.worker.batch_invariance,
         parameters=p,
         results=results,
-    )
-    job.certificate = await run_in_threadpool(
-        verdicts.append_certificate, state.db, state.log_key, body
     )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -74,7 +77,12 @@ class AppState:
     # For replay orders and certification probes to workers' collectors: made on first use
     # (inside the event loop), closed when the app shuts down.
     http: httpx.AsyncClient | None = None
+    # Certification jobs this process runs (api.certifier.Run by ID); their state is in the
+    # database, under leases held by runner_id (unique per process and app).
     jobs: dict[str, Any] = field(default_factory=dict)
+    runner_id: str = field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    )
 
     @property
     def workers_http(self) -> httpx.AsyncClient:

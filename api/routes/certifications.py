@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -26,7 +25,7 @@ router = APIRouter(tags=["certifications"], responses=ERRORS)
     "compared bitwise with its prompt's run alone. The signed certificate is logged when done.",
 )
 async def start(payload: CertifyCreate, state: StateDep, _: ReplayScope) -> dict[str, Any]:
-    job = await run_in_threadpool(
+    run = await run_in_threadpool(
         certifier.start,
         state,
         payload.pool,
@@ -35,13 +34,12 @@ async def start(payload: CertifyCreate, state: StateDep, _: ReplayScope) -> dict
         payload.max_tokens,
         payload.seed,
     )
-    job.task = asyncio.create_task(certifier.run(state, job))
-    return job.to_dict()
+    return certifier.launch(state, run)
 
 
 @router.get("/v1/certifications/{certification_id}", summary="Progress and result of a job")
 async def status(certification_id: str, state: StateDep, _: ReadRecords) -> dict[str, Any]:
-    return certifier.get(state, certification_id).to_dict()
+    return await run_in_threadpool(certifier.get, state, certification_id)
 
 
 @router.get("/v1/certificates/{certificate_id}", summary="A logged pool certificate")

@@ -192,3 +192,27 @@ class CacheKey(Base):
     log_index: Mapped[int] = mapped_column(BigInteger)
     tier: Mapped[int] = mapped_column(SmallInteger)
     deterministic: Mapped[bool] = mapped_column(Boolean)
+
+
+class CertificationJob(Base):
+    """A pool certification job (``ledger.storage.certification_jobs``). Live state, updated as
+    the job runs; its signed certificate, once logged, is a leaf (``certificates``)."""
+
+    __tablename__ = "certification_jobs"
+    __table_args__ = (Index("ix_certification_jobs_state_lease", "state", "lease_until"),)
+
+    certification_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(100))
+    worker_id: Mapped[str] = mapped_column(String(100))
+    fingerprint_id: Mapped[str] = mapped_column(String(80))
+    parameters: Mapped[str] = mapped_column(Text)  # JSON
+    state: Mapped[str] = mapped_column(String(10))  # running | done | failed (a CHECK)
+    done: Mapped[int] = mapped_column(BigInteger)
+    total: Mapped[int] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON {"code", "message"}
+    certificate_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    log_index: Mapped[int | None] = mapped_column(ForeignKey("log_entries.idx"), nullable=True)
+    runner: Mapped[str] = mapped_column(String(200))  # the process that runs it
+    lease_until: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

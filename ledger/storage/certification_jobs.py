@@ -1,0 +1,240 @@
+"""Certification jobs: the live state of pool certifications, shared by every API process.
+
+Not a ledger table: a job's row is updated as it runs (progress, lease, outcome). The signed
+certificate a finished job produced is a log leaf (``verdicts.append_certificate``); the row
+only points at it (``certificate_id``, ``log_index``), and reading a done job returns that
+leaf's envelope.
+
+States: ``running`` (from creation: the process that accepted the job runs it), then ``done``
+or ``failed``, both final (but see :func:`finish`: a logged certificate always wins). A running
+job belongs to one process, its *runner*, which holds a lease (``lease_until``) and renews it
+every few seconds, writing the progress with it. A running job whose lease has expired (its
+process died, or stopped without handing the job back) is failed with ``interrupted`` by
+whichever process reads it next, or sweeps at start-up: no job stays ``running`` after its
+runner is gone. Jobs are not resumed: the probes' results lived in the dead process, and a
+certificate is one sitting on one worker; a new job is the honest way to start again.
+
+Every change a runner makes is conditional on still holding the job (``state = running`` and
+``runner`` = itself), so a runner that lost its lease neither overwrites the failure nor
+reports progress. Leases compare the API hosts' clocks, which must agree within a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from ledger.errors import NotFound
+from ledger.storage.database import Database, as_utc, utcnow
+from ledger.storage.models import CertificationJob, LogEntry
+
+RUNNING, DONE, FAILED = "running", "done", "failed"
+STATES = (RUNNING, DONE, FAILED)
+INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job's row; ``certificate`` is the logged certificate's canonical envelope (done)."""
+
+    certification_id: str
+    pool: str
+    worker_id: str
+    fingerprint_id: str
+    parameters: dict[str, Any]
+    state: str
+    done: int
+    total: int
+    error: dict[str, Any] | None
+    certificate_id: str | None
+    log_index: int | None
+    runner: str
+    lease_until: datetime
+    created_at: datetime
+    updated_at: datetime
+    certificate: bytes | None = None
+
+    def expired(self, now: datetime) -> bool:
+        return self.state == RUNNING and self.lease_until < now
+
+
+def interrupted_error(job: Job) -> dict[str, Any]:
+    return {
+        "code": INTERRUPTED,
+        "message": "the ledger process running it stopped (its lease ran out at "
+        f"{job.lease_until.isoformat()}); start a new certification",
+        "details": {"runner": job.runner, "done": job.done, "total": job.total},
+    }
+
+
+def _job(row: CertificationJob, certificate: bytes | None = None) -> Job:
+    return Job(
+        certification_id=row.certification_id,
+        pool=row.pool,
+        worker_id=row.worker_id,
+        fingerprint_id=row.fingerprint_id,
+        parameters=json.loads(row.parameters),
+        state=row.state,
+        done=row.done,
+        total=row.total,
+        error=json.loads(row.error) if row.error is not None else None,
+        certificate_id=row.certificate_id,
+        log_index=row.log_index,
+        runner=row.runner,
+        lease_until=as_utc(row.lease_until),
+        created_at=as_utc(row.created_at),
+        updated_at=as_utc(row.updated_at),
+        certificate=bytes(certificate) if certificate is not None else None,
+    )
+
+
+def create(
+    db: Database,
+    *,
+    certification_id: str,
+    pool: str,
+    worker_id: str,
+    fingerprint_id: str,
+    parameters: dict[str, Any],
+    total: int,
+    runner: str,
+    lease: timedelta,
+    now: datetime | None = None,
+) -> Job:
+    """A new job, running and leased to ``runner`` from the start."""
+    at = now or utcnow()
+    values = {
+        "certification_id": certification_id,
+        "pool": pool,
+        "worker_id": worker_id,
+        "fingerprint_id": fingerprint_id,
+        "parameters": json.dumps(parameters, sort_keys=True),
+        "state": RUNNING,
+        "done": 0,
+        "total": total,
+        "error": None,
+        "certificate_id": None,
+        "log_index": None,
+        "runner": runner,
+        "lease_until": at + lease,
+        "created_at": at,
+        "updated_at": at,
+    }
+    with db.write() as s:
+        s.execute(insert(CertificationJob), [values])
+        row = s.get_one(CertificationJob, certification_id)
+        return _job(row)
+
+
+def _read(db: Database, certification_id: str) -> Job | None:
+    with db.read() as s:
+        found = s.execute(
+            select(CertificationJob, LogEntry.envelope)
+            .outerjoin(LogEntry, LogEntry.idx == CertificationJob.log_index)
+            .where(CertificationJob.certification_id == certification_id)
+        ).first()
+    return None if found is None else _job(found[0], found[1])
+
+
+def get(db: Database, certification_id: str, now: datetime | None = None) -> Job:
+    """The job as it stands; a running job whose lease ran out is failed first."""
+    job = _read(db, certification_id)
+    if job is None:
+        raise NotFound(f"no certification {certification_id!r}", code="job_not_found")
+    if job.expired(now or utcnow()):
+        expire(db, now, only=certification_id)
+        job = _read(db, certification_id)
+        assert job is not None  # job rows are never deleted
+    return job
+
+
+def expire(db: Database, now: datetime | None = None, *, only: str | None = None) -> list[str]:
+    """Fail every running job whose lease ran out (or only job ``only``); their IDs."""
+    at = now or utcnow()
+    q = select(CertificationJob).where(
+        CertificationJob.state == RUNNING, CertificationJob.lease_until < at
+    )
+    if only is not None:
+        q = q.where(CertificationJob.certification_id == only)
+    with db.write() as s:
+        # Under the write lock, so a runner's renewal and this never interleave.
+        rows = list(s.execute(q).scalars())
+        for row in rows:
+            row.error = json.dumps(interrupted_error(_job(row)))
+            row.state, row.updated_at = FAILED, at
+        return [r.certification_id for r in rows]
+
+
+def _held(certification_id: str, runner: str) -> Any:
+    return (
+        (CertificationJob.certification_id == certification_id)
+        & (CertificationJob.runner == runner)
+        & (CertificationJob.state == RUNNING)
+    )
+
+
+def renew(
+    db: Database,
+    certification_id: str,
+    runner: str,
+    *,
+    done: int,
+    lease: timedelta,
+    now: datetime | None = None,
+) -> bool:
+    """Extend ``runner``'s lease and record its progress; False when it no longer holds the
+    job (failed by another process after its lease ran out, or finished)."""
+    at = now or utcnow()
+    with db.write() as s:
+        held = s.execute(
+            update(CertificationJob)
+            .where(_held(certification_id, runner), CertificationJob.lease_until >= at)
+            .values(done=done, lease_until=at + lease, updated_at=at)
+        )
+        return bool(held.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def finish(
+    db: Database,
+    certification_id: str,
+    runner: str,
+    *,
+    done: int,
+    certificate_id: str | None = None,
+    log_index: int | None = None,
+    error: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """End ``runner``'s job: done with its logged certificate, or failed with ``error``.
+
+    False when the runner no longer held it. A certificate already logged is recorded even
+    then (the leaf is a fact, whatever the row said meanwhile): ``interrupted`` is replaced
+    by ``done`` if the runner turns out to have finished after all.
+    """
+    at = now or utcnow()
+    values: dict[str, Any] = {"done": done, "updated_at": at}
+    if log_index is not None:
+        values.update(state=DONE, certificate_id=certificate_id, log_index=log_index, error=None)
+    else:
+        values.update(state=FAILED, error=json.dumps(error or {}))
+    with db.write() as s:
+        held = s.execute(
+            update(CertificationJob).where(_held(certification_id, runner)).values(**values)
+        )
+        if held.rowcount == 1:  # type: ignore[attr-defined]
+            return True
+        if log_index is not None:
+            s.execute(
+                update(CertificationJob)
+                .where(
+                    CertificationJob.certification_id == certification_id,
+                    CertificationJob.runner == runner,
+                    CertificationJob.state == FAILED,
+                )
+                .values(**values)
+            )
+        return False

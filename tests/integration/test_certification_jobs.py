@@ -1,0 +1,277 @@
+"""Certification jobs in the database, on SQLite and Postgres: created running under a lease,
+progress renewed by their runner only, failed as ``interrupted`` once the lease runs out, done
+only with a logged certificate; and a running API process that loses a job's lease stops it.
+(Across ``ledger serve`` processes: test_certification_serve.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from ledger.errors import Conflict, NotFound
+from ledger.storage import certification_jobs as jobs
+from ledger.storage import verdicts
+from ledger.storage.database import Database, utcnow
+from tests.support.certification_worker import add_worker
+from tests.support.harness import Harness
+from tests.support.seed import seed_ledger
+
+LEASE = timedelta(seconds=15)
+PARAMS = {"prompts": 3, "concurrency": [1, 4], "max_tokens": [8], "seed": 0, "model": None}
+
+
+def _create(db: Database, runner: str = "host:1:a", **kw: object) -> jobs.Job:
+    values: dict[str, object] = {
+        "certification_id": f"cert-{uuid.uuid4().hex}",
+        "pool": "p",
+        "worker_id": "w1",
+        "fingerprint_id": "sha256:" + "ab" * 32,
+        "parameters": PARAMS,
+        "total": 10,
+        "runner": runner,
+        "lease": LEASE,
+        **kw,
+    }
+    return jobs.create(db, **values)  # type: ignore[arg-type]
+
+
+def test_a_job_is_created_running_and_read_back_as_written(db: Database) -> None:
+    job = _create(db)
+    assert job.state == "running" and job.done == 0 and job.total == 10
+    assert job.error is None and job.certificate is None and job.log_index is None
+    assert job.lease_until - job.created_at == LEASE
+    again = jobs.get(db, job.certification_id)
+    assert again == job
+    assert again.parameters == PARAMS and again.created_at.tzinfo is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        again.state = "done"  # type: ignore[misc]
+    with pytest.raises(NotFound) as missing:
+        jobs.get(db, "cert-" + "0" * 32)
+    assert missing.value.code == "job_not_found"
+
+
+def test_only_the_runner_renews_and_reports_progress(db: Database) -> None:
+    job = _create(db)
+    later = job.created_at + timedelta(seconds=5)
+    assert jobs.renew(db, job.certification_id, "host:1:a", done=4, lease=LEASE, now=later)
+    renewed = jobs.get(db, job.certification_id, now=later)
+    assert renewed.done == 4 and renewed.lease_until == later + LEASE
+    assert renewed.updated_at == later
+    assert not jobs.renew(db, job.certification_id, "host:2:b", done=9, lease=LEASE, now=later)
+    assert not jobs.finish(db, job.certification_id, "host:2:b", done=9, error={"code": "x"})
+    assert jobs.get(db, job.certification_id, now=later) == renewed
+
+
+def test_an_expired_lease_fails_the_job_as_interrupted_when_it_is_read(db: Database) -> None:
+    job = _create(db)
+    before = job.lease_until - timedelta(seconds=1)
+    assert jobs.get(db, job.certification_id, now=before).state == "running"
+    after = job.lease_until + timedelta(seconds=1)
+    failed = jobs.get(db, job.certification_id, now=after)
+    assert failed.state == "failed" and failed.updated_at == after
+    assert failed.error is not None and failed.error["code"] == "interrupted"
+    assert "process running it stopped" in failed.error["message"]
+    assert failed.error["details"] == {"runner": "host:1:a", "done": 0, "total": 10}
+    # the runner, should it come back, holds nothing any more
+    assert not jobs.renew(db, job.certification_id, "host:1:a", done=3, lease=LEASE, now=after)
+    assert not jobs.finish(db, job.certification_id, "host:1:a", done=3, error={"code": "x"})
+    assert jobs.get(db, job.certification_id).state == "failed"
+
+
+def test_a_runner_cannot_renew_a_lease_that_already_ran_out(db: Database) -> None:
+    """Even before anyone looked: a lapsed lease is lost, never silently extended."""
+    job = _create(db)
+    late = job.lease_until + timedelta(milliseconds=1)
+    assert not jobs.renew(db, job.certification_id, "host:1:a", done=1, lease=LEASE, now=late)
+
+
+def test_the_start_up_sweep_fails_only_expired_jobs(db: Database) -> None:
+    now = utcnow()
+    old = _create(db, now=now - timedelta(minutes=5))
+    fresh = _create(db, now=now)
+    finished = _create(db, now=now - timedelta(minutes=5))
+    assert jobs.finish(db, finished.certification_id, "host:1:a", done=2, error={"code": "e"})
+    assert jobs.expire(db, now) == [old.certification_id]
+    assert jobs.get(db, old.certification_id, now=now).error["code"] == "interrupted"  # type: ignore[index]
+    assert jobs.get(db, fresh.certification_id, now=now).state == "running"
+    assert jobs.get(db, finished.certification_id, now=now).error == {"code": "e"}
+    assert jobs.expire(db, now) == []
+
+
+def test_done_carries_the_logged_certificate(db: Database) -> None:
+    seeded = seed_ledger(db)
+    job = _create(db)
+    body = {
+        "certificate_id": job.certification_id,
+        "pool": "p",
+        "fingerprint_id": seeded.fingerprint_id,
+        "invariant_observed": True,
+    }
+    stored = verdicts.append_certificate(db, seeded.log_key, body)
+    assert jobs.finish(
+        db,
+        job.certification_id,
+        "host:1:a",
+        done=10,
+        certificate_id=stored.id,
+        log_index=stored.log_index,
+    )
+    done = jobs.get(db, job.certification_id)
+    assert done.state == "done" and done.done == 10 and done.error is None
+    assert done.log_index == stored.log_index and done.certificate == stored.envelope
+    assert json.loads(done.certificate)["body"] == body
+    # final: a late failure report from the runner changes nothing
+    assert not jobs.finish(db, job.certification_id, "host:1:a", done=1, error={"code": "x"})
+    assert jobs.get(db, job.certification_id) == done
+
+
+def test_a_certificate_logged_after_the_lease_ran_out_still_makes_the_job_done(
+    db: Database,
+) -> None:
+    """The leaf is a fact: a stalled runner that did log it turns ``interrupted`` into done."""
+    seeded = seed_ledger(db)
+    job = _create(db)
+    jobs.get(db, job.certification_id, now=job.lease_until + timedelta(seconds=1))
+    stored = verdicts.append_certificate(
+        db,
+        seeded.log_key,
+        {
+            "certificate_id": job.certification_id,
+            "pool": "p",
+            "fingerprint_id": seeded.fingerprint_id,
+            "invariant_observed": False,
+        },
+    )
+    held = jobs.finish(
+        db,
+        job.certification_id,
+        "host:1:a",
+        done=10,
+        certificate_id=stored.id,
+        log_index=stored.log_index,
+    )
+    assert held is False
+    done = jobs.get(db, job.certification_id)
+    assert done.state == "done" and done.error is None and done.certificate == stored.envelope
+
+
+def test_the_database_refuses_an_unknown_state_and_done_without_a_leaf(db: Database) -> None:
+    job = _create(db)
+    for values in ("state = 'paused'", "state = 'done'"):
+        with pytest.raises(Conflict), db.write() as s:
+            s.execute(
+                text(f"UPDATE certification_jobs SET {values} WHERE certification_id = :i"),
+                {"i": job.certification_id},
+            )
+    assert jobs.get(db, job.certification_id).state == "running"
+
+
+def test_renewals_and_expiry_racing_never_both_win(db: Database) -> None:
+    """Each job's runner renews while another process expires it, at the lease's edge: the
+    job ends either renewed and running, or failed with the renewal refused; never a renewal
+    reported as held on a job that was failed."""
+    created = [_create(db) for _ in range(12)]
+    outcome: dict[str, bool] = {}
+    errors: list[BaseException] = []
+
+    def runner(job: jobs.Job) -> None:
+        try:
+            at = job.lease_until - timedelta(milliseconds=1)
+            outcome[job.certification_id] = jobs.renew(
+                db, job.certification_id, "host:1:a", done=5, lease=LEASE, now=at
+            )
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def reaper() -> None:
+        try:
+            for job in created:
+                jobs.expire(db, job.lease_until + timedelta(milliseconds=1))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=runner, args=(j,)) for j in created]
+    threads.append(threading.Thread(target=reaper))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    for job in created:
+        final = jobs.get(db, job.certification_id, now=job.created_at)
+        if outcome[job.certification_id]:
+            assert final.state == "running" and final.done == 5
+        else:
+            assert final.state == "failed" and final.done == 0
+
+
+def _wait(check: object, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_process_that_lost_the_lease_stops_the_job_and_logs_nothing(api: Harness) -> None:
+    """The API process stalls past its lease (simulated: the lease is moved into the past),
+    and another reader fails the job; the process, at its next renewal, finds it lost and
+    stops probing, and the certificate is never logged, though its worker answers again."""
+    worker = add_worker(api.url, api.admin_token, delay=0.02, hold_after=2)
+    try:
+        client = api.client()
+        started = client.post(
+            "/v1/certifications",
+            json={"pool": worker.pool, "prompts": 2, "concurrency": [1], "max_tokens": [4]},
+        )
+        assert started.status_code == 202, started.text
+        job_id = started.json()["certification_id"]
+        _wait(lambda: worker.received == 3 and jobs.get(api.db, job_id).done == 2)
+        with api.db.write() as s:
+            s.execute(
+                text("UPDATE certification_jobs SET lease_until = :t WHERE certification_id = :i"),
+                {"t": utcnow() - timedelta(seconds=1), "i": job_id},
+            )
+        failed = client.get(f"/v1/certifications/{job_id}").json()
+        assert failed["status"] == "failed" and failed["error"]["code"] == "interrupted"
+        app: Any = api.server.server.config.app
+        running = app.state.ledger.jobs  # the runs this API process holds
+        _wait(lambda: job_id not in running, timeout=15)  # its next renewal found it lost
+        worker.release.set()
+        time.sleep(1)
+        assert worker.received == 3, "the job kept probing after it lost its lease"
+        assert client.get(f"/v1/certifications/{job_id}").json() == failed
+        missing = client.get(f"/v1/certificates/{job_id}")
+        assert missing.status_code == 404, missing.text
+    finally:
+        worker.close()
+
+
+def test_polls_of_unknown_jobs_are_404(api: Harness) -> None:
+    client = api.client()
+    for job_id in ("cert-" + "0" * 32, "cert-nope", "x" * 300):
+        response = client.get(f"/v1/certifications/{job_id}")
+        assert response.status_code == 404 and response.json()["error"]["code"] == "job_not_found"
+
+
+def test_a_worker_that_does_not_answer_fails_the_job_with_its_reason(api: Harness) -> None:
+    worker = add_worker(api.url, api.admin_token)
+    worker.close()  # registered and live, but nothing listens at its URL any more
+    client = api.client()
+    started = client.post("/v1/certifications", json={"pool": worker.pool, "prompts": 2})
+    assert started.status_code == 202, started.text
+    job_id = started.json()["certification_id"]
+    _wait(lambda: client.get(f"/v1/certifications/{job_id}").json()["status"] != "running")
+    failed = client.get(f"/v1/certifications/{job_id}").json()
+    assert failed["status"] == "failed" and failed["done"] == 0, failed
+    assert (
+        failed["error"]["code"] == "worker_unreachable"
+        and worker.worker_id in (failed["error"]["message"])
+    )
