@@ -11,7 +11,9 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from api import certifier, errors
+from api.gate import Gate
 from api.metrics import Metrics, MetricsMiddleware
+from api.openapi_doc import install as document_openapi
 from api.routes import (
     cache,
     certifications,
@@ -83,6 +85,9 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         lifespan=lifespan,
     )
     app.state.ledger = state
+    # The gate (token, scope, body size and time) runs before the router reads any body; the
+    # metrics around it count its refusals too.
+    app.add_middleware(Gate, routes=app.router.routes, state=state)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     errors.install(app)
     for module in (
@@ -97,4 +102,5 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         certifications,
     ):
         app.include_router(module.router)
+    document_openapi(app, settings)
     return app

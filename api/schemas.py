@@ -7,29 +7,40 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class ErrorBody(BaseModel):
+class StrictInput(BaseModel):
+    """A request body: no unknown members, and no coercion (``true`` is not 1, 8.0 is not 8,
+    ``"1"`` is not 1)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StrictOutput(BaseModel):
+    """An answer: validated strictly too, so a wrong type is a bug found, never coerced."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class ErrorBody(StrictOutput):
     code: str = Field(description="stable machine-readable code, e.g. record_conflict")
     message: str
     details: dict[str, Any] | None = None
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(StrictOutput):
     error: ErrorBody
 
 
-class KeyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeyCreate(StrictInput):
     name: str = Field(min_length=1, max_length=100)
     role: str = Field(description="collector | replayer")
     public_key: str = Field(description="PEM (SubjectPublicKeyInfo) or ed25519:<base64 raw>")
 
 
-class KeyRevoke(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeyRevoke(StrictInput):
     reason: str = Field(min_length=1, max_length=1000)
 
 
-class KeyPublic(BaseModel):
+class KeyPublic(StrictOutput):
     key_id: str
     name: str
     role: str
@@ -41,24 +52,24 @@ class KeyPublic(BaseModel):
     revocation_reason: str | None
 
 
-class KeyList(BaseModel):
+class KeyList(StrictOutput):
     items: list[KeyPublic]
 
 
-class FingerprintCreated(BaseModel):
+class FingerprintCreated(StrictOutput):
     fingerprint_id: str
     status: str = Field(description="created | duplicate")
     log_index: int
 
 
-class IngestItem(BaseModel):
+class IngestItem(StrictOutput):
     request_id: str
     status: str = Field(description="created | duplicate")
     log_index: int
     content_hash: str
 
 
-class IngestResponse(BaseModel):
+class IngestResponse(StrictOutput):
     created: int
     duplicates: int
     results: list[IngestItem]
@@ -114,8 +125,7 @@ class WorkerHeartbeat(BaseModel):
     )
 
 
-class ReplayCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ReplayCreate(StrictInput):
     request_id: str = Field(min_length=1, max_length=200)
     pool: str | None = Field(default=None, description="replay only on this pool")
     force: bool = Field(
@@ -123,8 +133,7 @@ class ReplayCreate(BaseModel):
     )
 
 
-class CacheKeyRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CacheKeyRequest(StrictInput):
     endpoint: str = Field(description="/v1/completions or /v1/chat/completions")
     request: dict[str, Any] = Field(description="the OpenAI request body")
     fingerprint_id: str
@@ -133,8 +142,7 @@ class CacheKeyRequest(BaseModel):
     )
 
 
-class CertifyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CertifyCreate(StrictInput):
     pool: str = Field(min_length=1, max_length=100)
     prompts: int = Field(default=8, ge=1, le=256)
     concurrency: list[int] = Field(default=[1, 8, 32], min_length=1, max_length=8)

@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     port: int = 8700
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     max_batch_records: int = Field(default=1000, ge=1)
+    body_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="seconds the API waits, in all, for a request's body; then 408 body_timeout",
+    )
 
     @field_validator("worker_networks")
     @classmethod

@@ -34,6 +34,9 @@ def evidence(
         out.write_text(json.dumps(bundle, indent=2) + "\n")
     except OSError as exc:
         fail(f"cannot write {out}: {exc.strerror}")
+    fingerprint = bundle.get("fingerprint") or {}
+    with_fp = f", its fingerprint at leaf {fingerprint['leaf_index']}" if fingerprint else ""
     console.print(
         f"wrote {out}: leaf {bundle['leaf_index']} of {bundle['inclusion_proof']['tree_size']}"
+        f"{with_fp}; check it with `ledger verify {out} --log-key LOG_KEY.pem`"
     )

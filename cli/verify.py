@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import unicodedata
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import orjson
 import typer
+from rich.markup import escape
 
 from cli.common import JsonOption, console, err_console, fail, print_json, read_public_key
 from ledger.errors import VerificationError
-from ledger.evidence import CHECKS, verify_bundle
+from ledger.evidence import FINGERPRINT_CHECKS, FORMAT_V1, VerifiedBundle, verify_bundle
+from ledger.fingerprint_facts import FingerprintFacts
+
+NOT_PINNED = (
+    "the log key was NOT pinned: it was taken from the bundle itself, so this only shows the "
+    "bundle is self-consistent; anyone can make such a bundle. Pin the log key with --log-key "
+    "(`ledger keys show-log`, GET /v1/log/key) to rule out a forged log."
+)
+NO_PIN = (
+    "no log key pinned: pass --log-key FILE, the log's public key obtained out of band "
+    "(`ledger keys show-log` on the ledger host, or GET /v1/log/key), or "
+    "--trust-bundled-log-key to check the bundle against the key it carries (which proves "
+    "nothing against a forged log)"
+)
+NO_FINGERPRINT = (
+    f"not included: bundles of format {FORMAT_V1} do not carry the record's fingerprint, so "
+    "which model, engine and GPU produced it is not checked; export the evidence again "
+    "(`ledger evidence`) for a bundle that does"
+)
 
 
 def verify(
@@ -17,12 +39,26 @@ def verify(
     log_key: Path | None = typer.Option(
         None, "--log-key", help="the log's public key (PEM), pinned out of band"
     ),
+    trust_bundled_log_key: bool = typer.Option(
+        False,
+        "--trust-bundled-log-key",
+        help="verify without a pinned log key, against the key the bundle carries (unsafe: "
+        "proves self-consistency only)",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
-    """Verify a bundle offline: JCS, collector signature, inclusion proof, checkpoint signature.
+    """Verify a bundle offline: JCS, signatures, inclusion proofs, checkpoint, keys, fingerprint.
 
-    Exit 0 when valid; exit 1 naming the check that failed.
+    Exit 0 when valid; exit 1 naming the check that failed; exit 2 without a pinned log key
+    (--log-key) unless --trust-bundled-log-key is given.
     """
+    if log_key is None and not trust_bundled_log_key:
+        if as_json:
+            print_json({"valid": False, "code": "log_key_not_pinned", "message": NO_PIN})
+            raise typer.Exit(2)
+        fail(NO_PIN, 2)
+    if log_key is not None and trust_bundled_log_key:
+        fail("--log-key and --trust-bundled-log-key exclude each other", 2)
     try:
         data = orjson.loads(bundle.read_bytes())
     except (OSError, ValueError) as exc:  # orjson.JSONDecodeError is a ValueError
@@ -36,33 +72,91 @@ def verify(
             print_json({"valid": False, "check": check, "code": exc.code, "message": exc.message})
         else:
             err_console.print(
-                f"[bold red]INVALID[/] check failed: [bold]{check}[/] — {exc.message}"
+                f"[bold red]INVALID[/] check failed: [bold]{check}[/] — {escape(exc.message)}"
             )
         raise typer.Exit(1) from None
     if as_json:
-        print_json(
-            {
-                "valid": True,
-                "checks": list(CHECKS),
-                "request_id": result.request_id,
-                "leaf_index": result.leaf_index,
-                "tree_size": result.tree_size,
-                "origin": result.origin,
-                "collector_key_id": result.collector_key_id,
-                "log_key_id": result.log_key_id,
-                "log_key_pinned": result.log_key_pinned,
-                "replay_verdicts": list(result.replay_verdicts),
-            }
-        )
-        return
-    console.print(f"[bold green]VALID[/] {result.kind} {result.request_id}")
-    console.print(f"  leaf {result.leaf_index} of {result.tree_size} in {result.origin}")
-    console.print(f"  signed by collector key {result.collector_key_id}")
-    console.print(f"  checkpoint signed by log key {result.log_key_id}")
-    if result.replay_verdicts:
-        console.print(f"  replay verdicts (signed, logged): {', '.join(result.replay_verdicts)}")
+        print_json(_as_json(result))
+    else:
+        _print(result)
+
+
+def _as_json(result: VerifiedBundle) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "valid": True,
+        "format": result.format,
+        "checks": list(result.checks),
+        "skipped_checks": [c for c in FINGERPRINT_CHECKS if c not in result.checks],
+        "request_id": result.request_id,
+        "leaf_index": result.leaf_index,
+        "tree_size": result.tree_size,
+        "origin": result.origin,
+        "collector_key_id": result.collector_key_id,
+        "collector_key_name": result.collector_name,
+        "collector_key_role": result.collector_role,
+        "log_key_id": result.log_key_id,
+        "log_key_pinned": result.log_key_pinned,
+        "fingerprint": result.fingerprint.to_dict() if result.fingerprint else None,
+        "replay_verdicts": list(result.replay_verdicts),
+        "replays": list(result.replays),
+    }
+    if result.fingerprint is None:
+        out["fingerprint_note"] = NO_FINGERPRINT
     if not result.log_key_pinned:
-        err_console.print(
-            "[yellow]warning:[/] the log key was taken from the bundle itself; pin it with "
-            "--log-key to rule out a forged log"
+        out["warning"] = NOT_PINNED
+    return out
+
+
+def _shown(value: str | None, missing: str = "not recorded in the fingerprint") -> str:
+    """A value from a signed document, safe to print: no markup, no control characters."""
+    if value is None:
+        return f"[dim]({missing})[/]"
+    clean = "".join(c if unicodedata.category(c)[0] != "C" else f"\\x{ord(c):02x}" for c in value)
+    return escape(clean)
+
+
+def _gpus(fp: FingerprintFacts) -> str:
+    if not fp.gpus:
+        return _shown(None, f"none: {fp.gpus_unknown}" if fp.gpus_unknown else "none reported")
+    names = ", ".join(f"{n} x{k}" if k > 1 else n for n, k in Counter(fp.gpus).items())
+    driver = f" (driver {fp.driver_version})" if fp.driver_version else ""
+    return _shown(names + driver)
+
+
+def _print(result: VerifiedBundle) -> None:
+    pinned = "" if result.log_key_pinned else " [bold red](LOG KEY NOT PINNED)[/]"
+    console.print(f"[bold green]VALID[/] {result.kind} {escape(str(result.request_id))}{pinned}")
+    console.print(f"  leaf {result.leaf_index} of {result.tree_size} in {escape(result.origin)}")
+    console.print(
+        f"  signed by collector key {result.collector_key_id} "
+        f"({_shown(result.collector_name)}, {_shown(result.collector_role)})"
+    )
+    console.print(f"  checkpoint signed by log key {result.log_key_id}")
+    fp = result.fingerprint
+    if fp is None:
+        console.print(f"  fingerprint: [bold yellow]{escape(NO_FINGERPRINT)}[/]")
+    else:
+        console.print(
+            f"  fingerprint {fp.fingerprint_id} (leaf {fp.leaf_index}, "
+            f"signed by collector key {fp.signer_key_id})"
         )
+        engine = " ".join(v for v in (fp.engine_name, fp.engine_version) if v) or None
+        rows = [
+            ("model digest", _shown(fp.model_digest)),
+            ("engine", _shown(engine)),
+            ("GPUs", _gpus(fp)),
+            ("batch invariance", _shown(fp.batch_invariance)),
+        ]
+        for label, value in rows:
+            console.print(f"    {label:<17}{value}")
+    for r in result.replays:
+        worker = f" on worker {r['worker_id']}" if r.get("worker_id") else ""
+        key = f" (key {r['worker_key_id']})" if r.get("worker_key_id") else ""
+        console.print(
+            f"  replay {_shown(r['replay_id'], '?')}: {_shown(r['verdict'], '?')}"
+            f"{_shown(worker)}{_shown(key) if key else ''} (leaf {r['leaf_index']}, signed by "
+            "the log key)"
+        )
+    if not result.log_key_pinned:
+        console.print(f"  [bold red]WARNING:[/] {escape(NOT_PINNED)}")
+        err_console.print(f"[bold red]warning:[/] {escape(NOT_PINNED)}")

@@ -1,20 +1,23 @@
 """Evidence bundles (pure): one JSON document that proves a record offline.
 
-Format ``inference-ledger/evidence/v1``::
+Format ``inference-ledger/evidence/v2``::
 
     {
-      "format": "inference-ledger/evidence/v1",
+      "format": "inference-ledger/evidence/v2",
       "request_id": "req-…",
       "envelope": {"kind": "inference_record", "body": {…}, "signature": {…}},
       "leaf_index": 41,
       "leaf_hash": "<base64 SHA-256(0x00 || JCS(envelope))>",
       "inclusion_proof": {"tree_size": 97, "hashes": ["<base64>", …]},
       "checkpoint": "<C2SP signed note covering tree_size>",
+      "fingerprint": {"envelope": {<the fingerprint the record names, as logged>},
+                      "leaf_index": 2, "hashes": ["<base64>", …]},
       "keys": {
         "collector": {"key_id": "ed25519:…", "name": "…", "role": "collector",
                       "public_key": "ed25519:<base64 raw>",
                       "registration": {"envelope": {<key_registration, signed by the log key>},
                                        "leaf_index": 1, "hashes": ["<base64>", …]}},
+        "fingerprint_signer": {<the same, for the key that signed the fingerprint>},
         "log": {"key_id": "ed25519:…", "public_key": "ed25519:<base64 raw>",
                 "origin": "…", "vkey": "<C2SP verifier key>"}
       },
@@ -23,54 +26,88 @@ Format ``inference-ledger/evidence/v1``::
       "exported_at": "2026-11-29T10:00:00+00:00"
     }
 
-``replays`` (optional; absent in bundles from before replays existed) holds the record's
-replay verdicts logged under the same checkpoint, each with its inclusion proof.
+Every inclusion proof is in the tree of the one checkpoint. ``replays`` holds the record's
+replay verdicts logged under that checkpoint (possibly none). Members and their parsing:
+:mod:`ledger.evidence_format`, which also reads ``v1`` bundles (no fingerprint).
 
-:func:`verify_bundle` runs the checks in order and raises :class:`VerificationError` whose
-``details["check"]`` names the first that failed: ``format``, ``jcs``, ``collector_signature``,
-``log_key_pin``, ``checkpoint_signature``, ``inclusion_proof``, ``collector_key``,
-``replays``. ``collector_key`` proves that the collector key was registered in the same log,
-by the log key, before the record: a row slipped into the database with a key the log never
-registered fails it. A revocation after the record cannot be proven absent offline; ``ledger
+:func:`verify_bundle` runs the checks of :data:`CHECKS` in order and raises
+:class:`VerificationError` whose ``details["check"]`` names the first that failed. Every
+member that repeats a signed fact (``request_id``, a key's ``name``, ``role``, ``key_id`` and
+``public_key``, the log key's ``origin`` and ``vkey``, every ``leaf_index``) must equal it;
+only ``exported_at`` is unverified (nothing signs it). ``collector_key`` and
+``fingerprint_key`` prove that the signing key was registered in the same log, by the log key,
+before the leaf it signed: a row slipped into the database with a key the log never
+registered fails them. A revocation after the leaf cannot be proven absent offline; ``ledger
 audit`` checks it.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import functools
 import json
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ledger import merkle
 from ledger.canonical import canonicalize
-from ledger.checkpoint import Checkpoint, verify_checkpoint
-from ledger.errors import LedgerError, VerificationError
+from ledger.checkpoint import Checkpoint, verifier_key, verify_checkpoint
+from ledger.errors import VerificationError
+from ledger.evidence_format import (
+    FORMAT,
+    FORMAT_V1,
+    KeyEntry,
+    ProvenLeaf,
+    fail,
+    parse_bundle,
+)
+from ledger.fingerprint import FINGERPRINT_KIND
+from ledger.fingerprint_facts import FingerprintFacts, shown
 from ledger.signing import (
     SIGNABLE_KINDS,
     Envelope,
     VerifyingKey,
-    cached_verifying_key,
+    key_id_of,
     public_key_raw,
     verify_envelope,
 )
 
-FORMAT = "inference-ledger/evidence/v1"
-_SORTED = orjson.OPT_SORT_KEYS
+__all__ = [
+    "CHECKS",
+    "FINGERPRINT_CHECKS",
+    "FORMAT",
+    "FORMAT_V1",
+    "FingerprintFacts",
+    "VerifiedBundle",
+    "b64",
+    "build_bundle",
+    "verify_bundle",
+]
+
+REGISTRATION_KIND = "key_registration"
 CHECKS = (
     "format",
     "jcs",
     "collector_signature",
+    "request_id",
     "log_key_pin",
     "checkpoint_signature",
     "inclusion_proof",
     "collector_key",
+    "fingerprint",
+    "fingerprint_signature",
+    "fingerprint_inclusion",
+    "fingerprint_key",
     "replays",
+)
+# What a v1 bundle cannot be checked for: it carries no fingerprint.
+FINGERPRINT_CHECKS = (
+    "fingerprint",
+    "fingerprint_signature",
+    "fingerprint_inclusion",
+    "fingerprint_key",
 )
 
 
@@ -78,9 +115,9 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _b64decode(text: str) -> bytes:
-    """Strict base64 (``base64.b64decode(text, validate=True)`` without its Python wrapper)."""
-    return binascii.a2b_base64(text, strict_mode=True)
+def proven_leaf(envelope: dict[str, Any], index: int, proof: list[bytes]) -> dict[str, Any]:
+    """A ``{"envelope", "leaf_index", "hashes"}`` member."""
+    return {"envelope": envelope, "leaf_index": index, "hashes": [b64(h) for h in proof]}
 
 
 def build_bundle(
@@ -90,39 +127,32 @@ def build_bundle(
     tree_size: int,
     proof: list[bytes],
     checkpoint_note: str,
+    fingerprint: dict[str, Any],
     collector_key: dict[str, Any],
-    registration: dict[str, Any],
-    registration_index: int,
-    registration_proof: list[bytes],
+    fingerprint_signer: dict[str, Any],
     log_key: dict[str, Any],
     exported_at: str,
-    replays: list[dict[str, Any]] | None = None,
+    replays: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    request_id = envelope.get("body", {}).get("request_id")
-    bundle = {
+    """A v2 bundle. ``fingerprint`` and each replay are :func:`proven_leaf` members; the two
+    keys are ``{"key_id", "name", "role", "public_key", "registration": <proven_leaf>}``."""
+    return {
         "format": FORMAT,
-        "request_id": request_id,
+        "request_id": envelope.get("body", {}).get("request_id"),
         "envelope": envelope,
         "leaf_index": leaf_index,
         "leaf_hash": b64(merkle.leaf_hash(canonicalize(envelope))),
         "inclusion_proof": {"tree_size": tree_size, "hashes": [b64(h) for h in proof]},
         "checkpoint": checkpoint_note,
+        "fingerprint": fingerprint,
         "keys": {
-            "collector": {
-                **collector_key,
-                "registration": {
-                    "envelope": registration,
-                    "leaf_index": registration_index,
-                    "hashes": [b64(h) for h in registration_proof],
-                },
-            },
+            "collector": collector_key,
+            "fingerprint_signer": fingerprint_signer,
             "log": log_key,
         },
+        "replays": replays,
         "exported_at": exported_at,
     }
-    if replays:
-        bundle["replays"] = replays
-    return bundle
 
 
 @dataclass(frozen=True)
@@ -137,208 +167,221 @@ class VerifiedBundle:
     origin: str
     log_key_pinned: bool
     replay_verdicts: tuple[str, ...] = ()
-
-
-def _fail(check: str, message: str, code: str = "bad_evidence") -> VerificationError:
-    return VerificationError(message, code=code, details={"check": check})
-
-
-def _get(obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
-    if not isinstance(obj, dict) or not isinstance(obj.get(key), kind):
-        raise _fail("format", f"member {key!r} is missing or has the wrong type")
-    return obj[key]
-
-
-def _key(entry: Any, what: str) -> VerifyingKey:
-    try:
-        key = cached_verifying_key(_get(entry, "public_key", str))
-    except LedgerError as exc:
-        raise _fail("format", f"{what} public key is not valid: {exc.message}") from exc
-    if key.key_id != _get(entry, "key_id", str):
-        raise _fail("format", f"{what} key_id does not match its public key")
-    return key
+    format: str = FORMAT
+    collector_name: str = ""
+    collector_role: str = ""
+    fingerprint: FingerprintFacts | None = None  # None: a v1 bundle, which carries none
+    checks: tuple[str, ...] = CHECKS  # the checks that ran (a v1 bundle skips FINGERPRINT_CHECKS)
+    replays: tuple[dict[str, Any], ...] = ()  # each verdict's replay_id, verdict, worker
 
 
 def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -> VerifiedBundle:
     """Verify a bundle fully offline; raises VerificationError naming the failed check."""
-    if _get(bundle, "format", str) != FORMAT:
-        raise _fail("format", f"unknown bundle format {bundle.get('format')!r}; reads {FORMAT}")
-    env_data = _get(bundle, "envelope", dict)
-    index = _get(bundle, "leaf_index", int)
-    proof_data = _get(bundle, "inclusion_proof", dict)
-    tree_size = _get(proof_data, "tree_size", int)
-    hashes = _get(proof_data, "hashes", list)
-    note = _get(bundle, "checkpoint", str)
-    keys = _get(bundle, "keys", dict)
-    collector_pub = _key(_get(keys, "collector", dict), "collector")
-    log_entry = _get(keys, "log", dict)
-    log_pub = _key(log_entry, "log")
-    try:
-        proof = [_b64decode(h) for h in hashes]
-        claimed_leaf = _b64decode(_get(bundle, "leaf_hash", str))
-        envelope = Envelope.from_dict(env_data)
-    except (binascii.Error, ValueError, TypeError) as exc:
-        raise _fail("format", f"bad base64 in proof or leaf hash: {exc}") from exc
-    except LedgerError as exc:
-        raise _fail("format", exc.message) from exc
+    b = parse_bundle(bundle)  # format
+    record, index = b.record, b.leaf_index
 
-    leaf = merkle.leaf_hash(envelope.canonical)
-    if leaf != claimed_leaf:
-        raise _fail("jcs", "the envelope's canonical bytes do not hash to the logged leaf")
+    leaf = merkle.leaf_hash(record.canonical)
+    if leaf != b.leaf_hash:
+        raise fail("jcs", "the envelope's canonical bytes do not hash to the logged leaf")
 
     try:
-        verify_envelope(envelope, collector_pub)
+        verify_envelope(record, b.collector.key)
     except VerificationError as exc:
-        raise _fail("collector_signature", exc.message, exc.code) from exc
+        raise fail("collector_signature", exc.message, exc.code) from exc
 
-    log_key_raw = log_pub.raw if pinned_log_key is None else public_key_raw(pinned_log_key)
-    if log_key_raw != log_pub.raw:
-        raise _fail(
+    if b.request_id != record.body.get("request_id"):
+        raise fail("request_id", "request_id differs from the request ID the collector signed")
+
+    log_key = b.log.key
+    if pinned_log_key is not None and public_key_raw(pinned_log_key) != log_key.raw:
+        raise fail(
             "log_key_pin",
             "the checkpoint is signed by a key other than the pinned log key",
             "log_key_mismatch",
         )
     try:
-        cp = _verified_checkpoint(note, log_key_raw)
+        cp = _verified_checkpoint(b.checkpoint, log_key.raw)
     except VerificationError as exc:
-        raise _fail("checkpoint_signature", exc.message, exc.code) from exc
+        raise fail("checkpoint_signature", exc.message, exc.code) from exc
+    if b.log.origin != cp.origin:
+        raise fail("checkpoint_signature", "keys.log.origin is not the checkpoint's origin")
+    if b.log.vkey != _vkey(cp.origin, log_key.raw):
+        raise fail("checkpoint_signature", "keys.log.vkey is not the log key's verifier key")
 
-    if cp.tree_size != tree_size:
-        raise _fail(
+    if cp.tree_size != b.tree_size:
+        raise fail(
             "inclusion_proof",
-            f"proof is for tree size {tree_size}, the checkpoint for {cp.tree_size}",
+            f"proof is for tree size {b.tree_size}, the checkpoint for {cp.tree_size}",
             "bad_inclusion_proof",
         )
     try:
-        merkle.verify_inclusion(leaf, index, tree_size, proof, cp.root_hash)
+        merkle.verify_inclusion(leaf, index, cp.tree_size, b.proof, cp.root_hash)
     except VerificationError as exc:
-        raise _fail("inclusion_proof", exc.message, exc.code) from exc
-    _verify_registration(keys["collector"], envelope, index, tree_size, cp.root_hash, log_pub)
-    replays = _verify_replays(
-        bundle.get("replays"), envelope, index, tree_size, cp.root_hash, log_pub
-    )
+        raise fail("inclusion_proof", exc.message, exc.code) from exc
+
+    _verify_key("collector_key", b.collector, record, index, cp, log_key)
+    facts = None
+    if b.fingerprint is not None and b.fingerprint_signer is not None:
+        facts = _verify_fingerprint(b.fingerprint, b.fingerprint_signer, record, index, cp)
+        fp_env, fp_index = b.fingerprint.envelope, b.fingerprint.index
+        _verify_key("fingerprint_key", b.fingerprint_signer, fp_env, fp_index, cp, log_key)
+    replays = _verify_replays(b.replays, record, index, cp, log_key)
     return VerifiedBundle(
-        request_id=envelope.body.get("request_id"),
-        kind=envelope.kind,
+        request_id=record.body.get("request_id"),
+        kind=record.kind,
         leaf_index=index,
-        tree_size=tree_size,
+        tree_size=cp.tree_size,
         root_hash=cp.root_hash,
-        collector_key_id=envelope.key_id,
-        log_key_id=log_pub.key_id,
+        collector_key_id=record.key_id,
+        log_key_id=log_key.key_id,
         origin=cp.origin,
         log_key_pinned=pinned_log_key is not None,
-        replay_verdicts=replays,
+        replay_verdicts=tuple(str(r["verdict"]) for r in replays),
+        format=b.format,
+        collector_name=b.collector.name,
+        collector_role=b.collector.role,
+        fingerprint=facts,
+        checks=CHECKS if facts else tuple(c for c in CHECKS if c not in FINGERPRINT_CHECKS),
+        replays=replays,
     )
+
+
+def _verify_fingerprint(
+    fp: ProvenLeaf, signer: KeyEntry, record: Envelope, record_index: int, cp: Checkpoint
+) -> FingerprintFacts:
+    """The fingerprint the record names, signed by its signer, in the same tree, before it."""
+    env = fp.envelope
+    if env.kind != FINGERPRINT_KIND:
+        raise fail("fingerprint", f"the fingerprint member holds a {env.kind!r} envelope")
+    named = record.body.get("fingerprint_id")
+    if env.body_digest != named:
+        raise fail(
+            "fingerprint",
+            f"the fingerprint's canonical body hashes to {env.body_digest}, but the record "
+            f"names {named}",
+            "fingerprint_mismatch",
+        )
+    if fp.index >= record_index:
+        raise fail("fingerprint", "the fingerprint is logged after the record that names it")
+    try:
+        _verified_signature(env.canonical, signer.key.raw)
+    except VerificationError as exc:
+        raise fail("fingerprint_signature", exc.message, exc.code) from exc
+    try:
+        _verified_inclusion(env.canonical, fp.index, cp.tree_size, fp.proof, cp.root_hash)
+    except VerificationError as exc:
+        raise fail("fingerprint_inclusion", exc.message, exc.code) from exc
+    return _facts(env.canonical, fp.index)
+
+
+def _verify_key(
+    check: str,
+    entry: KeyEntry,
+    signed: Envelope,
+    signed_index: int,
+    cp: Checkpoint,
+    log_key: VerifyingKey,
+) -> None:
+    """The key that signed a leaf: its registration is an earlier leaf of the same tree,
+    signed by the log key, and every member of the bundle's key entry is what it registered."""
+    reg = entry.registration
+    body = reg.envelope.body
+    if reg.envelope.kind != REGISTRATION_KIND or body.get("key_id") != signed.key_id:
+        raise fail(check, "the registration is not of the key that signed the leaf")
+    for member in ("key_id", "name", "role", "public_key"):
+        held = entry.key.key_id if member == "key_id" else getattr(entry, member)
+        if body.get(member) != held:
+            raise fail(check, f"the bundle's key {member} differs from the one registered")
+    if signed.kind not in SIGNABLE_KINDS.get(str(body.get("role")), ()):
+        raise fail(check, f"a {body.get('role')!r} key may not sign {signed.kind!r}")
+    if reg.index >= signed_index:
+        raise fail(check, "the key was registered after the leaf it signed was logged")
+    try:
+        _verified_signature(reg.envelope.canonical, log_key.raw)
+        _verified_inclusion(
+            reg.envelope.canonical, reg.index, cp.tree_size, reg.proof, cp.root_hash
+        )
+    except VerificationError as exc:
+        raise fail(check, exc.message, exc.code) from exc
 
 
 def _verify_replays(
-    items: Any,
+    items: tuple[ProvenLeaf, ...],
     record: Envelope,
     record_index: int,
-    tree_size: int,
-    root_hash: bytes,
-    log_pub: VerifyingKey,
-) -> tuple[str, ...]:
+    cp: Checkpoint,
+    log_key: VerifyingKey,
+) -> tuple[dict[str, Any], ...]:
     """Each replay verdict: signed by the log key, about this record, in the same tree."""
-    if items is None:
-        return ()
-    if not isinstance(items, list):
-        raise _fail("replays", "replays must be a list")
     verdicts = []
+    previous = record_index
     for i, item in enumerate(items):
-        try:
-            env = Envelope.from_dict(item.get("envelope"))
-            idx = item["leaf_index"]
-            hashes = [_b64decode(h) for h in item["hashes"]]
-            if not isinstance(idx, int):
-                raise TypeError("leaf_index")
-        except (
-            AttributeError,
-            KeyError,
-            TypeError,
-            ValueError,
-            binascii.Error,
-            LedgerError,
-        ) as exc:
-            raise _fail("replays", f"replays[{i}] is malformed: {exc}") from exc
-        body = env.body
+        env, body = item.envelope, item.envelope.body
         if env.kind != "replay_verdict" or body.get("request_id") != record.body.get("request_id"):
-            raise _fail("replays", f"replays[{i}] is not a verdict about this record")
-        if (body.get("record") or {}).get("content_hash") != record.body_digest:
-            raise _fail("replays", f"replays[{i}] compares another version of the record")
-        if idx <= record_index:
-            raise _fail("replays", f"replays[{i}] is logged before the record")
+            raise fail("replays", f"replays[{i}] is not a verdict about this record")
+        about = body.get("record")
+        about = about if isinstance(about, dict) else {}
+        if about.get("content_hash") != record.body_digest:
+            raise fail("replays", f"replays[{i}] compares another version of the record")
+        if about.get("log_index") != record_index:
+            raise fail("replays", f"replays[{i}] names another leaf index for the record")
+        if about.get("fingerprint_id") != record.body.get("fingerprint_id"):
+            raise fail("replays", f"replays[{i}] names another fingerprint for the record")
+        if item.index <= previous:
+            raise fail(
+                "replays",
+                f"replays[{i}] is logged before the record or out of leaf order",
+            )
+        previous = item.index
         try:
-            verify_envelope(env, log_pub)
+            verify_envelope(env, log_key)
             merkle.verify_inclusion(
-                merkle.leaf_hash(env.canonical), idx, tree_size, hashes, root_hash
+                merkle.leaf_hash(env.canonical), item.index, cp.tree_size, item.proof, cp.root_hash
             )
         except VerificationError as exc:
-            raise _fail("replays", f"replays[{i}]: {exc.message}", exc.code) from exc
-        verdicts.append(str(body.get("verdict")))
+            raise fail("replays", f"replays[{i}]: {exc.message}", exc.code) from exc
+        summary = {
+            "replay_id": shown(body.get("replay_id")),
+            "leaf_index": item.index,
+            "verdict": shown(body.get("verdict")),
+            "pool": shown(body.get("pool")),
+            "worker_id": shown(body.get("worker_id")),
+        }
+        if "worker_key_id" in body:
+            summary["worker_key_id"] = shown(body.get("worker_key_id"))
+        verdicts.append(summary)
     return tuple(verdicts)
 
 
-def _verify_registration(
-    entry: dict[str, Any],
-    record: Envelope,
-    record_index: int,
-    tree_size: int,
-    root_hash: bytes,
-    log_pub: VerifyingKey,
-) -> None:
-    """The collector key's registration is a leaf of the same tree, before the record."""
-    reg = entry.get("registration")
-    if not isinstance(reg, dict):
-        raise _fail("collector_key", "the bundle carries no registration of the collector key")
-    try:
-        env, reg_index, hashes = _parsed_registration(orjson.dumps(reg, option=_SORTED))
-    except (KeyError, TypeError, ValueError, binascii.Error, LedgerError) as exc:
-        raise _fail("collector_key", f"malformed key registration: {exc}") from exc
-    body = env.body
-    if env.kind != "key_registration" or body.get("key_id") != record.key_id:
-        raise _fail("collector_key", "the registration is not of the key that signed the record")
-    if body.get("public_key") != entry.get("public_key"):
-        raise _fail("collector_key", "the registered public key differs from the bundle's key")
-    if record.kind not in SIGNABLE_KINDS.get(str(body.get("role")), ()):
-        raise _fail("collector_key", f"a {body.get('role')!r} key may not sign {record.kind!r}")
-    if reg_index >= record_index:
-        raise _fail("collector_key", "the key was registered after the record was logged")
-    try:
-        _verified_registration(env.canonical, log_pub.raw, reg_index, tree_size, hashes, root_hash)
-    except VerificationError as exc:
-        raise _fail("collector_key", exc.message, exc.code) from exc
-
-
-# Bundles exported together share their checkpoint and their collector key's registration
-# with its inclusion proof: each distinct set of inputs is verified once. Verification is a
-# pure function of these values, and failures are never cached (they raise).
+# Bundles exported together share their checkpoint, their keys' registrations and their
+# fingerprint with their inclusion proofs: each distinct set of inputs is verified once.
+# Verification is a pure function of these values, and failures are never cached (they raise).
 @functools.lru_cache(maxsize=256)
 def _verified_checkpoint(note: str, log_key_raw: bytes) -> Checkpoint:
     return verify_checkpoint(note, Ed25519PublicKey.from_public_bytes(log_key_raw))
 
 
-@functools.lru_cache(maxsize=1024)
-def _parsed_registration(document: bytes) -> tuple[Envelope, int, tuple[bytes, ...]]:
-    """A registration member (as sorted JSON bytes): its envelope, leaf index and proof."""
-    reg = orjson.loads(document)
-    env = Envelope.from_dict(reg.get("envelope"))
-    reg_index = reg["leaf_index"]
-    if not isinstance(reg_index, int):
-        raise TypeError("leaf_index")
-    return env, reg_index, tuple(_b64decode(h) for h in reg["hashes"])
+@functools.lru_cache(maxsize=256)
+def _vkey(origin: str, log_key_raw: bytes) -> str:
+    return verifier_key(origin, Ed25519PublicKey.from_public_bytes(log_key_raw))
 
 
 @functools.lru_cache(maxsize=1024)
-def _verified_registration(
-    canonical: bytes,
-    log_key_raw: bytes,
-    index: int,
-    tree_size: int,
-    proof: tuple[bytes, ...],
-    root_hash: bytes,
-) -> None:
+def _verified_signature(canonical: bytes, key_raw: bytes) -> None:
+    """An envelope (as its canonical bytes) is signed by the key."""
     verify_envelope(
-        Envelope.from_dict(json.loads(canonical)), Ed25519PublicKey.from_public_bytes(log_key_raw)
+        Envelope.from_dict(json.loads(canonical)), VerifyingKey(key_raw, key_id_of(key_raw))
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _facts(canonical: bytes, index: int) -> FingerprintFacts:
+    env = Envelope.from_dict(json.loads(canonical))
+    return FingerprintFacts.of(env.body, env.body_digest, index, env.key_id)
+
+
+@functools.lru_cache(maxsize=1024)
+def _verified_inclusion(
+    canonical: bytes, index: int, tree_size: int, proof: tuple[bytes, ...], root_hash: bytes
+) -> None:
     merkle.verify_inclusion(merkle.leaf_hash(canonical), index, tree_size, proof, root_hash)

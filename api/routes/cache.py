@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import ReadRecords
+from api.body import body_doc, json_body
 from api.routes.records import render_record
 from api.schemas import ERRORS, CacheKeyRequest
 from api.state import StateDep
@@ -17,8 +18,16 @@ from ledger.storage import cache
 router = APIRouter(prefix="/v1/cache", tags=["cache"], responses=ERRORS)
 
 
-@router.post("/key", summary="The cache key of a request under a registered fingerprint")
-async def make_key(payload: CacheKeyRequest, state: StateDep, _: ReadRecords) -> dict[str, Any]:
+@router.post(
+    "/key",
+    summary="The cache key of a request under a registered fingerprint",
+    openapi_extra=body_doc(CacheKeyRequest),
+)
+async def make_key(
+    _: ReadRecords,
+    payload: Annotated[CacheKeyRequest, json_body(CacheKeyRequest)],
+    state: StateDep,
+) -> dict[str, Any]:
     key = await run_in_threadpool(
         cache.key_for_request,
         state.db,

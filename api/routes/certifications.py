@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
 from api import certifier
 from api.auth import ReadRecords, ReplayScope
+from api.body import body_doc, json_body
 from api.schemas import ERRORS, CertifyCreate
 from api.state import StateDep
 from ledger.storage import verdicts
@@ -23,8 +24,11 @@ router = APIRouter(tags=["certifications"], responses=ERRORS)
     description="Probe prompts of short, medium and near-limit length run alone and in "
     "concurrent waves of mixed lengths on one live worker of the pool; every result is "
     "compared bitwise with its prompt's run alone. The signed certificate is logged when done.",
+    openapi_extra=body_doc(CertifyCreate),
 )
-async def start(payload: CertifyCreate, state: StateDep, _: ReplayScope) -> dict[str, Any]:
+async def start(
+    _: ReplayScope, payload: Annotated[CertifyCreate, json_body(CertifyCreate)], state: StateDep
+) -> dict[str, Any]:
     run = await run_in_threadpool(
         certifier.start,
         state,

@@ -92,7 +92,8 @@ async def get_record(request_id: str, state: StateDep, _: ReadRecords) -> Respon
 @router.get(
     "/{request_id}/evidence",
     summary="An offline-verifiable evidence bundle for a record",
-    description="Envelope, leaf index, inclusion proof, a signed checkpoint covering it, and "
+    description="Envelope, leaf index, inclusion proof, a signed checkpoint covering it, the "
+    "fingerprint the record names with its proof, and "
     "the collector and log public keys. Verify with `ledger verify BUNDLE --log-key FILE`.",
 )
 async def get_evidence(request_id: str, state: StateDep, _: ReadRecords) -> Response:

@@ -13,11 +13,11 @@ from ledger import merkle
 from ledger.checkpoint import verifier_key
 from ledger.errors import StorageError
 from ledger.evidence import b64 as _b64
-from ledger.evidence import build_bundle
+from ledger.evidence import build_bundle, proven_leaf
 from ledger.signing import SigningKey, public_key_raw
 from ledger.storage import checkpoints, keystore, queries, tree
 from ledger.storage.database import Database, utcnow
-from ledger.storage.models import CheckpointRow, LogEntry, Record, Replay
+from ledger.storage.models import CheckpointRow, Fingerprint, LogEntry, Record, Replay
 from ledger.storage.models import SigningKey as KeyRow
 
 T = TypeVar("T")
@@ -69,6 +69,9 @@ def log_key_entry(log_key: SigningKey, origin: str) -> dict[str, Any]:
 
 
 _Registration = aliased(LogEntry)
+_FingerprintEntry = aliased(LogEntry)
+_FingerprintKey = aliased(KeyRow)
+_FingerprintRegistration = aliased(LogEntry)
 _Latest = (
     select(CheckpointRow.tree_size, CheckpointRow.note)
     .order_by(CheckpointRow.tree_size.desc())
@@ -76,18 +79,29 @@ _Latest = (
     .subquery()
 )
 # Everything an evidence bundle needs but the Merkle nodes and the replays, in one round trip:
-# the record's envelope, its signer's registry row and registration leaf, the latest
-# checkpoint, and whether any replay verdict is logged for it.
+# the record's envelope, its signer's registry row and registration leaf, the fingerprint it
+# names with its signer's row and registration leaf, the latest checkpoint, and whether any
+# replay verdict is logged for it. The index columns used to join (records.fingerprint_id,
+# fingerprints.key_id, records.key_id) are compared with the envelopes before serving.
 _EVIDENCE = (
     select(
         Record.log_index,
         Record.key_id,
+        Record.fingerprint_id,
         LogEntry.envelope,
         KeyRow.name.label("key_name"),
         KeyRow.role.label("key_role"),
         KeyRow.public_key,
         KeyRow.log_index.label("key_index"),
         _Registration.envelope.label("registration"),
+        Fingerprint.log_index.label("fp_index"),
+        Fingerprint.key_id.label("fp_key_id"),
+        _FingerprintEntry.envelope.label("fp_envelope"),
+        _FingerprintKey.name.label("fp_key_name"),
+        _FingerprintKey.role.label("fp_key_role"),
+        _FingerprintKey.public_key.label("fp_public_key"),
+        _FingerprintKey.log_index.label("fp_key_index"),
+        _FingerprintRegistration.envelope.label("fp_registration"),
         _Latest.c.tree_size,
         _Latest.c.note,
         exists().where(Replay.request_id == Record.request_id).label("has_replays"),
@@ -95,15 +109,21 @@ _EVIDENCE = (
     .join_from(Record, LogEntry, LogEntry.idx == Record.log_index)
     .outerjoin(KeyRow, KeyRow.key_id == Record.key_id)
     .outerjoin(_Registration, _Registration.idx == KeyRow.log_index)
+    .outerjoin(Fingerprint, Fingerprint.fingerprint_id == Record.fingerprint_id)
+    .outerjoin(_FingerprintEntry, _FingerprintEntry.idx == Fingerprint.log_index)
+    .outerjoin(_FingerprintKey, _FingerprintKey.key_id == Fingerprint.key_id)
+    .outerjoin(_FingerprintRegistration, _FingerprintRegistration.idx == _FingerprintKey.log_index)
     .outerjoin(_Latest, true())
     .where(Record.request_id == bindparam("request_id"))
 )
 
 
 def evidence(db: Database, log_key: SigningKey, origin: str, request_id: str) -> dict[str, Any]:
-    """An evidence bundle for a record: envelope, inclusion proof, covering checkpoint, keys.
+    """An evidence bundle for a record: envelope, fingerprint, inclusion proofs, covering
+    checkpoint, keys (docs/EVIDENCE.md).
 
-    One read transaction; if no checkpoint covers the record yet, one is signed first.
+    One read transaction; if no checkpoint covers the record yet, one is signed first. An
+    index row that disagrees with the envelopes it points to is an error, never a bundle.
     """
     bundle = _evidence(db, log_key, origin, request_id)
     if bundle is None:
@@ -115,6 +135,13 @@ def evidence(db: Database, log_key: SigningKey, origin: str, request_id: str) ->
     return bundle
 
 
+def _disagrees(what: str, index: int) -> StorageError:
+    return StorageError(
+        f"the {what} index disagrees with log entry {index}; run `ledger audit`",
+        code="index_mismatch",
+    )
+
+
 def _evidence(
     db: Database, log_key: SigningKey, origin: str, request_id: str
 ) -> dict[str, Any] | None:
@@ -124,8 +151,12 @@ def _evidence(
             raise queries.not_found(request_id)
         if row.tree_size is None or row.tree_size <= row.log_index:
             return None
-        if row.key_index is None:
-            raise StorageError(f"signing key {row.key_id} missing from the registry")
+        if row.key_index is None or row.registration is None:
+            raise StorageError(f"signing key {row.key_id} missing from the registry or the log")
+        if row.fp_index is None or row.fp_envelope is None:
+            raise StorageError(f"fingerprint {row.fingerprint_id} missing from the ledger")
+        if row.fp_key_index is None or row.fp_registration is None:
+            raise StorageError(f"signing key {row.fp_key_id} missing from the registry or the log")
         replays = (
             s.execute(
                 select(Replay.log_index, LogEntry.envelope)
@@ -137,43 +168,52 @@ def _evidence(
             else []
         )
         tree_size = row.tree_size
+        leaves = [row.log_index, row.key_index, row.fp_index, row.fp_key_index]
+        leaves += [r.log_index for r in replays]
         hashes = tree.node_reader(s)(
-            [
-                *merkle.inclusion_plan(row.log_index, tree_size),
-                *merkle.inclusion_plan(row.key_index, tree_size),
-                *(i for r in replays for i in merkle.inclusion_plan(r.log_index, tree_size)),
-            ]
+            [i for leaf in dict.fromkeys(leaves) for i in merkle.inclusion_plan(leaf, tree_size)]
         )
-    registration = row.registration
-    if registration is None:
-        raise StorageError(f"registration of {row.key_id} missing from the log")
-    from_memory = merkle.from_hashes(hashes)
+    envelope = json.loads(row.envelope)
+    fingerprint = json.loads(row.fp_envelope)
+    if envelope["body"].get("fingerprint_id") != row.fingerprint_id:
+        raise _disagrees("records.fingerprint_id", row.log_index)
+    if envelope["signature"]["key_id"] != row.key_id:
+        raise _disagrees("records.key_id", row.log_index)
+    if fingerprint["signature"]["key_id"] != row.fp_key_id:
+        raise _disagrees("fingerprints.key_id", row.fp_index)
+    read = merkle.from_hashes(hashes)
+
+    def proven(env: dict[str, Any], index: int) -> dict[str, Any]:
+        return proven_leaf(env, index, merkle.inclusion_proof(index, tree_size, read))
+
+    def key(key_id: str, name: str, role: str, raw: bytes, reg: bytes, idx: int) -> dict[str, Any]:
+        return {
+            "key_id": key_id,
+            "name": name,
+            "role": role,
+            "public_key": keystore.encode_public(raw),
+            "registration": proven(json.loads(reg), idx),
+        }
 
     return build_bundle(
-        envelope=json.loads(row.envelope),
+        envelope=envelope,
         leaf_index=row.log_index,
         tree_size=tree_size,
-        proof=merkle.inclusion_proof(row.log_index, tree_size, from_memory),
+        proof=merkle.inclusion_proof(row.log_index, tree_size, read),
         checkpoint_note=row.note,
-        collector_key={
-            "key_id": row.key_id,
-            "name": row.key_name,
-            "role": row.key_role,
-            "public_key": keystore.encode_public(row.public_key),
-        },
-        registration=json.loads(registration),
-        registration_index=row.key_index,
-        registration_proof=merkle.inclusion_proof(row.key_index, tree_size, from_memory),
+        fingerprint=proven(fingerprint, row.fp_index),
+        collector_key=key(
+            row.key_id, row.key_name, row.key_role, row.public_key, row.registration, row.key_index
+        ),
+        fingerprint_signer=key(
+            row.fp_key_id,
+            row.fp_key_name,
+            row.fp_key_role,
+            row.fp_public_key,
+            row.fp_registration,
+            row.fp_key_index,
+        ),
         log_key=log_key_entry(log_key, origin),
         exported_at=utcnow().isoformat(),
-        replays=[
-            {
-                "envelope": json.loads(r.envelope),
-                "leaf_index": r.log_index,
-                "hashes": [
-                    _b64(h) for h in merkle.inclusion_proof(r.log_index, tree_size, from_memory)
-                ],
-            }
-            for r in replays
-        ],
+        replays=[proven(json.loads(r.envelope), r.log_index) for r in replays],
     )

@@ -1,0 +1,227 @@
+"""The members of an evidence bundle, and the ``format`` check that parses them (pure).
+
+Every object of a bundle has a fixed set of members; :func:`parse_bundle` refuses a missing
+member, a member of the wrong type (``true`` is not an integer), and a member the format does
+not define, so that nothing in a bundle that verifies goes unchecked. It decodes every base64
+value and parses every envelope; the checks in :mod:`ledger.evidence` then compare them.
+
+Format ``v2`` (written since bundles carry the record's fingerprint) requires every member;
+``v1`` bundles (no ``fingerprint``, no ``keys.fingerprint_signer``, ``replays`` optional) are
+still read, and their verification says the fingerprint was not included.
+"""
+
+from __future__ import annotations
+
+import binascii
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ledger.errors import LedgerError, VerificationError
+from ledger.records import RECORD_KIND
+from ledger.signing import Envelope, VerifyingKey, cached_verifying_key
+
+FORMAT = "inference-ledger/evidence/v2"
+FORMAT_V1 = "inference-ledger/evidence/v1"
+FORMATS = (FORMAT, FORMAT_V1)
+
+_SORTED = orjson.OPT_SORT_KEYS
+_Schema = dict[str, type]
+# member -> its exact JSON type (an int member is never a boolean)
+_TOP: _Schema = {
+    "format": str,
+    "request_id": str,
+    "envelope": dict,
+    "leaf_index": int,
+    "leaf_hash": str,
+    "inclusion_proof": dict,
+    "checkpoint": str,
+    "fingerprint": dict,
+    "keys": dict,
+    "replays": list,
+    "exported_at": str,
+}
+_TOP_V1_OPTIONAL = ("replays",)
+_TOP_V1_ABSENT = ("fingerprint",)
+_PROOF: _Schema = {"tree_size": int, "hashes": list}
+_KEYS: _Schema = {"collector": dict, "fingerprint_signer": dict, "log": dict}
+_KEY: _Schema = {"key_id": str, "name": str, "role": str, "public_key": str, "registration": dict}
+_LOG_KEY: _Schema = {"key_id": str, "public_key": str, "origin": str, "vkey": str}
+_LEAF: _Schema = {"envelope": dict, "leaf_index": int, "hashes": list}
+
+
+def fail(check: str, message: str, code: str = "bad_evidence") -> VerificationError:
+    return VerificationError(message, code=code, details={"check": check})
+
+
+def b64decode(text: str) -> bytes:
+    """Strict base64 (``base64.b64decode(text, validate=True)`` without its Python wrapper)."""
+    return binascii.a2b_base64(text, strict_mode=True)
+
+
+@dataclass(frozen=True)
+class ProvenLeaf:
+    """A ``{"envelope", "leaf_index", "hashes"}`` member: an envelope and its inclusion proof."""
+
+    envelope: Envelope
+    index: int
+    proof: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    """A ``keys.collector`` or ``keys.fingerprint_signer`` member."""
+
+    key: VerifyingKey
+    name: str
+    role: str
+    public_key: str  # as written: "ed25519:<base64 raw>"
+    registration: ProvenLeaf
+
+
+@dataclass(frozen=True)
+class LogKeyEntry:
+    key: VerifyingKey
+    origin: str
+    vkey: str
+
+
+@dataclass(frozen=True)
+class ParsedBundle:
+    format: str
+    request_id: str
+    record: Envelope
+    leaf_index: int
+    leaf_hash: bytes
+    tree_size: int
+    proof: tuple[bytes, ...]
+    checkpoint: str
+    collector: KeyEntry
+    log: LogKeyEntry
+    fingerprint: ProvenLeaf | None  # None only in v1
+    fingerprint_signer: KeyEntry | None  # None only in v1
+    replays: tuple[ProvenLeaf, ...]
+
+
+def _members(
+    obj: Any, schema: _Schema, where: str, optional: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    # Exact types: JSON parsers give exactly str, int, bool, dict, list, so a boolean is not
+    # an int here. The first loop is the whole cost for a well-formed member.
+    if type(obj) is dict and len(obj) == len(schema):
+        for name, kind in schema.items():
+            if type(obj.get(name)) is not kind:
+                break
+        else:
+            return obj
+    if not isinstance(obj, dict):
+        raise fail("format", f"{where} must be a JSON object")
+    unknown = sorted(set(obj) - set(schema))
+    if unknown:
+        raise fail("format", f"{where} has members the format does not define: {unknown}")
+    for name, kind in schema.items():
+        if name not in obj:
+            if name in optional:
+                continue
+            raise fail("format", f"member {where}.{name} is missing")
+        if type(obj[name]) is not kind:
+            raise fail("format", f"member {where}.{name} must be a JSON {_TYPE_NAMES[kind]}")
+    return obj
+
+
+_TYPE_NAMES = {str: "string", int: "integer", dict: "object", list: "array"}
+
+
+def _envelope(data: Any, where: str) -> Envelope:
+    try:
+        return Envelope.from_dict(data)
+    except LedgerError as exc:
+        raise fail("format", f"{where}: {exc.message}") from exc
+
+
+def _hashes(items: list[Any], where: str) -> tuple[bytes, ...]:
+    try:
+        return tuple(b64decode(h) for h in items)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise fail("format", f"{where} holds a value that is not base64: {exc}") from exc
+
+
+def _leaf(member: Any, where: str) -> ProvenLeaf:
+    # Bundles of one export share their keys' registrations and their fingerprint: each
+    # distinct member is parsed once (keyed by its sorted JSON bytes).
+    _members(member, _LEAF, where)
+    return _parsed_leaf(orjson.dumps(member, option=_SORTED), where)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_leaf(document: bytes, where: str) -> ProvenLeaf:
+    member = orjson.loads(document)
+    env = _envelope(member["envelope"], f"{where}.envelope")
+    return ProvenLeaf(env, member["leaf_index"], _hashes(member["hashes"], f"{where}.hashes"))
+
+
+def _key(entry: dict[str, Any], where: str) -> VerifyingKey:
+    try:
+        key = cached_verifying_key(entry["public_key"])
+    except LedgerError as exc:
+        raise fail("format", f"{where}.public_key is not valid: {exc.message}") from exc
+    if key.key_id != entry["key_id"]:
+        raise fail("format", f"{where}.key_id is not the ID of {where}.public_key")
+    return key
+
+
+def _key_entry(member: Any, where: str) -> KeyEntry:
+    entry = _members(member, _KEY, where)
+    return KeyEntry(
+        key=_key(entry, where),
+        name=entry["name"],
+        role=entry["role"],
+        public_key=entry["public_key"],
+        registration=_leaf(entry["registration"], f"{where}.registration"),
+    )
+
+
+def parse_bundle(bundle: Any) -> ParsedBundle:
+    """The ``format`` check: every member present, of its type, decoded; nothing else."""
+    if not isinstance(bundle, dict) or not isinstance(bundle.get("format"), str):
+        raise fail("format", "not an evidence bundle: member 'format' is missing")
+    version = bundle["format"]
+    if version not in FORMATS:
+        raise fail("format", f"unknown bundle format {version!r}; reads {', '.join(FORMATS)}")
+    v1 = version == FORMAT_V1
+    if v1 and any(name in bundle for name in _TOP_V1_ABSENT):
+        raise fail("format", f"a {FORMAT_V1} bundle has no member 'fingerprint'")
+    top = _members(bundle, _TOP, "bundle", _TOP_V1_OPTIONAL + _TOP_V1_ABSENT if v1 else ())
+    proof = _members(top["inclusion_proof"], _PROOF, "inclusion_proof")
+    keys_schema: _Schema = {
+        k: t for k, t in _KEYS.items() if not (v1 and k == "fingerprint_signer")
+    }
+    keys = _members(top["keys"], keys_schema, "keys")
+    log = _members(keys["log"], _LOG_KEY, "keys.log")
+    record = _envelope(top["envelope"], "envelope")
+    if record.kind != RECORD_KIND:
+        raise fail("format", f"the envelope is a {record.kind!r}, not an {RECORD_KIND!r}")
+    try:
+        leaf_hash = b64decode(top["leaf_hash"])
+    except (binascii.Error, ValueError) as exc:
+        raise fail("format", f"leaf_hash is not base64: {exc}") from exc
+    replays = top.get("replays", [])
+    return ParsedBundle(
+        format=version,
+        request_id=top["request_id"],
+        record=record,
+        leaf_index=top["leaf_index"],
+        leaf_hash=leaf_hash,
+        tree_size=proof["tree_size"],
+        proof=_hashes(proof["hashes"], "inclusion_proof.hashes"),
+        checkpoint=top["checkpoint"],
+        collector=_key_entry(keys["collector"], "keys.collector"),
+        log=LogKeyEntry(_key(log, "keys.log"), log["origin"], log["vkey"]),
+        fingerprint=None if v1 else _leaf(top["fingerprint"], "fingerprint"),
+        fingerprint_signer=(
+            None if v1 else _key_entry(keys["fingerprint_signer"], "keys.fingerprint_signer")
+        ),
+        replays=tuple(_leaf(item, f"replays[{i}]") for i, item in enumerate(replays)),
+    )
