@@ -1,14 +1,27 @@
-"""Reading request bodies: size-limited, strict JSON (no NaN, no duplicate members)."""
+"""Reading request bodies: size-limited, strict JSON (no NaN, no duplicate members).
+
+Every route with a body reads it here: ingest and fingerprints as raw JSON (``read_json``),
+the others into a strict pydantic model (``json_body``), never through FastAPI's own body
+parameters, which parse before any dependency runs and accept NaN and duplicate members.
+The gate (``api.gate``) has checked the token and scope before the first byte is read, and
+counts and times the bytes as they arrive; the limit here is the same one, checked again.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
-from fastapi import Request
+from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
+from api.state import get_state
 from ledger.errors import InvalidInput, TooLarge
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -46,15 +59,18 @@ async def read_body(request: Request, limit: int) -> bytes:
         )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge(
-                f"body exceeds the limit of {limit} bytes",
-                code="body_too_large",
-                details={"limit": limit},
-            )
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise TooLarge(
+                    f"body exceeds the limit of {limit} bytes",
+                    code="body_too_large",
+                    details={"limit": limit},
+                )
+            chunks.append(chunk)
+    except ClientDisconnect as exc:  # nobody reads the answer; keep it out of the error log
+        raise InvalidInput("the client left before sending its body", code="invalid_json") from exc
     return b"".join(chunks)
 
 
@@ -70,3 +86,32 @@ async def read_json(request: Request, limit: int) -> Any:
     if len(raw) > 65536:  # parsing megabytes takes milliseconds: keep the event loop free
         return await run_in_threadpool(parse_json, raw)
     return parse_json(raw)
+
+
+def validate_model(model: type[M], data: Any) -> M:
+    """``data`` as ``model`` (strict: ``true`` is not 1); a violation is 422 schema_violation."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from exc
+
+
+def json_body(model: type[M]) -> Any:
+    """A dependency that reads the body as strict JSON and validates it as ``model``."""
+
+    async def _read(request: Request) -> M:
+        limit = get_state(request).settings.max_body_bytes
+        return validate_model(model, await read_json(request, limit))
+
+    return Depends(_read)
+
+
+def body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` documenting a ``json_body`` route's body (FastAPI does not see it)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }

@@ -8,7 +8,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import iter_route_contexts
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from ledger.errors import (
     AuthenticationError,
@@ -26,8 +28,16 @@ from ledger.errors import (
 
 logger = logging.getLogger("ledger.api")
 
+
+class BodyTimeout(LedgerError):
+    """The client did not send its request body within LEDGER_BODY_TIMEOUT (``api.gate``)."""
+
+    code = "body_timeout"
+
+
 # Most specific first.
 STATUS: list[tuple[type[LedgerError], int]] = [
+    (BodyTimeout, 408),
     (TooLarge, 413),
     (InvalidInput, 422),
     (VerificationError, 422),
@@ -48,6 +58,7 @@ _HTTP_CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "body_timeout",
     413: "too_large",
     415: "unsupported_media_type",
 }
@@ -70,21 +81,36 @@ def error_response(status: int, code: str, message: str, **extra: Any) -> JSONRe
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
+def ledger_error_response(exc: LedgerError) -> JSONResponse:
+    """The answer to a domain error (the exception handler's, and the gate's before the app)."""
+    status = status_for(exc)
+    headers: dict[str, str] = {}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, Pushback):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    elif isinstance(exc, StorageError):
+        headers["Retry-After"] = "1"
+    return error_response(
+        status, exc.code, exc.message, details=exc.details, headers=headers or None
+    )
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (the router's 405 names only one route's)."""
+    methods: set[str] = set()
+    for route in iter_route_contexts(request.app.router.routes):
+        found, _ = route.matches(request.scope)
+        if found is not Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(LedgerError)
     async def _ledger_error(request: Request, exc: LedgerError) -> JSONResponse:
-        status = status_for(exc)
         request.state.error_code = exc.code
-        headers: dict[str, str] = {}
-        if status == 401:
-            headers["WWW-Authenticate"] = "Bearer"
-        if isinstance(exc, Pushback):
-            headers["Retry-After"] = str(max(1, round(exc.retry_after)))
-        elif isinstance(exc, StorageError):
-            headers["Retry-After"] = "1"
-        return error_response(
-            status, exc.code, exc.message, details=exc.details, headers=headers or None
-        )
+        return ledger_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -106,4 +132,7 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         request.state.error_code = code
-        return error_response(exc.status_code, code, str(exc.detail))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(request)
+        return error_response(exc.status_code, code, str(exc.detail), headers=headers or None)

@@ -90,6 +90,7 @@ def normalize_params(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
     params.setdefault("max_tokens", None)
     for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
         _number(params[name], name)
+    _number(params["top_k"], "top_k")  # false is not 0
     if params["top_k"] == 0:
         params["top_k"] = -1
     stop = params["stop"]
@@ -112,7 +113,8 @@ def normalize_params(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
 def is_deterministic(request: dict[str, Any]) -> bool:
     """Greedy (temperature 0) or seeded sampling: the same environment gives the same output."""
     temperature = request.get("temperature")
-    return temperature == 0 or request.get("seed") is not None
+    greedy = temperature == 0 and not isinstance(temperature, bool)  # false is not 0
+    return greedy or request.get("seed") is not None
 
 
 def _prompt(

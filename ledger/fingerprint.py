@@ -43,7 +43,7 @@ def fingerprint_id(body: dict[str, Any]) -> str:
 def validate_fingerprint_body(body: dict[str, Any]) -> str:
     """Validate a fingerprint body and return its ID."""
     version = body.get("schema_version")
-    if version != FINGERPRINT_SCHEMA_VERSION:
+    if type(version) is not int or version != FINGERPRINT_SCHEMA_VERSION:  # true is not 1
         raise InvalidInput(
             f"unsupported fingerprint schema_version {version!r}; this ledger reads "
             f"{FINGERPRINT_SCHEMA_VERSION}",

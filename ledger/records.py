@@ -165,7 +165,7 @@ def check_choice(choice: object, i: int) -> int:
         if choice[name] is not None and not isinstance(choice[name], str):
             raise _fail(f"{where}.{name} must be a string or null")
     stop = choice["stop_reason"]
-    if stop is not None and not isinstance(stop, str | int):
+    if stop is not None and (not isinstance(stop, str | int) or isinstance(stop, bool)):
         raise _fail(f"{where}.stop_reason must be a string, an integer or null")
     if "text" in choice and not isinstance(choice["text"], str):
         raise _fail(f"{where}.text must be a string")
@@ -179,7 +179,7 @@ def validate_record_body(body: dict[str, Any]) -> RecordSummary:
     negative token IDs, NaN/Inf logprobs, and array lengths that disagree.
     """
     version = body.get("schema_version")
-    if version != RECORD_SCHEMA_VERSION:
+    if type(version) is not int or version != RECORD_SCHEMA_VERSION:  # true and 1.0 are not 1
         raise _fail(
             f"unsupported record schema_version {version!r}; this ledger reads "
             f"{RECORD_SCHEMA_VERSION}",

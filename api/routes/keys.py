@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Admin, ReadRecords
+from api.body import body_doc, json_body
 from api.schemas import ERRORS, KeyCreate, KeyList, KeyPublic, KeyRevoke
 from api.state import StateDep
 from ledger.storage import keystore
@@ -11,9 +14,19 @@ from ledger.storage import keystore
 router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=ERRORS)
 
 
-@router.post("", response_model=KeyPublic, status_code=201, summary="Register a signing key")
+@router.post(
+    "",
+    response_model=KeyPublic,
+    status_code=201,
+    summary="Register a signing key",
+    description="An all-zero or other small-order Ed25519 point is refused: 422 `weak_public_key`.",
+    openapi_extra=body_doc(KeyCreate),
+)
 async def register_key(
-    payload: KeyCreate, state: StateDep, _: Admin, response: Response
+    _: Admin,
+    payload: Annotated[KeyCreate, json_body(KeyCreate)],
+    state: StateDep,
+    response: Response,
 ) -> dict[str, object]:
     info, created = await run_in_threadpool(
         keystore.register_key,
@@ -41,10 +54,13 @@ async def get_key(key_id: str, state: StateDep, _: ReadRecords) -> dict[str, obj
 
 
 @router.post(
-    "/{key_id}/revoke", response_model=KeyPublic, summary="Revoke a key (appends a log event)"
+    "/{key_id}/revoke",
+    response_model=KeyPublic,
+    summary="Revoke a key (appends a log event)",
+    openapi_extra=body_doc(KeyRevoke),
 )
 async def revoke_key(
-    key_id: str, payload: KeyRevoke, state: StateDep, _: Admin
+    key_id: str, _: Admin, payload: Annotated[KeyRevoke, json_body(KeyRevoke)], state: StateDep
 ) -> dict[str, object]:
     info, _changed = await run_in_threadpool(
         keystore.revoke_key, state.db, state.log_key, key_id, payload.reason

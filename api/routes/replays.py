@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
 from api import replayer
 from api.auth import ReadRecords, ReplayScope
+from api.body import body_doc, json_body
 from api.schemas import ERRORS, ReplayCreate
 from api.state import StateDep
 from ledger.storage import verdicts
@@ -22,8 +25,11 @@ router = APIRouter(prefix="/v1/replays", tags=["replays"], responses=ERRORS)
     "not_comparable (forced onto a pool that does not match; the comparison is reported), "
     "error (the worker did not answer). 409 no_matching_pool lists the nearest pools with "
     "their fingerprint differences.",
+    openapi_extra=body_doc(ReplayCreate),
 )
-async def create_replay(payload: ReplayCreate, state: StateDep, _: ReplayScope) -> Response:
+async def create_replay(
+    _: ReplayScope, payload: Annotated[ReplayCreate, json_body(ReplayCreate)], state: StateDep
+) -> Response:
     stored = await replayer.replay(state, payload.request_id, payload.pool, payload.force)
     return Response(stored.render("replay_id"), 201, media_type="application/json")
 

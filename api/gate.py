@@ -1,0 +1,225 @@
+"""The gate: credentials, scope and body limits, settled before the app reads a byte of a body.
+
+FastAPI parses a route's body parameters before it runs the route's dependencies, so a
+token check written as a dependency comes after the body has been read. This pure ASGI
+middleware sits in front of the router and, for every request:
+
+1. finds the route the router will pick (the same ``matches`` in the same order) and what it
+   requires, read from its dependencies: any route that depends on ``api.auth.authenticate``
+   is protected, and a ``require(scope)`` among them names its scope. Public routes
+   (``/healthz``, ``/metrics``, ``/v1/log/key``, the OpenAPI document and ``/docs``) have
+   neither;
+2. on a protected route, authenticates the bearer token (``api.auth.principal_for``: the
+   same logic and token cache as the dependency, which then reuses the principal) and checks
+   the scope: 401 or 403 before the body is read;
+3. refuses a declared ``Content-Length`` over ``LEDGER_MAX_BODY_BYTES`` (413 ``body_too_large``);
+4. counts body bytes as the app receives them, on every route and for chunked bodies too:
+   413 ``body_too_large`` as soon as the count passes the limit;
+5. bounds the time spent waiting for the body: once ``LEDGER_BODY_TIMEOUT`` seconds of waiting
+   have passed before its last byte, 408 ``body_timeout``.
+
+A refusal the gate answers itself (the app's own later answer, if any, is dropped), and any
+answer sent while part of a request's body is still unread says ``Connection: close``: the
+server never waits for, nor reads, the rest. The gate adds no copy of a body; it only counts
+the chunks the app reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fastapi.routing import RouteContext, iter_route_contexts
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api import errors
+from api.auth import authenticate, check_scope, principal_for
+from api.state import AppState
+from ledger.errors import LedgerError, TooLarge
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a route requires before its body may be read."""
+
+    context: RouteContext  # the route as the router matches it (path, methods, dependencies)
+    protected: bool
+    scope: str | None
+
+    @property
+    def route(self) -> BaseRoute:
+        return self.context.original_route
+
+
+def rule_for(context: RouteContext) -> Rule:
+    """Read a route's requirements from its dependency tree."""
+    protected, scope = False, None
+    dependant = getattr(context, "dependant", None)  # only FastAPI routes have one
+    stack = list(dependant.dependencies) if dependant is not None else []
+    while stack:
+        dep = stack.pop()
+        if dep.call is authenticate:
+            protected = True
+        required = getattr(dep.call, "required_scope", None)
+        if isinstance(required, str):
+            protected, scope = True, required
+        stack.extend(dep.dependencies)
+    return Rule(context, protected, scope)
+
+
+class RouteRules:
+    """The rules of an app's routes, matched as its router matches them (first full match)."""
+
+    def __init__(self, routes: Sequence[BaseRoute]) -> None:
+        self.rules = [rule_for(c) for c in iter_route_contexts(routes)]
+
+    def match(self, scope: Scope) -> Rule | None:
+        for rule in self.rules:
+            found, _ = rule.context.matches(scope)
+            if found is Match.FULL:
+                return rule
+        return None
+
+
+class _Refused(Exception):
+    """Raised into the app after the gate has answered; the gate swallows it."""
+
+
+def _declared_length(scope: Scope) -> tuple[int | None, bool]:
+    """The request's Content-Length (None if absent) and whether it has a body at all."""
+    length, chunked = None, False
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                length = None
+        elif name == b"transfer-encoding":
+            chunked = True
+    return length, chunked or bool(length)
+
+
+class _Exchange:
+    """One request as the gate sees it: the body read so far and the answer sent so far."""
+
+    def __init__(
+        self, scope: Scope, receive: Receive, send: Send, limit: int, timeout: float
+    ) -> None:
+        self.scope, self._receive, self._send = scope, receive, send
+        self.limit, self.timeout, self.wait_left = limit, timeout, timeout
+        self.declared, self.has_body = _declared_length(scope)
+        self.size = 0
+        self.body_done = not self.has_body
+        self.started = False  # the app (or the gate) has started the response
+        self.refused: str | None = None  # the code of the gate's own answer
+
+    async def receive(self) -> Message:
+        if self.body_done or self.refused:
+            return await self._receive()
+        begun = time.monotonic()
+        try:
+            async with asyncio.timeout(max(self.wait_left, 0.0)):
+                message = await self._receive()
+        except TimeoutError:
+            await self.refuse(
+                errors.BodyTimeout(
+                    "the request body did not arrive in time; the connection is closed",
+                    details={"timeout_seconds": self.timeout},
+                )
+            )
+            raise _Refused from None
+        self.wait_left -= time.monotonic() - begun
+        if message["type"] == "http.request":
+            self.size += len(message.get("body", b""))
+            if self.size > self.limit:
+                await self.refuse(too_large(self.limit))
+                raise _Refused
+            if not message.get("more_body", False):
+                self.body_done = True
+        else:  # http.disconnect: nothing more will come
+            self.body_done = True
+        return message
+
+    async def send(self, message: Message) -> None:
+        if self.refused:  # the gate has answered: the app's late answer goes nowhere
+            return
+        if message["type"] == "http.response.start":
+            self.started = True
+            if not self.body_done:  # the rest of the body is never read: do not wait for it
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", ()), (b"connection", b"close")],
+                }
+        await self._send(message)
+
+    async def refuse(self, exc: LedgerError) -> None:
+        """Answer with ``exc`` unless the app has begun its own answer."""
+        if self.started:
+            return
+        response = errors.ledger_error_response(exc)
+        self.refused = exc.code
+        self.started = True
+        if not self.body_done:
+            response.headers["connection"] = "close"
+        await response(self.scope, self._receive, self._send)
+
+
+def too_large(limit: int, declared: int | None = None) -> TooLarge:
+    size = f"of {declared} bytes " if declared is not None else ""
+    return TooLarge(
+        f"body {size}exceeds the limit of {limit} bytes",
+        code="body_too_large",
+        details={"limit": limit},
+    )
+
+
+class Gate:
+    """Pure ASGI middleware; see the module docstring. ``routes`` is the app's route list."""
+
+    def __init__(self, app: ASGIApp, *, routes: list[BaseRoute], state: AppState) -> None:
+        self.app, self.routes, self.state = app, routes, state
+        self._rules: RouteRules | None = None
+
+    @property
+    def rules(self) -> RouteRules:
+        if self._rules is None:  # routes are complete once the app serves its first request
+            self._rules = RouteRules(self.routes)
+        return self._rules
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        settings = self.state.settings
+        state = scope.setdefault("state", {})
+        exchange = _Exchange(scope, receive, send, settings.max_body_bytes, settings.body_timeout)
+        rule = self.rules.match(scope)
+        if rule is not None:
+            scope["route"] = rule.route  # for the metrics of a refusal; the router sets it too
+        try:
+            if rule is not None and rule.protected:
+                header = ""
+                for name, value in scope["headers"]:
+                    if name == b"authorization":
+                        header = value.decode("latin-1")
+                        break
+                principal = await principal_for(self.state, header)
+                if rule.scope is not None:
+                    check_scope(principal, rule.scope)
+                state["principal"] = principal
+            if exchange.declared is not None and exchange.declared > exchange.limit:
+                raise too_large(exchange.limit, exchange.declared)
+        except LedgerError as exc:
+            await exchange.refuse(exc)
+            state["error_code"] = exc.code
+            return
+        try:
+            await self.app(scope, exchange.receive, exchange.send)
+        except _Refused:
+            pass
+        finally:
+            if exchange.refused:
+                state["error_code"] = exchange.refused

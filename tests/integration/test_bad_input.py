@@ -1,0 +1,319 @@
+"""Bad input and resources, over real HTTP on both backends: the token and the size limit come
+before a body is read, slow and short bodies time out, 405 names what is allowed, the OpenAPI
+document declares the bearer scheme and the limits, types are strict, weak keys are refused.
+(Random input over every route: test_bad_input_fuzz.py.)"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from ledger.signing import public_key_pem
+from tests.support.documents import fingerprint_body, record_body, resign
+from tests.support.harness import MAX_BATCH, MAX_BODY, Harness
+from tests.support.http import assert_error
+from tests.support.rawhttp import RawAnswer, chunked, exchange, flood
+
+MiB = 1 << 20
+HUGE = 100 * MiB
+# Every route that takes a POST (the list is checked against the OpenAPI document below).
+POST_ROUTES = [
+    "/v1/keys",
+    "/v1/keys/ed25519:x/revoke",
+    "/v1/fingerprints",
+    "/v1/records",
+    "/v1/workers",
+    "/v1/replays",
+    "/v1/cache/key",
+    "/v1/certifications",
+    "/v1/log/checkpoint",
+]
+# Sent before the answer came: what the kernel's socket buffers took, never the body.
+UNREAD = 16 * MiB
+JSON = {"content-type": "application/json"}
+
+
+def _auth(secret: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {secret}"}
+
+
+def _huge(api: Harness, path: str, headers: dict[str, str]) -> RawAnswer:
+    return exchange(
+        api.url, "POST", path, {**JSON, "content-length": str(HUGE), **headers}, flood(HUGE)
+    )
+
+
+def _spec(api: Harness) -> dict[str, Any]:
+    spec: dict[str, Any] = api.client(token=None).get("/openapi.json").json()
+    return spec
+
+
+def test_the_post_routes_listed_here_are_every_post_route(api: Harness):
+    posts = {
+        path.replace("{key_id}", "ed25519:x")
+        for path, ops in _spec(api)["paths"].items()
+        if "post" in ops
+    }
+    assert posts == set(POST_ROUTES)
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+def test_an_unauthenticated_100_mib_body_is_refused_before_it_is_read(api: Harness, path: str):
+    answer = _huge(api, path, {})
+    assert answer.status == 401 and answer.code == "missing_token"
+    assert answer.headers["www-authenticate"] == "Bearer"
+    # the answer came while the client was still sending: the server never read the body
+    assert answer.sent < UNREAD, answer.sent
+    assert answer.headers["connection"] == "close" and answer.closed
+    bad = _huge(api, path, _auth("lgr_not-a-token"))
+    assert bad.status == 401 and bad.code == "invalid_token" and bad.sent < UNREAD
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+def test_a_token_without_the_scope_is_refused_before_the_body(api: Harness, path: str):
+    required = {
+        p.replace("{key_id}", "ed25519:x"): ops["post"]["x-required-scope"]
+        for p, ops in _spec(api)["paths"].items()
+        if "post" in ops
+    }[path]
+    wrong = "records:read" if required in ("replay", "records:write") else "replay"
+    answer = _huge(api, path, _auth(api.token(wrong)))
+    assert answer.status == 403 and answer.code == "insufficient_scope"
+    assert answer.json()["error"]["details"]["required"] == required
+    assert answer.sent < UNREAD and answer.closed
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+def test_a_declared_oversized_body_is_413_before_it_is_read(api: Harness, path: str):
+    answer = _huge(api, path, _auth(api.admin_token))
+    assert answer.status == 413 and answer.code == "body_too_large"
+    assert answer.json()["error"]["details"]["limit"] == MAX_BODY
+    assert answer.sent < UNREAD and answer.closed
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+def test_a_chunked_body_is_counted_as_it_arrives(api: Harness, path: str):
+    headers = {**JSON, "transfer-encoding": "chunked", **_auth(api.admin_token)}
+    answer = exchange(api.url, "POST", path, headers, chunked(flood(HUGE)))
+    if path == "/v1/log/checkpoint":  # a route that reads no body answers without reading it
+        assert answer.status in (200, 404) and answer.closed
+        assert answer.sent < UNREAD
+        return
+    assert answer.status == 413 and answer.code == "body_too_large", answer.body
+    # refused once the count passed the limit, long before the client's 100 MiB
+    assert MAX_BODY <= answer.sent < MAX_BODY + UNREAD
+    assert answer.closed
+
+
+def test_a_body_on_an_unknown_path_is_not_read(api: Harness):
+    assert _huge(api, "/v1/nothing", {}).status == 413  # the declared size is refused first
+    headers = {**JSON, "transfer-encoding": "chunked"}
+    answer = exchange(api.url, "POST", "/v1/nothing", headers, chunked(flood(HUGE)))
+    assert answer.status == 404 and answer.sent < UNREAD and answer.closed
+
+
+@pytest.fixture
+def short_deadline(api: Harness, monkeypatch: pytest.MonkeyPatch) -> float:
+    monkeypatch.setattr(api.settings, "body_timeout", 1.0)
+    return 1.0
+
+
+@pytest.mark.parametrize("path", ["/v1/records", "/v1/keys", "/v1/replays"])
+def test_a_body_shorter_than_its_length_times_out(api: Harness, short_deadline: float, path: str):
+    headers = {**JSON, "content-length": "1000", **_auth(api.admin_token)}
+    answer = exchange(api.url, "POST", path, headers, [b'{"envelopes": ['], timeout=10)
+    assert answer.status == 408 and answer.code == "body_timeout"
+    assert answer.json()["error"]["details"]["timeout_seconds"] == short_deadline
+    assert short_deadline - 0.1 <= answer.elapsed < short_deadline + 2
+    assert answer.headers["connection"] == "close" and answer.closed
+
+
+def test_a_trickled_body_times_out_on_its_total_wait(api: Harness, short_deadline: float):
+    headers = {**JSON, "content-length": "1000", **_auth(api.admin_token)}
+    trickle = [b" "] * 40  # one byte every 0.1 s: each wait is short, their sum is not
+    answer = exchange(api.url, "POST", "/v1/records", headers, trickle, pause=0.1, timeout=10)
+    assert answer.status == 408 and answer.code == "body_timeout"
+    assert answer.sent < 25 and answer.closed
+
+
+def test_a_complete_body_is_not_timed_out_by_slow_work_after_it(api: Harness, short_deadline):
+    key, fp = api.setup_collector()  # the deadline bounds waiting for the client only
+    resp = api.post([api.record(key, fp) for _ in range(MAX_BATCH)])
+    assert resp.status_code == 201, resp.text
+
+
+def test_405_names_every_allowed_method(api: Harness):
+    c = api.client()
+    cases = {
+        ("DELETE", "/v1/records"): {"GET", "POST"},  # two routes share the path
+        ("PUT", "/v1/log/checkpoint"): {"GET", "POST"},
+        ("PATCH", "/v1/keys/ed25519:x"): {"GET"},
+        ("HEAD", "/v1/keys"): {"GET", "POST"},
+        ("GET", "/v1/cache/key"): None,  # GET /v1/cache/{key} serves it
+    }
+    for (method, path), allowed in cases.items():
+        resp = c.request(method, path)
+        if allowed is None:
+            assert resp.status_code != 405
+            continue
+        if method == "HEAD":  # an answer without a body
+            assert resp.status_code == 405
+        else:
+            assert_error(resp, 405, "method_not_allowed")
+        assert set(resp.headers["allow"].split(", ")) == allowed, resp.headers
+
+
+def test_openapi_declares_the_bearer_scheme_on_exactly_the_protected_routes(api: Harness):
+    spec = _spec(api)
+    assert spec["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": spec["components"]["securitySchemes"]["bearer"]["description"],
+    }
+    anon = api.client(token=None)
+    public = set()
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            url = path.replace("{", "x").replace("}", "")  # any value for path parameters
+            resp = anon.request(method.upper(), url)
+            if op.get("security") == [{"bearer": []}]:
+                assert_error(resp, 401, "missing_token")
+                assert op["x-required-scope"] in op["description"]
+                assert "401" in op["responses"] and "403" in op["responses"]
+            else:
+                assert "security" not in op and resp.status_code != 401, (method, path)
+                assert "401" not in op["responses"]
+                public.add(path)
+    assert public == {"/healthz", "/metrics", "/v1/log/key"}
+
+
+def test_openapi_states_the_real_limits(api: Harness):
+    spec = _spec(api)
+    info = spec["info"]["description"]
+    assert f"{MAX_BODY} bytes" in info and f"{MAX_BATCH} envelopes" in info
+    assert f"{api.settings.body_timeout:g} s" in info
+    ingest = spec["paths"]["/v1/records"]["post"]
+    assert f"at most {MAX_BATCH} envelopes" in ingest["description"]
+    schema = ingest["requestBody"]["content"]["application/json"]["schema"]
+    assert schema["properties"]["envelopes"]["maxItems"] == MAX_BATCH
+    for path, ops in spec["paths"].items():
+        for op in ops.values():
+            if "requestBody" in op:
+                assert f"at most {MAX_BODY} bytes" in op["description"], path
+                assert {"408", "413"} <= set(op["responses"]), path
+    keys = spec["paths"]["/v1/keys"]["post"]["requestBody"]["content"]["application/json"]
+    assert set(keys["schema"]["properties"]) == {"name", "role", "public_key"}
+
+
+# ---- strict types -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [True, 1.0, "1"])
+def test_a_schema_version_must_be_the_integer_1(api: Harness, version: Any):
+    key, fp = api.setup_collector()
+    body = record_body(fp)
+    body["schema_version"] = version
+    assert_error(api.post([resign(key, body)]), 422, "unsupported_schema_version")
+    fp_body = {**fingerprint_body(), "schema_version": version}
+    resp = api.client().post("/v1/fingerprints", json=resign(key, fp_body, kind="fingerprint"))
+    assert_error(resp, 422, "unsupported_schema_version")
+
+
+def test_record_members_are_not_coerced(api: Harness):
+    key, fp = api.setup_collector()
+    for mutate in (
+        lambda b: b.update(tier=True),
+        lambda b: b["choices"][0].update(index=False),
+        lambda b: b["choices"][0].update(stop_reason=True),
+        lambda b: b["usage"].update(prompt_tokens=12.0),
+        lambda b: b.update(aborted=0),
+    ):
+        body = record_body(fp)
+        mutate(body)
+        assert_error(api.post([resign(key, body)]), 422, "schema_violation")
+
+
+@pytest.mark.parametrize(
+    ("path", "payload"),
+    [
+        ("/v1/keys", {"name": 1, "role": "collector", "public_key": "x"}),
+        ("/v1/keys", {"name": "a", "role": True, "public_key": "x"}),
+        ("/v1/keys/ed25519:x/revoke", {"reason": 7}),
+        ("/v1/replays", {"request_id": "r", "force": 1}),
+        ("/v1/replays", {"request_id": 5}),
+        ("/v1/cache/key", {"endpoint": "/v1/completions", "request": {}, "fingerprint_id": 1}),
+        (
+            "/v1/cache/key",
+            {
+                "endpoint": "/v1/completions",
+                "request": {"prompt": "x"},
+                "fingerprint_id": "sha256:" + "0" * 64,
+                "prompt_token_ids": [True, 2],
+            },
+        ),
+        ("/v1/certifications", {"pool": "p", "prompts": True}),
+        ("/v1/certifications", {"pool": "p", "seed": 1.0}),
+        ("/v1/certifications", {"pool": "p", "concurrency": [1, True]}),
+    ],
+)
+def test_request_bodies_are_strict(api: Harness, path: str, payload: dict[str, Any]):
+    err = assert_error(api.client().post(path, json=payload), 422, "schema_violation")
+    assert err["details"]["errors"][0]["loc"][0] == "body"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"reason": "a", "reason": "b"}', b'{"reason": NaN}', b"[" * 100_000, b"\xff\xfe{}"],
+)
+def test_every_body_is_strict_json(api: Harness, raw: bytes):
+    resp = api.client().post("/v1/keys/ed25519:x/revoke", content=raw, headers=JSON)
+    assert_error(resp, 400, "invalid_json")
+
+
+def test_greedy_means_temperature_zero_not_false(api: Harness):
+    _, fp = api.setup_collector()
+    payload = {
+        "endpoint": "/v1/completions",
+        "request": {"prompt": "x", "temperature": False},
+        "fingerprint_id": fp,
+    }
+    assert_error(api.client().post("/v1/cache/key", json=payload), 422, "invalid_request")
+
+
+# ---- weak keys ----------------------------------------------------------------------------
+
+P = 2**255 - 19
+WEAK = [
+    bytes(32),
+    (1).to_bytes(32, "little"),
+    (P - 1).to_bytes(32, "little"),
+    (P + 1).to_bytes(32, "little"),
+    bytes.fromhex("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05"),
+    bytes.fromhex("c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"),
+    bytes(31) + b"\x80",  # all-zero y with the sign bit set
+]
+
+
+@pytest.mark.parametrize("raw", WEAK, ids=lambda raw: raw.hex()[:8] + raw.hex()[-2:])
+def test_small_order_keys_are_refused_at_registration(api: Harness, raw: bytes):
+    c = api.client()
+    for text in (
+        "ed25519:" + base64.b64encode(raw).decode(),
+        public_key_pem(Ed25519PublicKey.from_public_bytes(raw)),
+    ):
+        payload = {"name": "weak", "role": "collector", "public_key": text}
+        assert_error(c.post("/v1/keys", json=payload), 422, "weak_public_key")
+    encoded = base64.b64encode(raw).decode()
+    assert all(encoded not in k["public_key"] for k in c.get("/v1/keys").json()["items"])
+
+
+def test_a_key_text_that_is_no_key_is_422(api: Harness):
+    c = api.client()
+    for text in ("\ud800", "-----BEGIN PUBLIC KEY-----\ud800", "ed25519:" + "A" * 44):
+        body = json.dumps({"name": "k", "role": "collector", "public_key": text})
+        resp = c.post("/v1/keys", content=body.encode(), headers=JSON)
+        assert_error(resp, 422, "invalid_public_key")
