@@ -44,8 +44,13 @@ async def authenticate(
     return principal
 
 
+# Scopes that a broader one grants too (``admin`` grants every scope): a token that may read
+# records may read cache keys and hits, which are records.
+IMPLIED_BY = {"cache:read": ("records:read",)}
+
+
 def check_scope(principal: Principal, scope: str) -> Principal:
-    if not principal.allows(scope):
+    if not any(principal.allows(s) for s in (scope, *IMPLIED_BY.get(scope, ()))):
         raise PermissionDenied(
             f"this token lacks the {scope!r} scope (it has {list(principal.scopes)})",
             code="insufficient_scope",
@@ -66,6 +71,7 @@ def require(scope: str) -> Callable[..., object]:
 
 
 ReadRecords = Annotated[Principal, Depends(require("records:read"))]
+ReadCache = Annotated[Principal, Depends(require("cache:read"))]  # or records:read
 WriteRecords = Annotated[Principal, Depends(require("records:write"))]
 ReplayScope = Annotated[Principal, Depends(require("replay"))]
 Admin = Annotated[Principal, Depends(require("admin"))]

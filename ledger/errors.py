@@ -14,7 +14,9 @@ codes in one place (``api/errors.py``); the CLI prints ``message`` and exits non
     ├── Conflict              the request contradicts what the ledger already holds
     ├── Pushback              the ledger is overloaded; retry later
     ├── Unreachable           a service the caller needs (an engine) does not answer
-    └── StorageError          the database failed (translated from SQLAlchemy/psycopg)
+    ├── StorageError          the database failed (translated from SQLAlchemy/psycopg)
+    └── IndexMismatch         an index row disagrees with the log entry it points to (500:
+                              the database was edited; run ``ledger audit``)
 """
 
 from __future__ import annotations
@@ -92,3 +94,10 @@ class Unreachable(LedgerError):
 
 class StorageError(LedgerError):
     code = "storage_error"
+
+
+class IndexMismatch(LedgerError):
+    """An index row (records, cache keys, fingerprints) names a log entry that does not hold
+    what the row says: never answered, always reported (the HTTP layer answers 500)."""
+
+    code = "index_mismatch"

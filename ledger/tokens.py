@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ledger.errors import InvalidInput
 
-SCOPES = ("records:write", "records:read", "replay", "admin")
+SCOPES = ("records:write", "records:read", "cache:read", "replay", "admin")
 TOKEN_PREFIX = "lgr_"
 
 

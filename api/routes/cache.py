@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import ReadRecords
+from api.auth import ReadCache
 from api.body import body_doc, json_body
 from api.routes.records import render_record
 from api.schemas import ERRORS, CacheKeyRequest
@@ -21,10 +21,11 @@ router = APIRouter(prefix="/v1/cache", tags=["cache"], responses=ERRORS)
 @router.post(
     "/key",
     summary="The cache key of a request under a registered fingerprint",
+    description="Scope `cache:read` (or `records:read`).",
     openapi_extra=body_doc(CacheKeyRequest),
 )
 async def make_key(
-    _: ReadRecords,
+    _: ReadCache,
     payload: Annotated[CacheKeyRequest, json_body(CacheKeyRequest)],
     state: StateDep,
 ) -> dict[str, Any]:
@@ -42,9 +43,12 @@ async def make_key(
 @router.get(
     "/{key}",
     summary="The recorded output for a cache key",
-    description="Answers the earliest record under the key that is at tier >= 1 with "
-    "deterministic sampling (temperature 0 or a seed); 404 cache_miss otherwise.",
+    description="Answers the earliest record in log order under the key that, as logged, is "
+    "at tier >= 1 with deterministic sampling (temperature 0 or a seed) and not aborted; 404 "
+    "`cache_miss` otherwise. The record is re-derived from its envelope first (its keys "
+    "recomputed): an index row that disagrees with the log is 500 `index_mismatch`, never an "
+    "answer. Scope `cache:read` (or `records:read`).",
 )
-async def lookup(key: str, state: StateDep, _: ReadRecords) -> Response:
+async def lookup(key: str, state: StateDep, _: ReadCache) -> Response:
     hit = await run_in_threadpool(cache.lookup, state.db, key)
     return Response(render_record(hit.record, key=hit.key), media_type="application/json")

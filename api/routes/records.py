@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
@@ -82,7 +81,12 @@ def render_record(item: queries.StoredRecord, with_envelope: bool = True, **extr
     return meta[:-1] + b',"envelope":' + item.envelope + b"}"
 
 
-@router.get("/{request_id}", summary="One record and its signed envelope, by request ID")
+@router.get(
+    "/{request_id}",
+    summary="One record and its signed envelope, by request ID",
+    description="Every member is read from the logged envelope (the receive time from its log "
+    "entry); an index row that does not point at this record's entry is 500 `index_mismatch`.",
+)
 async def get_record(request_id: str, state: StateDep, _: ReadRecords) -> Response:
     item = await run_in_threadpool(queries.get_record, state.db, request_id)
     replays = await run_in_threadpool(verdicts.verdicts_of, state.db, request_id)
@@ -97,30 +101,26 @@ async def get_record(request_id: str, state: StateDep, _: ReadRecords) -> Respon
     "the collector and log public keys. Verify with `ledger verify BUNDLE --log-key FILE`.",
 )
 async def get_evidence(request_id: str, state: StateDep, _: ReadRecords) -> Response:
+    queries.check_request_id(request_id)
     bundle = await run_in_threadpool(
         proofs.evidence, state.db, state.log_key, state.origin, request_id
     )
     return Response(json.dumps(bundle).encode(), media_type="application/json")
 
 
-def _aware(value: datetime | None, name: str) -> datetime | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        raise InvalidInput(f"{name} must carry a time zone (e.g. Z)", code="invalid_time_range")
-    return value.astimezone(UTC)
-
-
 @router.get(
     "",
     summary="Search records (log order, cursor pagination)",
-    description="Filters combine with AND. `since`/`until` apply to the ledger's receive time.",
+    description="Filters combine with AND. `since`/`until` (RFC 3339 with a zone) apply to the "
+    "ledger's receive time. Every item is built from its logged envelope and kept only if, as "
+    "logged, it satisfies the filters: a page may hold fewer than `limit` items while "
+    "`next_cursor` is set; follow it until it is null.",
 )
 async def search_records(
     state: StateDep,
     _: ReadRecords,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Annotated[str | None, Query(json_schema_extra={"format": "date-time"})] = None,
+    until: Annotated[str | None, Query(json_schema_extra={"format": "date-time"})] = None,
     model: str | None = None,
     fingerprint_id: str | None = None,
     tier: Annotated[int | None, Query(ge=0, le=2)] = None,
@@ -130,8 +130,8 @@ async def search_records(
     fields: Literal["full", "meta"] = "full",
 ) -> Response:
     flt = queries.RecordFilter(
-        since=_aware(since, "since"),
-        until=_aware(until, "until"),
+        since=queries.parse_time(since, "since"),
+        until=queries.parse_time(until, "until"),
         model=model,
         fingerprint_id=fingerprint_id,
         tier=tier,

@@ -1,13 +1,21 @@
 """Cache-key index: every record is indexed under its ``ck1`` keys at ingest; lookups read it.
 
 A completions record with a text prompt gets two keys (the text, and the token IDs the engine
-saw), so a client may look it up either way. A lookup answers only records at tier >= 1 with
-deterministic sampling; the 404 says why when a record exists but does not qualify.
+saw), so a client may look it up either way.
+
+The index only finds candidates; what is served is re-derived from the log. A lookup reads
+the envelope each candidate row points to, recomputes that record's keys from the envelope's
+own request, endpoint and fingerprint (``keys_for``, exactly as ingest computed them) and
+raises ``IndexMismatch`` unless the key asked for is one of them (and the row's request ID is
+the envelope's): a mismatched row is an error, never an answer. Whether a record is reusable
+is decided from the envelope, not the index columns: tier >= 1, deterministic sampling
+(temperature 0 or a seed) and not ``aborted``. Of several reusable records under one key the
+earliest in log order (lowest log index) is the answer. The 404 ``cache_miss`` says why when
+records exist but none qualifies.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,15 +23,21 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger.cachekey import CHAT, cache_key, is_deterministic, record_keys
+from ledger.cachekey import CHAT, PREFIX, cache_key, is_deterministic, record_keys
+from ledger.canonical import sha256_digest
 from ledger.errors import InvalidInput, NotFound
+from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.packing import unpack_int32
 from ledger.signing import Envelope
-from ledger.storage import log
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database
-from ledger.storage.models import CacheKey, Fingerprint
-from ledger.storage.queries import StoredRecord, record_in
+from ledger.storage.models import CacheKey, Fingerprint, LogEntry
+from ledger.storage.queries import FINGERPRINT_ID, StoredRecord, from_log, logged_envelope, mismatch
+
+_KEY_HEX = frozenset("0123456789abcdef")
+# Candidate envelopes read per query while looking for the earliest reusable record, and how
+# many of the records the index marks as not reusable a miss reads to say why.
+_CHUNK = 16
 
 
 def chat_template_digest(fingerprint_body: dict[str, Any]) -> str | None:
@@ -33,12 +47,25 @@ def chat_template_digest(fingerprint_body: dict[str, Any]) -> str | None:
 
 
 def fingerprint_body(session: Session, fingerprint_id: str) -> dict[str, Any]:
-    row = session.get(Fingerprint, fingerprint_id)
+    """The body of a registered fingerprint, from its log entry; IndexMismatch unless that
+    entry's body really has this ID."""
+    if not FINGERPRINT_ID.fullmatch(fingerprint_id):
+        raise InvalidInput(
+            "fingerprint_id must be sha256: and 64 lowercase hex digits",
+            code="invalid_parameters",
+        )
+    row = session.execute(
+        select(Fingerprint.log_index, LogEntry.envelope)
+        .join(LogEntry, LogEntry.idx == Fingerprint.log_index)
+        .where(Fingerprint.fingerprint_id == fingerprint_id)
+    ).first()
     if row is None:
         raise NotFound(f"no fingerprint {fingerprint_id}", code="fingerprint_not_found")
-    data = log.read_envelope(session, row.log_index)
-    assert data is not None
-    body: dict[str, Any] = json.loads(data)["body"]
+    what = f"fingerprint {fingerprint_id}"
+    env, body_bytes = logged_envelope(bytes(row.envelope), row.log_index, FINGERPRINT_KIND)
+    if sha256_digest(body_bytes) != fingerprint_id:
+        raise mismatch(what, row.log_index, "the entry is another fingerprint")
+    body: dict[str, Any] = env["body"]
     return body
 
 
@@ -108,24 +135,106 @@ class CacheHit:
     record: StoredRecord
 
 
-def lookup(db: Database, key: str) -> CacheHit:
-    """The earliest qualifying record under ``key``; NotFound says why there is none."""
-    with db.read() as s:
-        rows = (
-            s.execute(
-                select(CacheKey).where(CacheKey.cache_key == key).order_by(CacheKey.log_index)
-            )
-            .scalars()
-            .all()
+def check_key(key: str) -> None:
+    if not (
+        key.startswith(PREFIX)
+        and len(key) == len(PREFIX) + 64
+        and set(key[len(PREFIX) :]) <= _KEY_HEX
+    ):
+        raise InvalidInput(
+            f"a cache key is {PREFIX} and 64 lowercase hex digits", code="invalid_parameters"
         )
-        for row in rows:
-            if row.tier >= 1 and row.deterministic:
-                return CacheHit(key, record_in(s, row.request_id))
+
+
+def unusable(record: StoredRecord) -> str | None:
+    """Why a record, as logged, is no cache answer (None: it is one)."""
+    if record.aborted:
+        return "aborted"
+    if record.tier < 1:
+        return "tier 0"
+    if not is_deterministic(record.body["request"]):
+        return "non-deterministic sampling"
+    return None
+
+
+class _Verifier:
+    """Re-derives from the log the records that cache-key rows point to (one transaction)."""
+
+    def __init__(self, session: Session, key: str) -> None:
+        self.session = session
+        self.key = key
+        self.templates: dict[str, str | None] = {}
+
+    def records(self, rows: Sequence[Any]) -> list[StoredRecord]:
+        """The records ``rows`` point to, in the rows' order, each checked against its row."""
+        if not rows:
+            return []
+        entries = {
+            e.idx: e
+            for e in self.session.execute(
+                select(LogEntry.idx, LogEntry.envelope, LogEntry.appended_at).where(
+                    LogEntry.idx.in_([r.log_index for r in rows])
+                )
+            )
+        }
+        return [self._checked(row, entries.get(row.log_index)) for row in rows]
+
+    def _checked(self, row: Any, entry: Any) -> StoredRecord:
+        what = f"cache key {self.key} of {row.request_id!r}"
+        if entry is None:
+            raise mismatch(what, row.log_index, "no such log entry")
+        record = from_log(entry.idx, entry.envelope, entry.appended_at)
+        if record.request_id != row.request_id:
+            raise mismatch(what, row.log_index, f"the entry is the record of {record.request_id!r}")
+        request = record.body.get("request")
+        if not isinstance(request, dict):
+            raise mismatch(what, row.log_index, "the record has no request")
+        fp = record.fingerprint_id
+        if record.endpoint == CHAT and fp not in self.templates:
+            self.templates[fp] = chat_template_digest(fingerprint_body(self.session, fp))
+        try:
+            keys = keys_for(record.body, self.templates.get(fp))
+        except (KeyError, TypeError, ValueError):
+            keys = []
+        if self.key not in keys:
+            raise mismatch(what, row.log_index, "the record's request has other keys")
+        if row.tier != record.tier or bool(row.deterministic) != is_deterministic(request):
+            raise mismatch(what, row.log_index, "its tier or determinism differs from the record")
+        return record
+
+
+def lookup(db: Database, key: str) -> CacheHit:
+    """The earliest reusable record under ``key``, re-derived from the log (module docstring).
+
+    Every row read is checked against the envelope it points to, its ``tier`` and
+    ``deterministic`` columns included; the rows those columns mark reusable are read first,
+    in log order, 16 envelopes per query, until one is reusable as logged (it is not when it
+    was ``aborted``). A miss reads up to 16 of the other rows to say why they do not qualify.
+    NotFound: no answer; IndexMismatch: the index disagrees with the log (never an answer).
+    """
+    check_key(key)
+    with db.read() as s:
+        rows = s.execute(
+            select(CacheKey.request_id, CacheKey.log_index, CacheKey.tier, CacheKey.deterministic)
+            .where(CacheKey.cache_key == key)
+            .order_by(CacheKey.log_index, CacheKey.request_id)
+        ).all()
+        verifier = _Verifier(s, key)
+        marked = [r for r in rows if r.tier >= 1 and r.deterministic]
+        reasons: set[str] = set()
+        for start in range(0, len(marked), _CHUNK):
+            for record in verifier.records(marked[start : start + _CHUNK]):
+                why = unusable(record)
+                if why is None:
+                    return CacheHit(key, record)
+                reasons.add(why)
+        others = [r for r in rows if not (r.tier >= 1 and r.deterministic)]
+        reasons.update(str(unusable(r)) for r in verifier.records(others[:_CHUNK]))
     if rows:
-        reasons = sorted({"tier 0" if r.tier < 1 else "non-deterministic sampling" for r in rows})
         raise NotFound(
-            f"{len(rows)} record(s) have this key, none reusable ({', '.join(reasons)}): a cache "
-            "answer needs tier >= 1 and temperature 0 or a seed",
+            f"{len(rows)} record(s) have this key, none reusable ({', '.join(sorted(reasons))}): "
+            "a cache answer needs tier >= 1, temperature 0 or a seed, and a record that was "
+            "not aborted",
             code="cache_miss",
             details={"records": len(rows)},
         )

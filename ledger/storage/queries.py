@@ -1,27 +1,54 @@
-"""Reading records back: by request ID, and searched with cursor pagination."""
+"""Reading records back: by request ID, and searched with cursor pagination.
+
+The ``records`` table is an index: it finds log entries, it never states a fact. Every member
+a read returns (request ID, model, pool, tier, worker, fingerprint, endpoint, aborted, signer,
+content hash) is taken from the logged envelope the row points to, and the receive time from
+that log entry. A search drops a row whose envelope does not satisfy the filters; a read by
+request ID whose log entry does not hold that record raises ``IndexMismatch``. So an edited
+index column can at most hide a record (``ledger audit`` reports the row), never misstate one.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import re
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger.errors import InvalidInput, NotFound
+from ledger.canonical import canonicalize, sha256_digest
+from ledger.errors import IndexMismatch, InvalidInput, LedgerError, NotFound
+from ledger.records import RECORD_KIND
 from ledger.storage.database import Database, as_utc
 from ledger.storage.models import LogEntry, Record
 
 MAX_PAGE = 1000
+# A page scans at most this many index rows beyond ``limit`` looking for rows to replace the
+# ones it dropped; past it the page ends early and ``next_cursor`` continues the scan.
+MAX_DROPPED = 1000
 _CURSOR_VALUE = re.compile(r"0|[1-9][0-9]{0,18}")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,200}")
+FINGERPRINT_ID = re.compile(r"sha256:[0-9a-f]{64}")
+NAME = re.compile(r"[A-Za-z0-9._\-]{1,100}")
+MAX_MODEL = 300
+_TIME = r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]{1,9}))?"
+_RFC3339 = re.compile(_TIME + r"([Zz]|[+-][0-9]{2}:[0-9]{2})")
+_RFC3339_LOCAL = re.compile(_TIME)
+
+logger = logging.getLogger("ledger.storage")
 
 
 @dataclass(frozen=True)
 class StoredRecord:
+    """A record as its log entry holds it: every member from the envelope, the time from the
+    entry. Built only by ``from_log``."""
+
     request_id: str
     log_index: int
     content_hash: str
@@ -32,8 +59,10 @@ class StoredRecord:
     pool: str
     worker_id: str
     endpoint: str
+    aborted: bool
     received_at: datetime
     envelope: bytes  # canonical envelope bytes, exactly as logged
+    body: dict[str, Any] = field(repr=False, compare=False)  # the envelope's body, parsed
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -47,8 +76,121 @@ class StoredRecord:
             "pool": self.pool,
             "worker_id": self.worker_id,
             "endpoint": self.endpoint,
+            "aborted": self.aborted,
             "received_at": self.received_at.isoformat(),
         }
+
+
+def mismatch(what: str, log_index: int, problem: str, **details: Any) -> IndexMismatch:
+    """The error for an index row that does not agree with its log entry (logged too)."""
+    logger.warning("index mismatch: %s -> log entry %d: %s", what, log_index, problem)
+    return IndexMismatch(
+        f"the index row for {what} does not agree with log entry {log_index} ({problem}): "
+        "the database was edited; run `ledger audit` to find every such row",
+        details={"log_index": log_index, **details},
+    )
+
+
+def logged_envelope(data: bytes, log_index: int, kind: str) -> tuple[dict[str, Any], bytes]:
+    """Parse a logged envelope of ``kind``: (envelope, canonical body bytes).
+
+    The body bytes are cut out of the logged bytes (JCS puts ``body`` first and nests its
+    canonical form, as ``ledger.signing.Envelope`` assembles it), so the content hash costs one
+    SHA-256 and no re-encoding. Raises IndexMismatch when the entry holds no such envelope."""
+    try:
+        env = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise mismatch(kind, log_index, "the entry is not JSON") from None
+    if not isinstance(env, dict) or env.get("kind") != kind:
+        got = env.get("kind") if isinstance(env, dict) else None
+        raise mismatch(kind, log_index, f"the entry holds a {got!r} envelope")
+    body, signature = env.get("body"), env.get("signature")
+    if not isinstance(body, dict) or not isinstance(signature, dict) or len(env) != 3:
+        raise mismatch(kind, log_index, "the entry is not a signed envelope")
+    try:
+        tail = b',"kind":' + canonicalize(kind) + b',"signature":' + canonicalize(signature) + b"}"
+        if data.startswith(b'{"body":') and data.endswith(tail):
+            return env, data[8 : len(data) - len(tail)]
+        return env, canonicalize(body)
+    except LedgerError:
+        raise mismatch(kind, log_index, "the entry is not canonical JSON") from None
+
+
+_STRINGS = ("request_id", "fingerprint_id", "model", "pool", "worker_id", "endpoint")
+
+
+def from_log(log_index: int, data: bytes, appended_at: datetime) -> StoredRecord:
+    """The record log entry ``log_index`` holds; IndexMismatch if it holds none."""
+    data = bytes(data)
+    env, body_bytes = logged_envelope(data, log_index, RECORD_KIND)
+    body = env["body"]
+    key_id = env["signature"].get("key_id")
+    tier = body.get("tier")
+    aborted = body.get("aborted", False)
+    if (
+        not all(isinstance(body.get(name), str) for name in _STRINGS)
+        or not isinstance(key_id, str)
+        or not isinstance(tier, int)
+        or isinstance(tier, bool)
+        or not isinstance(aborted, bool)
+    ):
+        raise mismatch("a record", log_index, "the envelope is not a valid record")
+    return StoredRecord(
+        request_id=body["request_id"],
+        log_index=log_index,
+        content_hash=sha256_digest(body_bytes),
+        fingerprint_id=body["fingerprint_id"],
+        key_id=key_id,
+        model=body["model"],
+        tier=tier,
+        pool=body["pool"],
+        worker_id=body["worker_id"],
+        endpoint=body["endpoint"],
+        aborted=aborted,
+        received_at=as_utc(appended_at),
+        envelope=data,
+        body=body,
+    )
+
+
+# Columns, not the ORM entity: a record read is on the path of every lookup and evidence bundle,
+# and loading an entity costs more than the query's round trip.
+_ENTRY = (LogEntry.idx, LogEntry.envelope, LogEntry.appended_at)
+
+
+def check_request_id(request_id: str) -> None:
+    if not REQUEST_ID.fullmatch(request_id):
+        raise InvalidInput(
+            "a request ID is 1-200 characters of A-Z a-z 0-9 . _ : -", code="invalid_parameters"
+        )
+
+
+def get_record(db: Database, request_id: str) -> StoredRecord:
+    check_request_id(request_id)
+    with db.read() as s:
+        return record_in(s, request_id)
+
+
+def record_in(session: Session, request_id: str) -> StoredRecord:
+    found = session.execute(
+        select(*_ENTRY)
+        .join_from(Record, LogEntry, LogEntry.idx == Record.log_index)
+        .where(Record.request_id == request_id)
+    ).first()
+    if found is None:
+        raise not_found(request_id)
+    record = from_log(found.idx, found.envelope, found.appended_at)
+    if record.request_id != request_id:
+        raise mismatch(
+            f"request ID {request_id!r}",
+            found.idx,
+            f"the entry is the record of {record.request_id!r}",
+        )
+    return record
+
+
+def not_found(request_id: str) -> NotFound:
+    return NotFound(f"no record with request ID {request_id!r}", code="record_not_found")
 
 
 @dataclass(frozen=True)
@@ -60,53 +202,73 @@ class RecordFilter:
     tier: int | None = None
     pool: str | None = None
 
+    def check(self) -> None:
+        """Refuse a filter no record could satisfy because it is malformed (422)."""
+        for name, value in (("since", self.since), ("until", self.until)):
+            if value is not None and value.tzinfo is None:
+                raise InvalidInput(
+                    f"{name} must carry a time zone (e.g. Z)", code="invalid_time_range"
+                )
+        if self.since and self.until and self.since >= self.until:
+            raise InvalidInput("since must be earlier than until", code="invalid_time_range")
+        if self.model is not None and (
+            not 1 <= len(self.model) <= MAX_MODEL or "\x00" in self.model
+        ):
+            raise _bad(f"model must be 1-{MAX_MODEL} characters, without NUL")
+        if self.fingerprint_id is not None and not FINGERPRINT_ID.fullmatch(self.fingerprint_id):
+            raise _bad("fingerprint_id must be sha256: and 64 lowercase hex digits")
+        if self.pool is not None and not NAME.fullmatch(self.pool):
+            raise _bad("pool must be 1-100 characters of A-Z a-z 0-9 . _ -")
+        if self.tier is not None and (isinstance(self.tier, bool) or self.tier not in (0, 1, 2)):
+            raise _bad("tier must be 0, 1 or 2")
+
+    def matches(self, record: StoredRecord) -> bool:
+        """Whether the record, as logged, satisfies every given filter."""
+        return (
+            (self.since is None or record.received_at >= self.since)
+            and (self.until is None or record.received_at < self.until)
+            and (self.model is None or record.model == self.model)
+            and (self.fingerprint_id is None or record.fingerprint_id == self.fingerprint_id)
+            and (self.tier is None or record.tier == self.tier)
+            and (self.pool is None or record.pool == self.pool)
+        )
+
+
+def parse_time(text: str | None, name: str) -> datetime | None:
+    """An RFC 3339 date-time with its zone offset (``Z`` or ±hh:mm), as aware UTC. Anything
+    else (junk, no zone, a date alone, a time outside years 1-9999 once in UTC) is InvalidInput
+    ``invalid_time_range``, never a crash. Digits beyond microseconds are dropped."""
+    if text is None:
+        return None
+    m = _RFC3339.fullmatch(text)
+    if m is None:
+        if _RFC3339_LOCAL.fullmatch(text):
+            raise InvalidInput(f"{name} must carry a time zone (e.g. Z)", code="invalid_time_range")
+        raise InvalidInput(
+            f"{name} must be an RFC 3339 time such as 2026-12-01T09:00:00Z",
+            code="invalid_time_range",
+        )
+    date, clock, fraction, zone = m.groups()
+    micros = (fraction or "")[:6].ljust(6, "0")
+    zone = "+00:00" if zone in ("Z", "z") else zone
+    try:
+        return datetime.fromisoformat(f"{date}T{clock}.{micros}{zone}").astimezone(UTC)
+    except ValueError:  # month 13, hour 25, offset +25:00
+        raise InvalidInput(f"{name} is not a valid time", code="invalid_time_range") from None
+    except OverflowError:  # 0001-01-01T00:00:00+00:01 is before year 1 in UTC
+        raise InvalidInput(
+            f"{name} is outside the years 1-9999 once converted to UTC", code="invalid_time_range"
+        ) from None
+
+
+def _bad(message: str) -> InvalidInput:
+    return InvalidInput(message, code="invalid_parameters")
+
 
 @dataclass(frozen=True)
 class Page:
     items: list[StoredRecord]
     next_cursor: str | None
-
-
-# Columns, not the ORM entity: a record read is on the path of every lookup and evidence bundle,
-# and loading an entity costs more than the query's round trip.
-_COLUMNS = (*Record.__table__.columns, LogEntry.envelope)
-
-
-def _stored(row: Any) -> StoredRecord:
-    return StoredRecord(
-        request_id=row.request_id,
-        log_index=row.log_index,
-        content_hash=row.content_hash,
-        fingerprint_id=row.fingerprint_id,
-        key_id=row.key_id,
-        model=row.model,
-        tier=row.tier,
-        pool=row.pool,
-        worker_id=row.worker_id,
-        endpoint=row.endpoint,
-        received_at=as_utc(row.received_at),
-        envelope=row.envelope,
-    )
-
-
-def get_record(db: Database, request_id: str) -> StoredRecord:
-    with db.read() as s:
-        return record_in(s, request_id)
-
-
-def record_in(session: Session, request_id: str) -> StoredRecord:
-    found = session.execute(
-        select(*_COLUMNS)
-        .join_from(Record, LogEntry, LogEntry.idx == Record.log_index)
-        .where(Record.request_id == request_id)
-    ).first()
-    if found is None:
-        raise not_found(request_id)
-    return _stored(found)
-
-
-def not_found(request_id: str) -> NotFound:
-    return NotFound(f"no record with request ID {request_id!r}", code="record_not_found")
 
 
 def encode_cursor(log_index: int) -> str:
@@ -115,6 +277,8 @@ def encode_cursor(log_index: int) -> str:
 
 def decode_cursor(cursor: str) -> int:
     try:
+        if len(cursor) > 64:
+            raise ValueError("too long")
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         version, _, value = text.partition(":")
         if version != "v1" or not _CURSOR_VALUE.fullmatch(value) or int(value) >= 2**63:
@@ -127,14 +291,18 @@ def decode_cursor(cursor: str) -> int:
 def search_records(
     db: Database, flt: RecordFilter, *, limit: int = 100, cursor: str | None = None
 ) -> Page:
-    """Records in log order matching every given filter; ``next_cursor`` continues the scan."""
-    if not 1 <= limit <= MAX_PAGE:
+    """Records in log order matching every given filter; ``next_cursor`` continues the scan.
+
+    The index columns select candidate rows; each is then built from its log entry and kept
+    only if it, as logged, satisfies the filters. A dropped row's place is filled from the
+    rows after it, up to ``MAX_DROPPED`` scanned beyond the page; so a page may be short (even
+    empty) with a ``next_cursor``: follow it until it is null. The cursor is the log index of
+    the last row scanned."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise InvalidInput(f"limit must be 1..{MAX_PAGE}", code="invalid_limit")
-    if flt.since and flt.until and flt.since >= flt.until:
-        raise InvalidInput("since must be earlier than until", code="invalid_time_range")
-    q = select(*_COLUMNS).join_from(Record, LogEntry, LogEntry.idx == Record.log_index)
-    if cursor is not None:
-        q = q.where(Record.log_index > decode_cursor(cursor))
+    flt.check()
+    after = decode_cursor(cursor) if cursor is not None else None
+    q = select(*_ENTRY).join_from(Record, LogEntry, LogEntry.idx == Record.log_index)
     if flt.since is not None:
         q = q.where(Record.received_at >= flt.since)
     if flt.until is not None:
@@ -147,9 +315,27 @@ def search_records(
         q = q.where(Record.tier == flt.tier)
     if flt.pool is not None:
         q = q.where(Record.pool == flt.pool)
-    q = q.order_by(Record.log_index).limit(limit + 1)
+    q = q.order_by(Record.log_index)
+    items: list[StoredRecord] = []
+    dropped = 0
     with db.read() as s:
-        rows = s.execute(q).all()
-    items = [_stored(r) for r in rows[:limit]]
-    more = len(rows) > limit
-    return Page(items, encode_cursor(items[-1].log_index) if more and items else None)
+        while True:
+            want = limit - len(items)
+            page_q = q if after is None else q.where(Record.log_index > after)
+            rows = s.execute(page_q.limit(want + 1)).all()
+            for row in rows[:want]:
+                if row.idx == after:  # two index rows on one entry: serve it once
+                    continue
+                after = row.idx
+                try:
+                    record = from_log(row.idx, row.envelope, row.appended_at)
+                except IndexMismatch:
+                    record = None
+                if record is not None and flt.matches(record):
+                    items.append(record)
+                else:
+                    dropped += 1
+            more = len(rows) > want
+            if not more or len(items) == limit or dropped > MAX_DROPPED:
+                break
+    return Page(items, encode_cursor(after) if more and after is not None else None)
