@@ -1,10 +1,21 @@
 """C2SP ``tlog-checkpoint`` signed notes (pure).
 
 A checkpoint body is three lines: the log's origin, the tree size in decimal, and the
-base64 root hash. It is wrapped in a C2SP ``signed-note``: the body, a blank line, and one
-signature line per signer, ``— <key name> <base64(4-byte key hash || signature)>``, where for
-Ed25519 the key hash is the first four bytes of SHA-256(key name || "\\n" || 0x01 || public key)
-and the signature covers the body text (every line, each ending in a newline).
+base64 root hash, then optional extension lines (C2SP: opaque, non-empty). It is wrapped in a
+C2SP ``signed-note``: the body, a blank line, and one signature line per signer,
+``— <key name> <base64(4-byte key hash || signature)>``, where for Ed25519 the key hash is the
+first four bytes of SHA-256(key name || "\\n" || 0x01 || public key) and the signature covers
+the body text (every line, extension lines included, each ending in a newline).
+
+The ledger writes one extension line, the time it signed the checkpoint::
+
+    Timestamp: <Unix time in nanoseconds, ASCII decimal>
+
+(the form Rekor's checkpoints use). It is signed with the rest, so a checkpoint commits to
+its tree *and* to a time: every leaf it covers was appended no later than that, every leaf
+after it no earlier (``ledger audit`` checks both). Notes without the line (signed before it
+existed) still parse and verify, with ``signed_at`` ``None``: they bound no time. Other
+extension lines are kept, in order, in ``extensions`` and otherwise ignored.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import binascii
 import hashlib
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -23,6 +35,8 @@ from ledger.signing import SigningKey, public_key_raw, verify_signature
 SIG_PREFIX = "\u2014 "  # em dash, space
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
 ED25519_TYPE = b"\x01"
+TIMESTAMP_PREFIX = "Timestamp: "
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def note_key_hash(name: str, public_key: Ed25519PublicKey) -> bytes:
@@ -36,15 +50,40 @@ def verifier_key(name: str, public_key: Ed25519PublicKey) -> str:
     return f"{name}+{note_key_hash(name, public_key).hex()}+{raw}"
 
 
+def timestamp_line(at: datetime) -> str:
+    """The ``Timestamp:`` extension line for an aware time (microsecond precision)."""
+    if at.tzinfo is None:
+        raise InvalidInput("a checkpoint time must carry a time zone", code="invalid_time")
+    micros = (at - _EPOCH) // timedelta(microseconds=1)
+    if micros < 0:
+        raise InvalidInput("a checkpoint time must be after 1970", code="invalid_time")
+    return f"{TIMESTAMP_PREFIX}{micros * 1000}"
+
+
+def _parse_timestamp(text: str) -> datetime:
+    if not _DECIMAL.fullmatch(text) or len(text) > 19:
+        raise _fail(f"checkpoint timestamp {text[:40]!r} is not a decimal number of nanoseconds")
+    return _EPOCH + timedelta(microseconds=int(text) // 1000)
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     origin: str
     tree_size: int
     root_hash: bytes
+    # when the log signed it (the ``Timestamp:`` extension line); None in notes without one
+    signed_at: datetime | None = None
+    extensions: tuple[str, ...] = ()  # any other extension lines, as signed
 
     def body(self) -> str:
+        """The note text to sign: the three C2SP lines, the timestamp line (when
+        ``signed_at`` is set), then the other extension lines."""
         root = base64.b64encode(self.root_hash).decode()
-        return f"{self.origin}\n{self.tree_size}\n{root}\n"
+        lines = [self.origin, str(self.tree_size), root]
+        if self.signed_at is not None:
+            lines.append(timestamp_line(self.signed_at))
+        lines.extend(self.extensions)
+        return "\n".join(lines) + "\n"
 
 
 def sign_checkpoint(cp: Checkpoint, key: SigningKey, name: str | None = None) -> str:
@@ -53,6 +92,10 @@ def sign_checkpoint(cp: Checkpoint, key: SigningKey, name: str | None = None) ->
         raise InvalidInput(
             f"checkpoint origin {cp.origin!r} must be one token without spaces or '+'",
             code="invalid_origin",
+        )
+    if any(not line or "\n" in line for line in cp.extensions):
+        raise InvalidInput(
+            "checkpoint extension lines must be non-empty single lines", code="invalid_checkpoint"
         )
     name = name or cp.origin
     body = cp.body()
@@ -82,6 +125,17 @@ def parse_checkpoint(note: str) -> tuple[Checkpoint, list[tuple[str, bytes]]]:
         raise _fail("checkpoint root hash is not base64") from exc
     if len(root) != 32:
         raise _fail("checkpoint root hash is not 32 bytes")
+    signed_at: datetime | None = None
+    extensions: list[str] = []
+    for line in lines[3:]:
+        if not line:
+            raise _fail("checkpoint extension lines must be non-empty")
+        if line.startswith(TIMESTAMP_PREFIX):
+            if signed_at is not None:
+                raise _fail("checkpoint carries two timestamp lines")
+            signed_at = _parse_timestamp(line[len(TIMESTAMP_PREFIX) :])
+        else:
+            extensions.append(line)
     signatures = []
     for line in sigs.rstrip("\n").split("\n"):
         if not line.startswith(SIG_PREFIX):
@@ -92,7 +146,8 @@ def parse_checkpoint(note: str) -> tuple[Checkpoint, list[tuple[str, bytes]]]:
         except (binascii.Error, ValueError) as exc:
             raise _fail("signature line is not base64") from exc
         signatures.append((name, raw))
-    return Checkpoint(origin, int(size_text), root), signatures
+    checkpoint = Checkpoint(origin, int(size_text), root, signed_at, tuple(extensions))
+    return checkpoint, signatures
 
 
 def verify_checkpoint(

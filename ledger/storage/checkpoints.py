@@ -1,4 +1,8 @@
-"""Signed checkpoints in storage: sign the current tree head, read the latest or a covering one."""
+"""Signed checkpoints in storage: sign the current tree head, read the latest or a covering one.
+
+Each note carries the time it was signed (``ledger.checkpoint``'s ``Timestamp:`` line), the
+same instant as the row's ``signed_at``; ``ledger audit`` checks that the two agree.
+"""
 
 from __future__ import annotations
 
@@ -56,8 +60,10 @@ def sign_if_new(db: Database, log_key: SigningKey, origin: str) -> StoredCheckpo
         if size == 0 or (last is not None and last.tree_size >= size):
             return last
         root = tree.root(s, size)
-        note = sign_checkpoint(Checkpoint(origin, size, root), log_key)
+        # Taken under the append lock, after every leaf of the tree was appended: the note's
+        # signed time is no earlier than any of theirs, and no later than any leaf after it.
         at = utcnow()
+        note = sign_checkpoint(Checkpoint(origin, size, root, signed_at=at), log_key)
         s.execute(
             insert(CheckpointRow),
             [{"tree_size": size, "root_hash": root, "note": note, "signed_at": at}],

@@ -262,12 +262,13 @@ def delete_tail(lg: Ledger) -> int:
     nodes = list(merkle.append_leaves(idx, [b"\0" * 32], frontier_of(lg, idx)))
     lg.sql(
         [
+            ("DELETE FROM cache_keys WHERE log_index = %s", (idx,)),
             ("DELETE FROM records WHERE log_index = %s", (idx,)),
             ("DELETE FROM log_entries WHERE idx = %s", (idx,)),
             ("DELETE FROM checkpoints WHERE tree_size = %s", (latest,)),
         ]
         + [("DELETE FROM merkle_nodes WHERE level = %s AND idx = %s", n) for n in nodes],
-        ("records", "log_entries", "checkpoints", "merkle_nodes"),
+        ("cache_keys", "records", "log_entries", "checkpoints", "merkle_nodes"),
     )
     return idx
 
@@ -275,8 +276,13 @@ def delete_tail(lg: Ledger) -> int:
 def test_a_deleted_tail_is_caught_by_a_checkpoint_seen_before(ledger: Ledger, tmp_path):
     kept = ledger.evidence(ledger.records[-1][0])  # what an auditor kept from earlier
     idx = delete_tail(ledger)
-    alone = audit(ledger.db, ledger.log_key.public_key)
-    assert alone.ok  # indistinguishable from a log that never had the leaf, by design
+    # Within the checkpoint interval, indistinguishable from a log that never had the leaf
+    # (the leaves before it are not yet due a checkpoint) ...
+    alone = audit(ledger.db, ledger.log_key.public_key, checkpoint_interval=3600)
+    assert alone.ok, [f.to_dict() for f in alone.findings]
+    # ... and once it has passed, the leaves the deleted checkpoint covered are uncovered.
+    late = audit(ledger.db, ledger.log_key.public_key, checkpoint_interval=0, clock_tolerance=0)
+    assert [(f.check, f.index) for f in late.findings] == [("coverage", idx - 2)]
     report = audit(ledger.db, ledger.log_key.public_key, trusted_checkpoints=[kept["checkpoint"]])
     assert not report.ok and report.first_bad_index == idx
     assert report.findings[0].check == "trusted_checkpoint"

@@ -1,5 +1,6 @@
 import base64
 import hashlib
+from datetime import UTC, datetime
 
 import pytest
 
@@ -85,3 +86,65 @@ def test_origin_with_spaces_is_refused():
 
     with pytest.raises(InvalidInput):
         sign_checkpoint(Checkpoint("has space", 1, CP.root_hash), KEY)
+
+
+# -- the signed time (a C2SP extension line) --------------------------------------------------
+
+AT = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC)
+TIMED = Checkpoint("example.com/ledger", 1234, CP.root_hash, signed_at=AT)
+
+
+def test_a_timestamp_is_an_extension_line_after_the_root_covered_by_the_signature():
+    note = sign_checkpoint(TIMED, KEY)
+    lines = note.split("\n")
+    assert lines[3] == "Timestamp: 1796117415123456000"  # Unix nanoseconds
+    assert lines[4] == ""
+    blob = base64.b64decode(lines[5].rsplit(" ", 1)[1])
+    KEY.public_key.verify(blob[4:], "\n".join(lines[:4]).encode() + b"\n")
+    assert verify_checkpoint(note, KEY.public_key) == TIMED
+    assert parse_checkpoint(note)[0].signed_at == AT
+
+
+def test_the_timestamp_cannot_be_changed_without_the_key():
+    note = sign_checkpoint(TIMED, KEY)
+    with pytest.raises(VerificationError):
+        verify_checkpoint(note.replace("415123456000", "415123457000"), KEY.public_key)
+    with pytest.raises(VerificationError):  # nor dropped
+        verify_checkpoint(note.replace("Timestamp: 1796117415123456000\n", ""), KEY.public_key)
+
+
+def test_a_note_without_a_timestamp_still_verifies_and_bounds_no_time():
+    old = sign_checkpoint(CP, KEY)
+    assert "Timestamp" not in old
+    cp = verify_checkpoint(old, KEY.public_key)
+    assert cp.signed_at is None and cp.extensions == ()
+
+
+def test_other_extension_lines_are_kept_and_signed():
+    cp = Checkpoint("example.com/ledger", 7, CP.root_hash, AT, ("witness/v1 abc", "x"))
+    note = sign_checkpoint(cp, KEY)
+    assert verify_checkpoint(note, KEY.public_key) == cp
+    with pytest.raises(VerificationError):
+        verify_checkpoint(note.replace("witness/v1 abc", "witness/v1 abd"), KEY.public_key)
+
+
+@pytest.mark.parametrize("value", ["", "-1", "01", "1.5", "12 ", "\u0663", "1" * 20])
+def test_malformed_timestamps_are_refused(value):
+    note = sign_checkpoint(TIMED, KEY).replace("1796117415123456000", value, 1)
+    with pytest.raises(VerificationError):
+        parse_checkpoint(note)
+
+
+def test_two_timestamps_are_refused():
+    note = sign_checkpoint(TIMED, KEY)
+    doubled = note.replace("Timestamp: ", "Timestamp: 1\nTimestamp: ", 1)
+    with pytest.raises(VerificationError):
+        parse_checkpoint(doubled)
+
+
+def test_a_naive_or_early_time_cannot_be_signed():
+    from ledger.errors import InvalidInput
+
+    for at in (datetime(2026, 1, 1), datetime(1969, 12, 31, tzinfo=UTC)):
+        with pytest.raises(InvalidInput):
+            sign_checkpoint(Checkpoint("o", 1, CP.root_hash, at), KEY)

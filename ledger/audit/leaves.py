@@ -1,0 +1,306 @@
+"""Per-leaf checks: envelope form, signer, and every index row the leaf implies.
+
+:func:`check_batch` is a pure function of what it is given (the registry and fingerprints
+known so far, a run of leaves, the stored index rows that point into that run), so the audit
+runs it in its own process or in worker processes and gets the same findings either way.
+For each leaf it checks
+
+- ``canonical``: the stored bytes parse as an envelope and are its RFC 8785 form;
+- ``index`` (``log_entries.kind``): the stored kind is the envelope's;
+- ``signature``: a key event was checked in log order by the main process (one that was not
+  is outside the log's key sequence); anything else verifies under a key registered at an
+  earlier leaf, not revoked at an earlier leaf, whose role may sign that kind;
+- ``index``: the ``records``, ``cache_keys``, ``fingerprints``, ``replays`` and
+  ``certificates`` rows that name the leaf are exactly those ingest would have written for
+  it (``ledger.audit.derive``), column by column: a missing row, an extra one, a row pointing
+  at a leaf of another kind or at no leaf at all, a cache key row naming another record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ledger.audit import derive
+from ledger.audit.registry import KEY_EVENTS, KeyEntry, signer_finding
+from ledger.audit.report import Finding
+from ledger.audit.rows import (
+    CacheKeyRow,
+    CertificateRow,
+    FingerprintRow,
+    LeafChunk,
+    Micros,
+    RecordRow,
+    ReplayRow,
+    as_time,
+)
+from ledger.errors import LedgerError
+from ledger.fingerprint import FINGERPRINT_KIND
+from ledger.records import RECORD_KIND
+from ledger.replay import VERDICT_KIND
+from ledger.signing import Envelope, VerifyingKey
+
+# The streamed index tables, and the leaf kind whose rows each holds.
+TABLES = {
+    "records": RECORD_KIND,
+    "cache_keys": RECORD_KIND,
+    "fingerprints": FINGERPRINT_KIND,
+    "replays": VERDICT_KIND,
+    "certificates": derive.CERTIFICATE_KIND,
+}
+_TIME_COLUMNS = frozenset({"received_at", "registered_at", "created_at", "revoked_at"})
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the main process has built, in log order, when it hands out a batch."""
+
+    keys: Mapping[str, KeyEntry]
+    # fingerprint ID -> (the leaf that first logged it, the chat template digest it names)
+    fingerprints: Mapping[str, tuple[int, str | None]]
+    sequenced: frozenset[int]  # key-event leaves the main process checked and applied
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A run of leaves and the stored rows of every streamed table whose ``log_index`` falls
+    in the run's span (from the end of the previous run to the last leaf of this one)."""
+
+    leaves: LeafChunk
+    records: Sequence[RecordRow] = ()
+    cache_keys: Sequence[CacheKeyRow] = ()
+    fingerprints: Sequence[FingerprintRow] = ()
+    replays: Sequence[ReplayRow] = ()
+    certificates: Sequence[CertificateRow] = ()
+
+    def tables(self) -> dict[str, Sequence[Any]]:
+        return {
+            "records": self.records,
+            "cache_keys": self.cache_keys,
+            "fingerprints": self.fingerprints,
+            "replays": self.replays,
+            "certificates": self.certificates,
+        }
+
+
+@dataclass
+class _Leaf:
+    """The findings of one batch, with the stored rows not yet matched to a leaf."""
+
+    known: Known
+    stored: dict[str, dict[int, list[Any]]]
+    found: list[Finding] = field(default_factory=list)
+    verifiers: dict[str, VerifyingKey] = field(default_factory=dict)
+
+    def find(
+        self,
+        check: str,
+        message: str,
+        idx: int | None,
+        table: str | None = None,
+        column: str | None = None,
+    ) -> None:
+        self.found.append(Finding(check, message, idx, table, column))
+
+    def take(self, table: str, idx: int) -> list[Any]:
+        return self.stored[table].pop(idx, [])
+
+
+def check_batch(known: Known, batch: Batch) -> list[Finding]:
+    """Every finding for the leaves of ``batch`` and the rows that point into it."""
+    stored: dict[str, dict[int, list[Any]]] = {}
+    for table, rows in batch.tables().items():
+        by_index: dict[int, list[Any]] = {}
+        for row in rows:
+            by_index.setdefault(row.log_index, []).append(row)
+        stored[table] = by_index
+    st = _Leaf(known, stored)
+    leaves = batch.leaves
+    kinds = leaves.kinds
+    for pos, idx in enumerate(leaves.indexes):
+        data = leaves.envelopes[pos]
+        try:
+            env = Envelope.from_dict(json.loads(data))
+        except (ValueError, LedgerError) as exc:
+            message = exc.message if isinstance(exc, LedgerError) else str(exc)
+            st.find("canonical", f"stored envelope is not a valid envelope: {message}", idx)
+            _unexpected(st, idx, "whose envelope cannot be read")
+            continue
+        if env.canonical != data:
+            st.find("canonical", "stored envelope bytes are not in canonical (RFC 8785) form", idx)
+        if kinds is not None and kinds[pos] != env.kind:
+            st.find(
+                "index",
+                f"log_entries.kind of leaf {idx} is {kinds[pos]!r}; its envelope is a {env.kind}",
+                idx,
+                "log_entries",
+                "kind",
+            )
+        if env.kind in KEY_EVENTS:
+            if idx not in known.sequenced:
+                st.find("signature", f"{env.kind} outside the log's key sequence", idx)
+        else:
+            finding = signer_finding(known.keys, env, idx, st.verifiers)
+            if finding is not None:
+                st.found.append(finding)
+        _index_rows(st, env, idx, leaves.appended_at[pos])
+    for table, by_index in stored.items():
+        for idx, rows in by_index.items():
+            for row in rows:
+                st.find(
+                    "index",
+                    f"{table} row {_ident(row)} names leaf {idx}, which is not in the log",
+                    idx,
+                    table,
+                    "log_index",
+                )
+    return st.found
+
+
+def _index_rows(st: _Leaf, env: Envelope, idx: int, at: Micros | None) -> None:
+    """Compare the rows that name leaf ``idx`` with the rows its envelope implies."""
+    kind = env.kind
+    try:
+        if kind == RECORD_KIND:
+            record = derive.record_row(env, idx, at)
+            logged = st.known.fingerprints.get(record.fingerprint_id)
+            if logged is None or logged[0] >= idx:
+                st.find(
+                    "index",
+                    f"record {record.request_id!r} names fingerprint {record.fingerprint_id}, "
+                    "which the log does not hold before it",
+                    idx,
+                    "records",
+                    "fingerprint_id",
+                )
+            template = logged[1] if logged is not None and logged[0] < idx else None
+            keys = derive.cache_key_rows(env, idx, template)
+            _compare_one(st, "records", record, st.take("records", idx), idx)
+            _compare_cache_keys(st, keys, st.take("cache_keys", idx), idx, record.request_id)
+        elif kind == FINGERPRINT_KIND:
+            row = derive.fingerprint_row(env, idx, at)
+            _compare_one(st, "fingerprints", row, st.take("fingerprints", idx), idx)
+        elif kind == VERDICT_KIND:
+            replay = derive.replay_row(env, idx, at)
+            _compare_one(st, "replays", replay, st.take("replays", idx), idx, env.body)
+        elif kind == derive.CERTIFICATE_KIND:
+            cert = derive.certificate_row(env, idx, at)
+            _compare_one(st, "certificates", cert, st.take("certificates", idx), idx)
+    except (KeyError, TypeError, ValueError, LedgerError) as exc:
+        message = exc.message if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
+        st.find("canonical", f"not a valid {kind} body ({message}): no index row follows", idx)
+        for table in TABLES:
+            if TABLES[table] == kind:
+                st.take(table, idx)
+    _unexpected(st, idx, f"which holds a {kind}")
+
+
+def _unexpected(st: _Leaf, idx: int, what: str) -> None:
+    """Rows still held for leaf ``idx`` after its own were taken: they belong to no leaf."""
+    for table in TABLES:
+        for row in st.take(table, idx):
+            st.find(
+                "index",
+                f"{table} row {_ident(row)} names leaf {idx}, {what}",
+                idx,
+                table,
+                "log_index",
+            )
+
+
+def _ident(row: Any) -> str:
+    return repr(row[0])
+
+
+def _shown(column: str, value: Any) -> str:
+    return as_time(value) if column in _TIME_COLUMNS else repr(value)
+
+
+def _compare_one(
+    st: _Leaf,
+    table: str,
+    want: NamedTuple,
+    held: list[Any],
+    idx: int,
+    body: dict[str, Any] | None = None,
+) -> None:
+    if not held:
+        st.find("index", f"{table} has no row for leaf {idx} ({_ident(want)})", idx, table)
+        return
+    got, *extra = held
+    for row in extra:
+        st.find("index", f"{table} holds a second row for leaf {idx}: {_ident(row)}", idx, table)
+    for column, expected, stored in zip(want._fields, want, got, strict=True):
+        if column == "extra":
+            continue
+        if stored != expected:
+            st.find(
+                "index",
+                f"{table}.{column} of leaf {idx} is {_shown(column, stored)}; the log says "
+                f"{_shown(column, expected)}",
+                idx,
+                table,
+                column,
+            )
+    if body is not None and isinstance(got, ReplayRow):
+        for column, stored in got.extra:
+            if column in body and body[column] != stored:
+                st.find(
+                    "index",
+                    f"{table}.{column} of leaf {idx} is {stored!r}; the log says {body[column]!r}",
+                    idx,
+                    table,
+                    column,
+                )
+
+
+def _compare_cache_keys(
+    st: _Leaf, want: list[CacheKeyRow], held: list[CacheKeyRow], idx: int, request_id: str
+) -> None:
+    expected = {row.cache_key: row for row in want}
+    stored: dict[str, CacheKeyRow] = {}
+    for row in held:
+        if row.cache_key in stored or row.cache_key not in expected:
+            st.find(
+                "index",
+                f"cache_keys row {row.cache_key} (request {row.request_id!r}) names leaf {idx}, "
+                f"but is not a key of its record {request_id!r}",
+                idx,
+                "cache_keys",
+                "cache_key",
+            )
+        else:
+            stored[row.cache_key] = row
+    for key, row in expected.items():
+        got = stored.get(key)
+        if got is None:
+            st.find(
+                "index",
+                f"cache_keys has no row for key {key} of leaf {idx} (request {request_id!r})",
+                idx,
+                "cache_keys",
+                "cache_key",
+            )
+            continue
+        if got.request_id != row.request_id:
+            st.find(
+                "index",
+                f"cache_keys row {key} of leaf {idx} is misdirected: it names request "
+                f"{got.request_id!r}, the leaf's record is {row.request_id!r}",
+                idx,
+                "cache_keys",
+                "request_id",
+            )
+        for column in ("tier", "deterministic"):
+            stored_value, expected_value = getattr(got, column), getattr(row, column)
+            if stored_value != expected_value:
+                st.find(
+                    "index",
+                    f"cache_keys.{column} of key {key} (leaf {idx}) is {stored_value!r}; the "
+                    f"log says {expected_value!r}",
+                    idx,
+                    "cache_keys",
+                    column,
+                )

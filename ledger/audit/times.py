@@ -1,0 +1,155 @@
+"""Receive times against the checkpoints around them, and leaves no checkpoint covers.
+
+A checkpoint note carries the time the log signed it (``ledger.checkpoint``), and the log
+signs it under the append lock after the leaves it covers were appended. So for every leaf
+
+    signed time of the last checkpoint that does not cover it - tolerance
+        <= its appended_at <=
+    signed time of the first checkpoint that covers it + tolerance
+
+(``time``), where only verified notes with a time count and the tolerance allows for clocks
+that differ between ledger hosts. A leaf that no verified checkpoint covers must be recent:
+the ledger signs a checkpoint every interval while the log grows, so a leaf appended more than
+the interval plus the tolerance before the audit began, and still uncovered, means the
+checkpoints that covered it were deleted or never signed (``coverage``, one finding naming the
+leaves); an uncovered leaf dated after the audit began is a ``time`` finding too.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ledger.audit.report import Finding
+from ledger.audit.rows import LeafChunk, Micros, as_time
+
+SECOND = 1_000_000  # Micros
+
+
+@dataclass(frozen=True)
+class TimeRules:
+    now: Micros  # when the audit began
+    tolerance: Micros  # clock difference allowed between hosts
+    interval: Micros  # the ledger's checkpoint interval
+
+    @property
+    def grace(self) -> Micros:
+        return self.interval + self.tolerance
+
+
+class TimeBounds:
+    """The bounds the verified checkpoints give, applied chunk by chunk."""
+
+    def __init__(self, timed: Iterable[tuple[int, Micros]], covered: int, rules: TimeRules):
+        earliest: dict[int, Micros] = {}
+        latest: dict[int, Micros] = {}
+        for size, at in timed:
+            earliest[size] = min(at, earliest.get(size, at))
+            latest[size] = max(at, latest.get(size, at))
+        self.sizes = sorted(earliest)
+        self.earliest = [earliest[s] for s in self.sizes]
+        self.latest = [latest[s] for s in self.sizes]
+        self.covered = covered  # leaves below this are covered by a verified checkpoint
+        self.rules = rules
+        self.stale: list[int] = []  # uncovered leaves older than the grace period: first, last
+        self.stale_count = 0
+
+    def check(self, chunk: LeafChunk) -> list[Finding]:
+        """Findings for the receive times of one chunk (sorted indexes)."""
+        found: list[Finding] = []
+        indexes: Sequence[int] = chunk.indexes
+        held = chunk.appended_at
+        if None in held:
+            for idx, maybe in zip(indexes, held, strict=True):
+                if maybe is None:
+                    found.append(_finding(idx, "log_entries.appended_at is not a time"))
+            keep = [i for i, maybe in enumerate(held) if maybe is not None]
+            indexes = [indexes[i] for i in keep]
+        times: list[Micros] = [at for at in held if at is not None]
+        count, tolerance = len(indexes), self.rules.tolerance
+        pos = 0
+        while pos < count:
+            j = bisect_right(self.sizes, indexes[pos])  # sizes[j - 1] <= leaf < sizes[j]
+            end = bisect_left(indexes, self.sizes[j], pos) if j < len(self.sizes) else count
+            segment = times[pos:end]
+            low = self.latest[j - 1] - tolerance if j else None
+            high = self.earliest[j] + tolerance if j < len(self.sizes) else None
+            if (low is not None and min(segment) < low) or (
+                high is not None and max(segment) > high
+            ):
+                for idx, at in zip(indexes[pos:end], segment, strict=True):
+                    if low is not None and at < low:
+                        found.append(
+                            _finding(
+                                idx,
+                                f"appended at {as_time(at)}, before the checkpoint of size "
+                                f"{self.sizes[j - 1]}, which does not cover it, was signed "
+                                f"({as_time(self.latest[j - 1])})",
+                            )
+                        )
+                    elif high is not None and at > high:
+                        found.append(
+                            _finding(
+                                idx,
+                                f"appended at {as_time(at)}, after the checkpoint of size "
+                                f"{self.sizes[j]}, which covers it, was signed "
+                                f"({as_time(self.earliest[j])})",
+                            )
+                        )
+            pos = end
+        self._uncovered(indexes, times, found)
+        return found
+
+    def _uncovered(
+        self, indexes: Sequence[int], times: Sequence[int], found: list[Finding]
+    ) -> None:
+        start = bisect_left(indexes, self.covered)
+        if start == len(indexes):
+            return
+        segment = times[start:]
+        stale_before = self.rules.now - self.rules.grace
+        future_after = self.rules.now + self.rules.tolerance
+        if min(segment) < stale_before:
+            for idx, at in zip(indexes[start:], segment, strict=True):
+                if at < stale_before:
+                    if not self.stale:
+                        self.stale = [idx, idx]
+                    self.stale[1] = idx
+                    self.stale_count += 1
+        if max(segment) > future_after:
+            for idx, at in zip(indexes[start:], segment, strict=True):
+                if at > future_after:
+                    found.append(
+                        _finding(
+                            idx,
+                            f"appended at {as_time(at)}, after the audit began "
+                            f"({as_time(self.rules.now)}); no checkpoint covers it",
+                        )
+                    )
+
+    def coverage(self) -> list[Finding]:
+        """The one ``coverage`` finding, if any leaf is stale and uncovered."""
+        if not self.stale_count:
+            return []
+        first, last = self.stale
+        grace = self.rules.grace / SECOND
+        which = (
+            f"leaves {first}..{last}"
+            if self.stale_count == last - first + 1
+            else f"{self.stale_count} leaves between {first} and {last}"
+        )
+        return [
+            Finding(
+                "coverage",
+                f"{which} are covered by no checkpoint, though appended more than {grace:g} s "
+                "before the audit began (the checkpoint interval plus the clock tolerance): "
+                "the checkpoints that covered them were deleted, or none was signed",
+                first,
+                "checkpoints",
+            )
+        ]
+
+
+def _finding(idx: int, message: str) -> Finding:
+    return Finding("time", message, idx, "log_entries", "appended_at")
