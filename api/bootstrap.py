@@ -1,6 +1,19 @@
 """First-start preparation: the ledger's own key and, on the embedded default, an admin token.
 
-Called by the CLI after migrations and before the app is built.
+Called by the CLI after migrations and before the app is built. Everything that can refuse
+the start is checked before anything is created, so a refused start leaves no file behind:
+
+1. production: an existing log key file must be private (``secretfile.check_private_file``:
+   mode 0600 or stricter, this user's, in a directory others cannot write), a new one's
+   directory must be safe; and an API token must already exist (none is written);
+2. a missing log key file for a log that already has leaves is refused (a new key would fork
+   the log's trust anchor);
+3. development with no token: the admin token is validated and staged (its file must not
+   exist yet) before the key is created.
+
+Then the key pair is written (0600/0644, atomic, exclusive), registered, and the admin token
+stored and its file published. Files this start created are removed again if a later step
+refuses.
 """
 
 from __future__ import annotations
@@ -10,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from api.settings import Settings
-from ledger.errors import InvalidInput
-from ledger.signing import SigningKey
-from ledger.storage import keystore, tokenstore
+from ledger import secretfile
+from ledger.errors import Conflict, InvalidInput
+from ledger.signing import SigningKey, public_key_pem
+from ledger.storage import keystore, log, tokenstore
 from ledger.storage.database import Database
+
+LOG_KEY_SETTING = "LEDGER_LOG_KEY_FILE"
 
 
 @dataclass(frozen=True)
@@ -22,36 +38,118 @@ class Bootstrapped:
     admin_token_file: Path | None  # set when this start wrote a new admin token
 
 
-def load_or_create_log_key(path: Path) -> SigningKey:
-    if path.exists():
-        return SigningKey.load(path)
-    key = SigningKey.generate()
+def _load_key(path: Path) -> SigningKey:
     try:
-        key.write(path, path.with_suffix(".pub.pem"))
-    except FileExistsError:  # another process won the race: use its key
         return SigningKey.load(path)
-    return key
+    except OSError as exc:
+        raise InvalidInput(
+            f"cannot read {LOG_KEY_SETTING}={path}: {exc.strerror or exc}",
+            code="log_key_unreadable",
+        ) from exc
 
 
-def write_secret(path: Path, secret: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secret + "\n")
+def _create_key(path: Path) -> tuple[SigningKey, list[secretfile.StagedSecret]]:
+    """A new key pair at ``path`` (and ``.pub.pem``); returns the published files for undo.
+    Another process that created the key first wins: its key is used."""
+    key = SigningKey.generate()
+    public = path.with_suffix(".pub.pem")
+    staged: list[secretfile.StagedSecret] = []
+    try:
+        staged.append(secretfile.stage_secret_file(path, key.private_pem()))
+        pem = public_key_pem(key.public_key)
+        staged.append(secretfile.stage_secret_file(public, pem, mode=secretfile.PUBLIC_MODE))
+        for item in staged:
+            item.publish()
+    except secretfile.SecretFileExists:
+        for item in staged:
+            item.discard()
+        if os.path.lexists(path) and not os.path.islink(path):
+            return _load_key(path), []  # lost a race to another process starting
+        raise
+    except BaseException:
+        for item in staged:
+            item.discard()
+        raise
+    return key, staged
+
+
+def load_or_create_log_key(path: Path) -> SigningKey:
+    if os.path.lexists(path):
+        return _load_key(path)
+    return _create_key(path)[0]
+
+
+def write_secret(path: Path, secret: str, *, overwrite: bool = False) -> None:
+    """A token file: mode 0600, atomic, never through a symlink (``ledger.secretfile``)."""
+    secretfile.write_secret_file(path, secret + "\n", overwrite=overwrite)
+
+
+def preflight(settings: Settings, db: Database) -> None:
+    """Refuse a start that production mode does not allow; creates nothing."""
+    if settings.environment != "production":
+        return
+    key_path = settings.resolved_log_key_file
+    if os.path.lexists(key_path):
+        secretfile.check_private_file(key_path, setting=LOG_KEY_SETTING)
+    else:
+        secretfile.check_private_location(key_path, setting=LOG_KEY_SETTING)
+    if tokenstore.count_tokens(db) == 0:
+        raise InvalidInput(
+            "no API tokens exist; create one with `ledger tokens create --scope admin`",
+            code="no_tokens",
+        )
 
 
 def bootstrap(settings: Settings, db: Database) -> Bootstrapped:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    log_key = load_or_create_log_key(settings.resolved_log_key_file)
-    keystore.ensure_log_key(db, log_key)
-    written = None
-    if tokenstore.count_tokens(db) == 0:
-        if settings.environment == "production":
+    preflight(settings, db)
+    key_path = settings.resolved_log_key_file
+    key_exists = os.path.lexists(key_path)
+    if not key_exists:
+        with db.read() as s:
+            leaves = log.log_size(s)
+        if leaves:
             raise InvalidInput(
-                "no API tokens exist; create one with `ledger tokens create --scope admin`",
-                code="no_tokens",
+                f"{LOG_KEY_SETTING}={key_path} does not exist, but this database's log already "
+                f"has {leaves} leaves signed by its log key; point {LOG_KEY_SETTING} at that key "
+                "(a new key would fork the log)",
+                code="log_key_missing",
             )
-        secret, _ = tokenstore.create_token(db, "bootstrap-admin", ["admin"])
-        written = settings.resolved_admin_token_file
-        write_secret(written, secret)
-    return Bootstrapped(log_key, written)
+    admin: tokenstore.NewToken | None = None
+    staged_admin: secretfile.StagedSecret | None = None
+    created: list[secretfile.StagedSecret] = []
+    if settings.environment != "production":
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        if tokenstore.count_tokens(db) == 0:
+            admin = tokenstore.prepare_token("bootstrap-admin", ["admin"])
+            path = settings.resolved_admin_token_file
+            try:
+                staged_admin = secretfile.stage_secret_file(path, admin.secret + "\n")
+            except secretfile.SecretFileExists as exc:
+                raise secretfile.SecretFileExists(
+                    f"{exc.message} (no API token exists in this database, so the file is "
+                    "stale: remove it, or set LEDGER_ADMIN_TOKEN_FILE elsewhere)",
+                    details=exc.details,
+                ) from exc
+    try:
+        if key_exists:
+            log_key = _load_key(key_path)
+        else:
+            log_key, created = _create_key(key_path)
+        try:
+            keystore.ensure_log_key(db, log_key)
+        except Conflict:
+            for item in created:  # this start's new key is not the log's: leave nothing behind
+                item.discard()
+            raise
+        if admin is not None and staged_admin is not None:
+            tokenstore.store_token(db, admin)
+            try:
+                staged_admin.publish()
+            except BaseException:
+                tokenstore.delete_token(db, admin.info.token_id)
+                raise
+            return Bootstrapped(log_key, staged_admin.path)
+        return Bootstrapped(log_key, None)
+    finally:
+        if staged_admin is not None and not staged_admin.published:
+            staged_admin.discard()

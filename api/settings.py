@@ -11,11 +11,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ledger.errors import InvalidInput
 from ledger.worker_url import UrlPolicy
 
+# Production refuses a longer token cache: a revoked token must stop working within a minute.
+PRODUCTION_MAX_TOKEN_CACHE = 60.0
+
 
 class Settings(BaseSettings):
     """All settings; nothing is read until a Settings() is built (never at import time)."""
 
-    model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
+    # allow_inf_nan=False: no setting may be NaN or infinite (LEDGER_TOKEN_CACHE_SECONDS=inf).
+    model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore", allow_inf_nan=False)
 
     environment: Literal["development", "production"] = "development"
     data_dir: Path = Path("ledger-data")
@@ -52,7 +56,7 @@ class Settings(BaseSettings):
         "link-local, metadata, unspecified, multicast, broadcast; see ledger/worker_url.py)",
     )
     host: str = "127.0.0.1"
-    port: int = 8700
+    port: int = Field(default=8700, ge=0, le=65535)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     max_batch_records: int = Field(default=1000, ge=1)
     body_timeout: float = Field(
@@ -92,6 +96,16 @@ class Settings(BaseSettings):
                 )
             if self.log_key_file is None:
                 raise ValueError("LEDGER_ENVIRONMENT=production needs LEDGER_LOG_KEY_FILE set")
+            if self.token_cache_seconds > PRODUCTION_MAX_TOKEN_CACHE:
+                raise ValueError(
+                    f"LEDGER_TOKEN_CACHE_SECONDS={self.token_cache_seconds:g}: production allows "
+                    f"at most {PRODUCTION_MAX_TOKEN_CACHE:g} (a revoked token is trusted that long)"
+                )
+            if self.checkpoint_interval == 0:
+                raise ValueError(
+                    "LEDGER_CHECKPOINT_INTERVAL=0 turns off signed checkpoints, which production "
+                    "needs (leaves no checkpoint covers fail the audit); use a few seconds"
+                )
         return self
 
     @property

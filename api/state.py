@@ -7,6 +7,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import httpx
@@ -22,7 +23,9 @@ from ledger.tokens import Principal
 
 
 class TokenCache:
-    """Verified tokens, trusted for ``ttl`` seconds (a revocation takes effect within it)."""
+    """Verified tokens, trusted for ``ttl`` seconds (a revocation takes effect within it),
+    never past the token's own expiry: an expired entry is dropped, so the next lookup in the
+    database refuses the token (``token_expired``)."""
 
     def __init__(self, ttl: float, size: int = 1024) -> None:
         self.ttl, self.size = ttl, size
@@ -30,9 +33,13 @@ class TokenCache:
 
     def get(self, secret: str) -> Principal | None:
         item = self._items.get(secret)
-        if item is None or item[0] < time.monotonic():
+        if item is None:
             return None
-        return item[1]
+        deadline, principal = item
+        if deadline < time.monotonic() or principal.expired(datetime.now(UTC)):
+            self._items.pop(secret, None)
+            return None
+        return principal
 
     def put(self, secret: str, principal: Principal) -> None:
         if self.ttl <= 0:

@@ -45,7 +45,9 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         first = exc.errors()[0]
-        fail(f"invalid settings: {first.get('msg')}")
+        loc = first.get("loc") or ()
+        name = f"LEDGER_{str(loc[0]).upper()}: " if loc else ""  # the variable, when one is named
+        fail(f"invalid settings: {name}{first.get('msg')}")
 
 
 def open_database(url: str | None, *, migrate: bool = False) -> tuple[Settings, Database]:

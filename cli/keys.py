@@ -20,6 +20,8 @@ from cli.common import (
     token_file_or_default,
 )
 from collectors.ledger_client import LedgerClient, read_token_file
+from ledger.errors import LedgerError
+from ledger.secretfile import SecretFileExists
 from ledger.signing import SigningKey, key_id_for, public_key_pem
 from ledger.storage.checkpoints import default_origin
 from ledger.storage.proofs import log_key_entry
@@ -31,15 +33,21 @@ app = typer.Typer(help="Signing keys (Ed25519).", no_args_is_help=True)
 def new(
     name: str = typer.Argument(..., help="key name; writes NAME.pem and NAME.pub.pem"),
     directory: Path = typer.Option(Path("."), "--dir", help="where to write the PEM files"),
+    force: bool = typer.Option(
+        False, "--force", help="replace existing files (a symlink itself, never its target)"
+    ),
     as_json: bool = JsonOption,
 ) -> None:
-    """Write a new Ed25519 key pair (private key mode 0600; never overwrites)."""
+    """Write a new Ed25519 key pair: the private key mode 0600, the public 0644, each atomic
+    and never through a symlink; existing files are refused unless --force."""
     private, public = directory / f"{name}.pem", directory / f"{name}.pub.pem"
-    for path in (private, public):
-        if path.exists():
-            fail(f"{path} already exists; refusing to overwrite a key")
     key = SigningKey.generate()
-    key.write(private, public)
+    try:
+        key.write(private, public, overwrite=force)
+    except SecretFileExists as exc:
+        fail(f"{exc.message} (--force replaces it: a symlink itself, never its target)")
+    except LedgerError as exc:
+        fail(f"{exc.message} [{exc.code}]")
     if as_json:
         print_json({"key_id": key.key_id, "private_key": str(private), "public_key": str(public)})
     else:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from api.bootstrap import write_secret
 from cli.common import (
     DbOption,
     JsonOption,
@@ -17,45 +17,85 @@ from cli.common import (
     open_database,
     print_json,
 )
+from ledger import secretfile
 from ledger.storage import tokenstore
-from ledger.tokens import SCOPES
+from ledger.tokens import EXPIRY_FORMS, SCOPES, parse_expiry
 
 app = typer.Typer(help="API bearer tokens (stored hashed).", no_args_is_help=True)
+
+
+def _when(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
 
 
 @app.command("create")
 def create(
     scope: list[str] = typer.Option(..., "--scope", help=f"repeatable: {', '.join(SCOPES)}"),
     name: str = typer.Option("cli", help="a label for the token"),
-    out: Path | None = typer.Option(None, "--out", help="write the token to this file (0600)"),
+    expires: str | None = typer.Option(
+        None, "--expires", help=f"when the token stops working: {EXPIRY_FORMS}; default never"
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="write the token to this new file (mode 0600; an existing file or symlink is "
+        "refused unless --force)",
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="with --out: replace an existing file (a symlink itself, never its target)",
+    ),
     db_url: str | None = DbOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Create a token. The secret is shown (or written) once; only its hash is kept."""
-    if out is not None:  # fail before creating a token whose secret could not be kept
-        try:
-            write_secret(out, "")
-        except OSError as exc:
-            fail(f"cannot write {out}: {exc.strerror}")
+    if force and out is None:
+        fail("--force only applies with --out")
     with ledger_errors():
-        _, db = open_database(db_url, migrate=True)
-        secret, info = tokenstore.create_token(db, name, scope)
-    if out is not None:
-        write_secret(out, secret)
+        expires_at = parse_expiry(expires, datetime.now(UTC)) if expires is not None else None
+        token = tokenstore.prepare_token(name, scope, expires_at)
+        # The file is written (not yet visible) before the token is stored, so a token whose
+        # secret could not be kept is never created; it appears once the token exists.
+        staged = None
+        if out is not None:
+            try:
+                staged = secretfile.stage_secret_file(out, token.secret + "\n", overwrite=force)
+            except secretfile.SecretFileExists as exc:
+                fail(f"{exc.message} (--force replaces it: a symlink itself, never its target)")
+        try:
+            _, db = open_database(db_url, migrate=True)
+            info = tokenstore.store_token(db, token)
+            if staged is not None:
+                try:
+                    staged.publish()
+                except BaseException:
+                    tokenstore.delete_token(db, info.token_id)
+                    raise
+        finally:
+            if staged is not None and not staged.published:
+                staged.discard()
     if as_json:
-        payload = {"token_id": info.token_id, "name": info.name, "scopes": list(info.scopes)}
-        print_json(payload if out else {**payload, "token": secret})
+        payload = {
+            "token_id": info.token_id,
+            "name": info.name,
+            "scopes": list(info.scopes),
+            "expires_at": _when(info.expires_at),
+        }
+        print_json(payload if out else {**payload, "token": token.secret})
         return
-    console.print(f"token {info.token_id} ({info.name}) scopes: {', '.join(info.scopes)}")
-    console.print(f"written to {out}" if out else secret)
+    until = f", expires {info.expires_at.isoformat()}" if info.expires_at else ""
+    console.print(f"token {info.token_id} ({info.name}) scopes: {', '.join(info.scopes)}{until}")
+    console.print(f"written to {out}" if out else token.secret)
 
 
 @app.command("list")
 def list_tokens(db_url: str | None = DbOption, as_json: bool = JsonOption) -> None:
-    """List tokens (IDs, names and scopes; never secrets)."""
+    """List tokens (IDs, names, scopes, expiry; never secrets)."""
     with ledger_errors():
         _, db = open_database(db_url, migrate=True)
         items = tokenstore.list_tokens(db)
+    now = datetime.now(UTC)
     if as_json:
         print_json(
             [
@@ -64,19 +104,25 @@ def list_tokens(db_url: str | None = DbOption, as_json: bool = JsonOption) -> No
                     "name": t.name,
                     "scopes": list(t.scopes),
                     "created_at": t.created_at.isoformat(),
-                    "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+                    "revoked_at": _when(t.revoked_at),
+                    "expires_at": _when(t.expires_at),
+                    "expired": t.expired(now),
                 }
                 for t in items
             ]
         )
         return
-    table = Table("token ID", "name", "scopes", "created", "revoked")
+    table = Table("token ID", "name", "scopes", "created", "expires", "revoked")
     for t in items:
+        expiry = ""
+        if t.expires_at is not None:
+            expiry = t.expires_at.isoformat()[:19] + (" (expired)" if t.expired(now) else "")
         table.add_row(
             t.token_id,
             t.name,
             ", ".join(t.scopes),
             t.created_at.isoformat()[:19],
+            expiry,
             t.revoked_at.isoformat()[:19] if t.revoked_at else "",
         )
     console.print(table)

@@ -18,7 +18,6 @@ import base64
 import binascii
 import functools
 import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from ledger.canonical import canonicalize, sha256_digest
 from ledger.errors import InvalidInput, VerificationError
+from ledger.secretfile import PUBLIC_MODE, stage_secret_file
 
 ALG = "ed25519"
 KEY_ID_PREFIX = "ed25519:"
@@ -206,14 +206,26 @@ class SigningKey:
             serialization.NoEncryption(),
         )
 
-    def write(self, private_path: Path, public_path: Path | None = None) -> None:
-        """Write the private key (mode 0600, never overwriting) and optionally the public key."""
-        private_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(self.private_pem())
-        if public_path is not None:
-            public_path.write_text(public_key_pem(self.public_key))
+    def write(
+        self, private_path: Path, public_path: Path | None = None, *, overwrite: bool = False
+    ) -> None:
+        """Write the private key (mode 0600) and optionally the public key (0644), each
+        atomically and never through a symlink (``ledger.secretfile``). A name already taken
+        is refused (``SecretFileExists``) unless ``overwrite``; both names are checked before
+        either file appears."""
+        staged = [stage_secret_file(private_path, self.private_pem(), overwrite=overwrite)]
+        try:
+            if public_path is not None:
+                pem = public_key_pem(self.public_key)
+                staged.append(
+                    stage_secret_file(public_path, pem, overwrite=overwrite, mode=PUBLIC_MODE)
+                )
+            for item in staged:
+                item.publish()
+        except BaseException:
+            for item in staged:
+                item.discard()
+            raise
 
     def sign(self, data: bytes) -> str:
         return base64.b64encode(self.private_key.sign(data)).decode("ascii")

@@ -1,16 +1,23 @@
-"""Bearer tokens in the database (hashes only)."""
+"""Bearer tokens in the database (hashes only), with optional expiry."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 
 from ledger.errors import AuthenticationError, InvalidInput, NotFound
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import ApiToken
-from ledger.tokens import Principal, hash_token, new_token, parse_scopes, token_display_id
+from ledger.tokens import (
+    Principal,
+    check_expiry,
+    hash_token,
+    new_token,
+    parse_scopes,
+    token_display_id,
+)
 
 
 @dataclass(frozen=True)
@@ -20,30 +27,69 @@ class TokenInfo:
     scopes: tuple[str, ...]
     created_at: datetime
     revoked_at: datetime | None
+    expires_at: datetime | None = None
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
 
 
-def create_token(db: Database, name: str, scopes: list[str] | str) -> tuple[str, TokenInfo]:
-    """Create a token; the secret is returned once and never stored."""
+@dataclass(frozen=True)
+class NewToken:
+    """A validated token not yet stored: its secret (shown or written once) and its info."""
+
+    secret: str = field(repr=False)
+    info: TokenInfo
+
+
+def prepare_token(
+    name: str, scopes: list[str] | str, expires_at: datetime | None = None
+) -> NewToken:
+    """Validate and generate a token without storing it, so a caller can first make sure its
+    secret can be kept (staged in a file) and store it only then (:func:`store_token`)."""
     parsed = parse_scopes(scopes)
     if not name or len(name) > 100:
         raise InvalidInput("token name must be 1-100 characters", code="schema_violation")
+    now = utcnow()
+    if expires_at is not None:
+        check_expiry(expires_at, now)
     secret = new_token()
-    info = TokenInfo(token_display_id(secret), name, parsed, utcnow(), None)
+    return NewToken(
+        secret, TokenInfo(token_display_id(secret), name, parsed, now, None, expires_at)
+    )
+
+
+def store_token(db: Database, token: NewToken) -> TokenInfo:
+    info = token.info
     with db.write() as s:
         s.execute(
             insert(ApiToken),
             [
                 {
                     "token_id": info.token_id,
-                    "token_hash": hash_token(secret),
-                    "name": name,
-                    "scopes": ",".join(parsed),
+                    "token_hash": hash_token(token.secret),
+                    "name": info.name,
+                    "scopes": ",".join(info.scopes),
                     "created_at": info.created_at,
                     "revoked_at": None,
+                    "expires_at": info.expires_at,
                 }
             ],
         )
-    return secret, info
+    return info
+
+
+def create_token(
+    db: Database, name: str, scopes: list[str] | str, expires_at: datetime | None = None
+) -> tuple[str, TokenInfo]:
+    """Create a token; the secret is returned once and never stored."""
+    token = prepare_token(name, scopes, expires_at)
+    return token.secret, store_token(db, token)
+
+
+def delete_token(db: Database, token_id: str) -> None:
+    """Undo :func:`store_token` for a token whose secret could not be kept (never handed out)."""
+    with db.write() as s:
+        s.execute(delete(ApiToken).where(ApiToken.token_id == token_id))
 
 
 def count_tokens(db: Database) -> int:
@@ -72,13 +118,23 @@ def revoke_token(db: Database, token_id: str) -> TokenInfo:
 
 
 def authenticate(db: Database, secret: str) -> Principal:
+    """The principal a secret names; unknown and revoked tokens are ``invalid_token``, an
+    expired one ``token_expired`` (both 401)."""
     with db.read() as s:
         row = s.execute(
             select(ApiToken).where(ApiToken.token_hash == hash_token(secret))
         ).scalar_one_or_none()
     if row is None or row.revoked_at is not None:
         raise AuthenticationError("the bearer token is not valid", code="invalid_token")
-    return Principal(row.token_id, row.name, tuple(row.scopes.split(",")))
+    info = _info(row)
+    if info.expired(utcnow()):
+        assert info.expires_at is not None
+        raise AuthenticationError(
+            f"the bearer token expired at {info.expires_at.isoformat()}",
+            code="token_expired",
+            details={"token_id": info.token_id},
+        )
+    return Principal(info.token_id, info.name, info.scopes, info.expires_at)
 
 
 def _info(row: ApiToken) -> TokenInfo:
@@ -88,4 +144,5 @@ def _info(row: ApiToken) -> TokenInfo:
         tuple(row.scopes.split(",")),
         as_utc(row.created_at),
         as_utc(row.revoked_at) if row.revoked_at else None,
+        as_utc(row.expires_at) if row.expires_at else None,
     )

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from ledger.canonical import canonicalize
 from ledger.errors import InvalidInput, VerificationError
+from ledger.secretfile import SecretFileExists
 from ledger.signing import (
     Envelope,
     SigningKey,
@@ -166,7 +167,7 @@ def test_key_files_round_trip(tmp_path):
     assert (tmp_path / "k.pem").stat().st_mode & 0o777 == 0o600
     assert SigningKey.load(tmp_path / "k.pem").key_id == KEY.key_id
     assert key_id_for(load_public_key((tmp_path / "k.pub.pem").read_text())) == KEY.key_id
-    with pytest.raises(FileExistsError):
+    with pytest.raises(SecretFileExists):
         KEY.write(tmp_path / "k.pem")
 
 
