@@ -175,8 +175,13 @@ class VerifiedBundle:
     replays: tuple[dict[str, Any], ...] = ()  # each verdict's replay_id, verdict, worker
 
 
-def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None = None) -> VerifiedBundle:
-    """Verify a bundle fully offline; raises VerificationError naming the failed check."""
+def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None) -> VerifiedBundle:
+    """Verify a bundle fully offline; raises VerificationError naming the failed check.
+
+    ``pinned_log_key`` is the log's public key obtained out of band. ``None`` (an explicit
+    choice) checks the bundle against the log key it carries: self-consistency only, and the
+    result says ``log_key_pinned=False``.
+    """
     b = parse_bundle(bundle)  # format
     record, index = b.record, b.leaf_index
 

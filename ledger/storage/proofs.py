@@ -10,6 +10,7 @@ from sqlalchemy import bindparam, exists, select, true
 from sqlalchemy.orm import Session, aliased
 
 from ledger import merkle
+from ledger.canonical import digest_of
 from ledger.checkpoint import verifier_key
 from ledger.errors import StorageError
 from ledger.evidence import b64 as _b64
@@ -179,6 +180,8 @@ def _evidence(
         raise _disagrees("records.fingerprint_id", row.log_index)
     if envelope["signature"]["key_id"] != row.key_id:
         raise _disagrees("records.key_id", row.log_index)
+    if digest_of(fingerprint["body"]) != row.fingerprint_id:
+        raise _disagrees("fingerprints.log_index", row.fp_index)
     if fingerprint["signature"]["key_id"] != row.fp_key_id:
         raise _disagrees("fingerprints.key_id", row.fp_index)
     read = merkle.from_hashes(hashes)

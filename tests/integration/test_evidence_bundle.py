@@ -18,18 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from ledger import merkle
 from ledger.canonical import canonicalize, digest_of
 from ledger.checkpoint import parse_checkpoint, sign_checkpoint
-from ledger.errors import VerificationError
+from ledger.errors import StorageError, VerificationError
 from ledger.evidence import CHECKS, FINGERPRINT_CHECKS, FORMAT, FORMAT_V1, verify_bundle
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.signing import SigningKey, public_key_pem, public_key_raw, sign_envelope
-from ledger.storage import verdicts
+from ledger.storage import ingest, proofs, verdicts
+from ledger.storage.database import Database
 from tests.support.cli import ledger
+from tests.support.documents import record_envelope
 from tests.support.harness import Harness
+from tests.support.seed import seed_ledger
 
 RICH_FINGERPRINT = {
     "schema_version": 1,
@@ -473,3 +477,53 @@ def test_verify_requires_a_pinned_log_key_or_the_named_opt_out(scene: Scene, tmp
     # the opt-out does not make a forged bundle valid
     bad = _cli(str(path), "--trust-bundled-log-key", "--json")
     assert bad.returncode == 1 and json.loads(bad.stdout)["check"] == "collector_key"
+
+
+# ---- the ledger does not export a bundle its index rows contradict -------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "UPDATE records SET fingerprint_id = %(other_fp)s WHERE request_id = %(victim)s",
+        "UPDATE records SET key_id = %(other_key)s WHERE request_id = %(victim)s",
+        "UPDATE fingerprints SET log_index = %(victim_index)s WHERE fingerprint_id = %(fp)s",
+        "UPDATE fingerprints SET key_id = %(other_key)s WHERE fingerprint_id = %(fp)s",
+    ],
+    ids=[
+        "records.fingerprint_id",
+        "records.key_id",
+        "fingerprints.log_index",
+        "fingerprints.key_id",
+    ],
+)
+def test_index_rows_that_contradict_the_log_give_no_bundle(postgres_databases, edit: str) -> None:
+    url = postgres_databases.fresh()
+    db = Database(url)
+    try:
+        seeded = seed_ledger(db)
+        other = seed_ledger(db, seeded.log_key, name="other")  # another key and fingerprint
+        env = record_envelope(seeded.collector, seeded.fingerprint_id)
+        (victim,) = ingest.ingest_records(db, [env.to_dict()])
+        bundle = proofs.evidence(db, seeded.log_key, "t/log", victim.request_id)
+        verify_bundle(bundle, seeded.log_key.public_key)
+        with psycopg.connect(url) as conn:
+            table = edit.split()[1]  # as a superuser, past the append-only triggers
+            conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
+            conn.execute(
+                edit,
+                {
+                    "victim": victim.request_id,
+                    "fp": seeded.fingerprint_id,
+                    "other_fp": other.fingerprint_id,
+                    "victim_index": victim.log_index,
+                    "other_key": other.collector.key_id,
+                },
+            )
+            conn.commit()
+        with pytest.raises(StorageError) as err:
+            proofs.evidence(db, seeded.log_key, "t/log", victim.request_id)
+        assert err.value.code == "index_mismatch", err.value.message
+    finally:
+        db.dispose()
