@@ -7,13 +7,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import orjson
 import typer
 from rich.markup import escape
 
 from cli.common import JsonOption, console, err_console, fail, print_json, read_public_key
 from ledger.errors import VerificationError
 from ledger.evidence import FINGERPRINT_CHECKS, FORMAT_V1, VerifiedBundle, verify_bundle
+from ledger.evidence_format import load_bundle
 from ledger.fingerprint_facts import FingerprintFacts
 
 NOT_PINNED = (
@@ -60,12 +60,12 @@ def verify(
     if log_key is not None and trust_bundled_log_key:
         fail("--log-key and --trust-bundled-log-key exclude each other", 2)
     try:
-        data = orjson.loads(bundle.read_bytes())
-    except (OSError, ValueError) as exc:  # orjson.JSONDecodeError is a ValueError
-        fail(f"cannot read bundle {bundle}: {exc}")
+        data = bundle.read_bytes()
+    except OSError as exc:
+        fail(f"cannot read bundle {bundle}: {exc.strerror}")
     pinned = read_public_key(log_key) if log_key is not None else None
     try:
-        result = verify_bundle(data, pinned)
+        result = verify_bundle(load_bundle(data), pinned)
     except VerificationError as exc:
         check = exc.details.get("check", "unknown")
         if as_json:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import binascii
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,28 @@ def fail(check: str, message: str, code: str = "bad_evidence") -> VerificationEr
 def b64decode(text: str) -> bytes:
     """Strict base64 (``base64.b64decode(text, validate=True)`` without its Python wrapper)."""
     return binascii.a2b_base64(text, strict_mode=True)
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        names = [k for k, _ in pairs]
+        twice = sorted({k for k in names if names.count(k) > 1})
+        raise fail("format", f"an object of the bundle names a member twice: {twice}")
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise fail("format", f"{name} is not JSON")
+
+
+def load_bundle(data: bytes) -> Any:
+    """A bundle file's JSON, refusing what JSON parsers read differently: a member named twice
+    (one reader sees the first value, another the last) and NaN or Infinity."""
+    try:
+        return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise fail("format", f"not JSON: {exc}") from exc
 
 
 @dataclass(frozen=True)

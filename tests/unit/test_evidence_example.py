@@ -15,6 +15,7 @@ from ledger import merkle
 from ledger.canonical import canonicalize
 from ledger.errors import VerificationError
 from ledger.evidence import CHECKS, FINGERPRINT_CHECKS, FORMAT, FORMAT_V1, verify_bundle
+from ledger.evidence_format import load_bundle
 from ledger.signing import load_public_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,3 +131,24 @@ def test_a_v1_bundle_claiming_a_fingerprint_or_a_v2_lacking_one_is_refused():
         with pytest.raises(VerificationError) as err:
             verify_bundle(forged, key)
         assert err.value.details["check"] == "format"
+
+
+def test_a_member_named_twice_or_nan_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A reader that keeps the first of two members sees another bundle than one that keeps
+    the last: such a file is INVALID, as is one holding NaN (not JSON)."""
+    text = (DOCS / "evidence-example.json").read_text()
+    twice = text.replace('"role": "collector",', '"role": "collector", "role": "replayer",', 1)
+    nan = text.replace('"leaf_index": 3', '"leaf_index": NaN', 1)
+    assert twice != text and nan != text
+    for forged in (twice, nan):
+        with pytest.raises(VerificationError) as err:
+            verify_bundle(load_bundle(forged.encode()), LOG_KEY)
+        assert err.value.details["check"] == "format"
+    path = tmp_path / "twice.json"
+    path.write_text(twice)
+    monkeypatch.chdir(ROOT)
+    out = CliRunner().invoke(
+        app, ["verify", str(path), "--log-key", "docs/examples/log-key.pub.pem", "--json"]
+    )
+    assert out.exit_code == 1 and json.loads(out.stdout)["check"] == "format"
+    assert verify_bundle(load_bundle(text.encode()), LOG_KEY).leaf_index == 3
