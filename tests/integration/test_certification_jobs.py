@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from ledger.storage import certification_jobs as jobs
 from ledger.storage import verdicts
 from ledger.storage.database import Database, utcnow
 from tests.support.certification_worker import add_worker
+from tests.support.cli import ledger
 from tests.support.harness import Harness
 from tests.support.seed import seed_ledger
 
@@ -263,15 +265,38 @@ def test_polls_of_unknown_jobs_are_404(api: Harness) -> None:
 
 def test_a_worker_that_does_not_answer_fails_the_job_with_its_reason(api: Harness) -> None:
     worker = add_worker(api.url, api.admin_token)
-    worker.close()  # registered and live, but nothing listens at its URL any more
-    client = api.client()
-    started = client.post("/v1/certifications", json={"pool": worker.pool, "prompts": 2})
-    assert started.status_code == 202, started.text
-    job_id = started.json()["certification_id"]
-    _wait(lambda: client.get(f"/v1/certifications/{job_id}").json()["status"] != "running")
-    failed = client.get(f"/v1/certifications/{job_id}").json()
-    assert failed["status"] == "failed" and failed["done"] == 0, failed
-    assert (
-        failed["error"]["code"] == "worker_unreachable"
-        and worker.worker_id in (failed["error"]["message"])
-    )
+    try:
+        worker.stop_answering()  # registered and live, but nothing listens at its URL any more
+        client = api.client()
+        started = client.post("/v1/certifications", json={"pool": worker.pool, "prompts": 2})
+        assert started.status_code == 202, started.text
+        job_id = started.json()["certification_id"]
+        _wait(lambda: client.get(f"/v1/certifications/{job_id}").json()["status"] != "running")
+        failed = client.get(f"/v1/certifications/{job_id}").json()
+        assert failed["status"] == "failed" and failed["done"] == 0, failed
+        assert failed["error"]["code"] == "worker_unreachable", failed
+        assert worker.worker_id in failed["error"]["message"]
+    finally:
+        worker.close()
+
+
+def test_the_cli_follows_a_job_to_its_certificate_and_reports_a_failure(
+    api: Harness, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text(api.token("replay", "records:read"))
+    common = ["--api", api.url, "--token-file", str(token)]
+    worker = add_worker(api.url, api.admin_token, delay=0.02)
+    try:
+        args = ["--pool", worker.pool, "--prompts", "3", "--concurrency", "1,3"]
+        proc = ledger("certify", *args, "--max-tokens", "4", *common, "--json", check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        job = json.loads(proc.stdout)
+        assert job["status"] == "done" and job["done"] == job["total"] == 9
+        assert job["envelope"]["body"]["invariant_observed"] is True
+        worker.stop_answering()
+        gone = ledger("certify", "--pool", worker.pool, *common, check=False)
+        assert gone.returncode == 2, gone.stdout + gone.stderr
+        assert "certification failed" in gone.stderr and "[worker_unreachable]" in gone.stderr
+    finally:
+        worker.close()

@@ -4,8 +4,9 @@ replay orders as a collector does, with outputs signed by its collector key.
 It checks each order the way a collector does (signed by the log key, addressed to it,
 recent) and answers a replay output whose tokens are a fixed function of the prompt, so every
 comparison is bitwise. Probes can be slowed (``delay``) or held after a number of answers
-(``hold_after``) until ``release`` is set, to catch a job mid-run. Certification on real
-engines is in test_replay.py.
+(``hold_after``) until ``release`` is set, to catch a job mid-run. It heartbeats every
+``BEAT_EVERY`` seconds, as a collector does, until closed (``stop_answering`` leaves it live
+but gone from its URL). Certification on real engines is in test_replay.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hashlib
 import json
 import threading
 import uuid
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,8 @@ from ledger.signing import (
 )
 from tests.support.documents import fingerprint_envelope
 
+BEAT_EVERY = 3.0
+
 
 @dataclass
 class Worker:
@@ -55,6 +59,8 @@ class Worker:
     received: int = 0  # orders that passed the checks
     answered: int = 0
     server: ServerThread | None = None
+    stopped: threading.Event = field(default_factory=threading.Event)
+    beats: threading.Thread | None = None
 
     async def replay(self, request: Request) -> Response:
         env = Envelope.from_dict(json.loads(await request.body()))
@@ -90,10 +96,37 @@ class Worker:
         self.server = ServerThread(app, "127.0.0.1", free_port()).start()
         return self.server.url
 
-    def close(self) -> None:
+    def heartbeat(self, api: LedgerClient) -> None:
+        assert self.server is not None
+        beat = build_heartbeat(
+            worker_id=self.worker_id,
+            pool=self.pool,
+            url=self.server.url,
+            fingerprint_id=self.fingerprint_id,
+        )
+        api.heartbeat(sign_envelope(HEARTBEAT_KIND, beat, self.key))
+
+    def keep_alive(self, api_url: str, token: str) -> None:
+        def beat() -> None:
+            with LedgerClient(api_url, token) as api:
+                while not self.stopped.wait(BEAT_EVERY):
+                    with suppress(Exception):  # the ledger may be restarting: next beat
+                        self.heartbeat(api)
+
+        self.beats = threading.Thread(target=beat, name=f"beats-{self.worker_id}", daemon=True)
+        self.beats.start()
+
+    def stop_answering(self) -> None:
+        """Nothing listens at the worker's URL any more; its heartbeats go on."""
         self.release.set()
         if self.server is not None:
             self.server.stop()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.stop_answering()
+        if self.beats is not None:
+            self.beats.join(30)
 
 
 def add_worker(api_url: str, admin_token: str, **kw: Any) -> Worker:
@@ -106,13 +139,11 @@ def add_worker(api_url: str, admin_token: str, **kw: Any) -> Worker:
         worker = Worker(
             key, f"w-{uuid.uuid4().hex[:8]}", f"pool-{uuid.uuid4().hex[:8]}", fp, log_key, **kw
         )
-        url = worker.start()
+        worker.start()
         try:
-            beat = build_heartbeat(
-                worker_id=worker.worker_id, pool=worker.pool, url=url, fingerprint_id=fp
-            )
-            api.heartbeat(sign_envelope(HEARTBEAT_KIND, beat, key))
+            worker.heartbeat(api)
         except BaseException:
             worker.close()
             raise
+    worker.keep_alive(api_url, admin_token)
     return worker
