@@ -22,6 +22,11 @@ from cli.common import (
     token_file_or_default,
 )
 from collectors.ledger_client import LedgerClient, read_token_file
+from ledger.errors import Pushback
+
+# How long a poll may keep failing transiently (the ledger restarting, its database briefly
+# away) before the command gives up; a job outlives its process only as ``interrupted``.
+RETRY_FOR = 60.0
 
 
 def _ints(value: str, name: str) -> list[int]:
@@ -82,9 +87,18 @@ def _follow(client: LedgerClient, job: dict[str, Any], *, show: bool) -> dict[st
     )
     with progress:
         task = progress.add_task("probes", total=job["total"])
+        failing_since: float | None = None
         while job["status"] == "running":
             time.sleep(0.5)
-            job = client.certification(job["certification_id"])
+            try:
+                job = client.certification(job["certification_id"])
+            except Pushback as exc:
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > RETRY_FOR:
+                    raise
+                time.sleep(min(exc.retry_after, 5.0))
+                continue
+            failing_since = None
             progress.update(task, completed=job["done"])
     return job
 

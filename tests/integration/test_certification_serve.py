@@ -300,3 +300,42 @@ def test_a_stopped_ledger_fails_its_jobs_at_once(ledger: Ledger) -> None:
     ledger.start(workers=1)
     (final,) = poll(ledger, job_id, {"failed"}, timeout=10)
     assert final["error"] == error and final["done"] == 2
+
+
+def test_ledger_certify_outlives_a_restart_and_reports_the_interruption(ledger: Ledger) -> None:
+    """``ledger certify`` keeps polling while the ledger is down and restarted, then reports
+    the job its stopped process left: interrupted, exit 2."""
+    ledger.start(workers=1)
+    worker = ledger.add_worker(delay=0.05, hold_after=2)
+    token = ledger.data_dir / "admin.token"
+    args = ["--pool", worker.pool, "--prompts", "3", "--concurrency", "1", "--max-tokens", "4"]
+    cli = subprocess.Popen(
+        [*LEDGER, "certify", *args, "--api", ledger.url, "--token-file", str(token), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        db = Database(ledger.db_url)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                with db.read() as s:
+                    done = s.execute(text("SELECT max(done) FROM certification_jobs")).scalar()
+                if done == 2:
+                    break
+                assert time.monotonic() < deadline and cli.poll() is None, cli.communicate()
+                time.sleep(0.2)
+        finally:
+            db.dispose()
+        assert ledger.served is not None
+        ledger.served.stop(signal.SIGKILL)
+        time.sleep(2)  # the CLI meets a ledger that does not answer
+        ledger.start(workers=1)
+        out, err = cli.communicate(timeout=LEASE_S + 60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 2, out + err
+    assert "certification failed" in err and "[interrupted]" in err, err
+    assert "process running it stopped" in err
