@@ -98,7 +98,7 @@ def _as_json(result: VerifiedBundle) -> dict[str, Any]:
         "log_key_pinned": result.log_key_pinned,
         "fingerprint": result.fingerprint.to_dict() if result.fingerprint else None,
         "replay_verdicts": list(result.replay_verdicts),
-        "replays": list(result.replays),
+        "replays": [r.to_dict() for r in result.replays],
     }
     if result.fingerprint is None:
         out["fingerprint_note"] = NO_FINGERPRINT
@@ -150,12 +150,11 @@ def _print(result: VerifiedBundle) -> None:
         for label, value in rows:
             console.print(f"    {label:<17}{value}")
     for r in result.replays:
-        worker = f" on worker {r['worker_id']}" if r.get("worker_id") else ""
-        key = f" (key {r['worker_key_id']})" if r.get("worker_key_id") else ""
+        worker = f" on worker {r.worker_id}" if r.worker_id else ""
+        key = f" (key {r.worker_key_id})" if r.worker_key_id else ""
         console.print(
-            f"  replay {_shown(r['replay_id'], '?')}: {_shown(r['verdict'], '?')}"
-            f"{_shown(worker)}{_shown(key) if key else ''} (leaf {r['leaf_index']}, signed by "
-            "the log key)"
+            f"  replay {_shown(r.replay_id, '?')}: {_shown(r.verdict, '?')}{_shown(worker + key)} "
+            f"(leaf {r.leaf_index}, signed by the log key)"
         )
     if not result.log_key_pinned:
         console.print(f"  [bold red]WARNING:[/] {escape(NOT_PINNED)}")

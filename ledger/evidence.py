@@ -80,6 +80,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_V1",
     "FingerprintFacts",
+    "ReplaySummary",
     "VerifiedBundle",
     "b64",
     "build_bundle",
@@ -156,23 +157,48 @@ def build_bundle(
 
 
 @dataclass(frozen=True)
+class ReplaySummary:
+    """A replay verdict the bundle proves, as the log key signed it."""
+
+    replay_id: str | None
+    leaf_index: int
+    verdict: str | None
+    pool: str | None
+    worker_id: str | None
+    worker_key_id: str | None  # None in verdicts from before verdicts named the worker's key
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "replay_id": self.replay_id,
+            "leaf_index": self.leaf_index,
+            "verdict": self.verdict,
+            "pool": self.pool,
+            "worker_id": self.worker_id,
+            "worker_key_id": self.worker_key_id,
+        }
+
+
+@dataclass(frozen=True)
 class VerifiedBundle:
-    request_id: str | None
+    format: str
+    checks: tuple[str, ...]  # the checks that ran (a v1 bundle skips FINGERPRINT_CHECKS)
+    request_id: str
     kind: str
     leaf_index: int
     tree_size: int
     root_hash: bytes
-    collector_key_id: str
-    log_key_id: str
     origin: str
+    collector_key_id: str
+    collector_name: str
+    collector_role: str
+    log_key_id: str
     log_key_pinned: bool
-    replay_verdicts: tuple[str, ...] = ()
-    format: str = FORMAT
-    collector_name: str = ""
-    collector_role: str = ""
-    fingerprint: FingerprintFacts | None = None  # None: a v1 bundle, which carries none
-    checks: tuple[str, ...] = CHECKS  # the checks that ran (a v1 bundle skips FINGERPRINT_CHECKS)
-    replays: tuple[dict[str, Any], ...] = ()  # each verdict's replay_id, verdict, worker
+    fingerprint: FingerprintFacts | None  # None: a v1 bundle, which carries none
+    replays: tuple[ReplaySummary, ...]
+
+    @property
+    def replay_verdicts(self) -> tuple[str, ...]:
+        return tuple(str(r.verdict) for r in self.replays)
 
 
 def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None) -> VerifiedBundle:
@@ -232,21 +258,20 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None) -> Verif
         _verify_key("fingerprint_key", b.fingerprint_signer, fp_env, fp_index, cp, log_key)
     replays = _verify_replays(b.replays, record, index, cp, log_key)
     return VerifiedBundle(
-        request_id=record.body.get("request_id"),
+        format=b.format,
+        checks=CHECKS if facts else tuple(c for c in CHECKS if c not in FINGERPRINT_CHECKS),
+        request_id=b.request_id,
         kind=record.kind,
         leaf_index=index,
         tree_size=cp.tree_size,
         root_hash=cp.root_hash,
-        collector_key_id=record.key_id,
-        log_key_id=log_key.key_id,
         origin=cp.origin,
-        log_key_pinned=pinned_log_key is not None,
-        replay_verdicts=tuple(str(r["verdict"]) for r in replays),
-        format=b.format,
+        collector_key_id=record.key_id,
         collector_name=b.collector.name,
         collector_role=b.collector.role,
+        log_key_id=log_key.key_id,
+        log_key_pinned=pinned_log_key is not None,
         fingerprint=facts,
-        checks=CHECKS if facts else tuple(c for c in CHECKS if c not in FINGERPRINT_CHECKS),
         replays=replays,
     )
 
@@ -316,7 +341,7 @@ def _verify_replays(
     record_index: int,
     cp: Checkpoint,
     log_key: VerifyingKey,
-) -> tuple[dict[str, Any], ...]:
+) -> tuple[ReplaySummary, ...]:
     """Each replay verdict: signed by the log key, about this record, in the same tree."""
     verdicts = []
     previous = record_index
@@ -345,16 +370,16 @@ def _verify_replays(
             )
         except VerificationError as exc:
             raise fail("replays", f"replays[{i}]: {exc.message}", exc.code) from exc
-        summary = {
-            "replay_id": shown(body.get("replay_id")),
-            "leaf_index": item.index,
-            "verdict": shown(body.get("verdict")),
-            "pool": shown(body.get("pool")),
-            "worker_id": shown(body.get("worker_id")),
-        }
-        if "worker_key_id" in body:
-            summary["worker_key_id"] = shown(body.get("worker_key_id"))
-        verdicts.append(summary)
+        verdicts.append(
+            ReplaySummary(
+                replay_id=shown(body.get("replay_id")),
+                leaf_index=item.index,
+                verdict=shown(body.get("verdict")),
+                pool=shown(body.get("pool")),
+                worker_id=shown(body.get("worker_id")),
+                worker_key_id=shown(body.get("worker_key_id")),
+            )
+        )
     return tuple(verdicts)
 
 
