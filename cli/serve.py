@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import typer
 import uvicorn
@@ -12,6 +13,21 @@ from api.app import create_app
 from api.bootstrap import bootstrap
 from cli.common import console, ledger_errors, load_settings
 from ledger.storage.database import Database
+
+# uvicorn's own limits, set explicitly. Request bodies are bounded by the app's gate
+# (LEDGER_MAX_BODY_BYTES, LEDGER_BODY_TIMEOUT: api/gate.py); these bound the connection.
+SERVER_LIMITS: dict[str, Any] = {
+    # an idle keep-alive connection is closed after 5 s
+    "timeout_keep_alive": 5,
+    # connections and requests in progress at once per process; beyond it new requests get
+    # 503 from uvicorn, so a flood of (slow) connections cannot take every file descriptor
+    "limit_concurrency": 1024,
+    # the most request-header bytes buffered when the pure-Python h11 parser is in use
+    # (httptools, the default, has llhttp's own limits)
+    "h11_max_incomplete_event_size": 64 * 1024,
+    # a stop waits this long for requests in flight, then closes their connections
+    "timeout_graceful_shutdown": 30,
+}
 
 
 def serve(
@@ -33,7 +49,9 @@ def serve(
         console.print(f"ledger: first start: admin token written to {boot.admin_token_file}")
     if workers == 1:
         app = create_app(settings, db, boot.log_key)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level)
+        uvicorn.run(
+            app, host=settings.host, port=settings.port, log_level=log_level, **SERVER_LIMITS
+        )
         return
     db.dispose()
     # Worker processes rebuild the app from the environment (api.asgi).
@@ -47,4 +65,5 @@ def serve(
         port=settings.port,
         workers=workers,
         log_level=log_level,
+        **SERVER_LIMITS,
     )

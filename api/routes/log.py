@@ -17,6 +17,8 @@ from ledger.signing import public_key_pem
 from ledger.storage import checkpoints, proofs
 
 router = APIRouter(prefix="/v1/log", tags=["log"], responses=ERRORS)
+# Leaf indexes and tree sizes are SQL bigints: a larger one names no leaf (422, not a 500).
+MAX_SIZE = 2**63 - 1
 
 
 def _checkpoint(cp: checkpoints.StoredCheckpoint, origin: str) -> dict[str, Any]:
@@ -47,8 +49,8 @@ async def sign_checkpoint(state: StateDep, _: Admin) -> dict[str, Any]:
 async def inclusion(
     state: StateDep,
     _: ReadRecords,
-    index: Annotated[int, Query(ge=0)],
-    tree_size: Annotated[int, Query(ge=1)],
+    index: Annotated[int, Query(ge=0, le=MAX_SIZE)],
+    tree_size: Annotated[int, Query(ge=1, le=MAX_SIZE)],
 ) -> Response:
     proof = await run_in_threadpool(proofs.inclusion, state.db, index, tree_size)
     return Response(json.dumps(proof).encode(), media_type="application/json")
@@ -58,8 +60,8 @@ async def inclusion(
 async def consistency(
     state: StateDep,
     _: ReadRecords,
-    first: Annotated[int, Query(ge=0)],
-    second: Annotated[int, Query(ge=0)],
+    first: Annotated[int, Query(ge=0, le=MAX_SIZE)],
+    second: Annotated[int, Query(ge=0, le=MAX_SIZE)],
 ) -> Response:
     proof = await run_in_threadpool(proofs.consistency, state.db, first, second)
     return Response(json.dumps(proof).encode(), media_type="application/json")
