@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -20,7 +21,8 @@ from cli.common import (
     print_json,
     read_public_key,
 )
-from ledger.storage.audit import AuditReport, audit
+from ledger.audit import DEFAULT_CLOCK_TOLERANCE, AuditReport
+from ledger.storage.audit import audit
 
 
 def run_audit(
@@ -43,17 +45,35 @@ def run_audit(
         help="skip per-leaf JSON, canonical-form, signature and index-table checks "
         "(needs --log-key)",
     ),
+    checkpoint_interval: float | None = typer.Option(
+        None,
+        "--checkpoint-interval",
+        min=0,
+        help="seconds between the ledger's checkpoints (default: LEDGER_CHECKPOINT_INTERVAL, "
+        "else 1): leaves older than this plus the clock tolerance must be covered by one",
+    ),
+    clock_tolerance: float = typer.Option(
+        DEFAULT_CLOCK_TOLERANCE,
+        "--clock-tolerance",
+        min=0,
+        help="seconds by which ledger hosts' clocks may differ (receive times vs checkpoints)",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
-    """Recompute leaves, tree, checkpoints and signatures; exit 1 on any discrepancy."""
+    """Recompute leaves, tree, checkpoints, signatures, index tables and receive times; exit 1
+    on any discrepancy."""
     pinned = read_public_key(log_key) if log_key is not None else None
     trusted = [_read_checkpoint(path) for path in checkpoint]
     with ledger_errors():
-        _, db = open_database(db_url)
+        settings, db = open_database(db_url)
         options = {
             "signatures": not structure_only,
             "trusted_checkpoints": trusted,
             "workers": workers,
+            "clock_tolerance": clock_tolerance,
+            "checkpoint_interval": (
+                settings.checkpoint_interval if checkpoint_interval is None else checkpoint_interval
+            ),
         }
         if as_json:
             report = audit(db, pinned, **options)
@@ -110,7 +130,10 @@ def _print(report: AuditReport) -> None:
         f"[bold red]FAILED[/] {summary}: {len(report.findings)} finding(s); "
         f"first bad leaf index: {report.first_bad_index}"
     )
-    table = Table("check", "leaf", "what differs")
+    table = Table("check", "leaf", "table.column", "what differs")
     for f in report.findings[:50]:
-        table.add_row(f.check, "" if f.index is None else str(f.index), f.message)
+        where = ".".join(part for part in (f.table, f.column) if part)
+        table.add_row(f.check, "" if f.index is None else str(f.index), where, escape(f.message))
     console.print(table)
+    if len(report.findings) > 50:
+        console.print(f"... and {len(report.findings) - 50} more (--json lists them all)")

@@ -84,6 +84,13 @@ def _blob(value: Any) -> bytes:
     return bytes(value) if isinstance(value, bytearray | memoryview) else b""
 
 
+def _boolean(value: Any) -> Any:
+    """A stored boolean: SQLite keeps 0 and 1 (any other value stays as it is, and differs)."""
+    if type(value) is int and value in (0, 1):
+        return value == 1
+    return value
+
+
 def _pg_micros(value: Any) -> Micros | None:
     return value + _PG_EPOCH if isinstance(value, int) else None
 
@@ -198,7 +205,7 @@ class StorageAuditReader:
             "ORDER BY log_index, cache_key",
             chunk,
             "cache_keys",
-            lambda r: CacheKeyRow(r[0], r[1], r[2], r[3], bool(r[4])),
+            lambda r: CacheKeyRow(r[0], r[1], r[2], r[3], _boolean(r[4])),
         )
 
     def fingerprints(self, chunk: int) -> Iterator[Sequence[FingerprintRow]]:
@@ -234,7 +241,7 @@ class StorageAuditReader:
             "FROM certificates ORDER BY log_index",
             chunk,
             "certificates",
-            lambda r: CertificateRow(r[0], r[1], r[2], r[3], bool(r[4]), time(r[5])),
+            lambda r: CertificateRow(r[0], r[1], r[2], r[3], _boolean(r[4]), time(r[5])),
         )
 
     def signing_keys(self) -> list[KeyRow]:

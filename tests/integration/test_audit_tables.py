@@ -1,0 +1,386 @@
+"""A superuser edits what routes serve and filter on: `ledger audit` names the leaf and column.
+
+Every case edits one ledger table of a small ledger that has a row in each (tests/support/
+audited_ledger.py) the way a database superuser can (triggers and foreign keys out of the
+way, tests/support/superuser.py), on SQLite and Postgres, and the audit must fail with a
+finding that names the leaf the edited row belongs to and the table and column edited.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger.audit import AuditReport
+from ledger.storage.audit import audit
+from ledger.storage.database import Database
+from tests.conftest import BACKENDS, fresh_url
+from tests.support.audited_ledger import Built, build
+from tests.support.superuser import Superuser
+
+
+@dataclass
+class Tampered:
+    db: Database
+    url: str
+    built: Built
+    su: Superuser
+
+    def audit(self, **kw: Any) -> AuditReport:
+        return audit(self.db, self.built.log_key.public_key, **kw)
+
+    def leaf(self, request_id: str) -> int:
+        return self.built.records[request_id]
+
+    def value(self, table: str, column: str, where: str, params: tuple[Any, ...]) -> Any:
+        rows = self.su.query(f"SELECT {column} FROM {table} WHERE {where}", params)
+        assert len(rows) == 1, rows
+        return rows[0][0]
+
+    def update(self, table: str, column: str, value: Any, where: str, *params: Any) -> None:
+        self.su.execute(
+            [(f"UPDATE {table} SET {column} = %s WHERE {where}", (value, *params))], [table]
+        )
+
+    def shifted(self, table: str, column: str, delta: timedelta, where: str, *params: Any) -> Any:
+        at = self.su.read_time(self.value(table, column, where, params))
+        return self.su.time(at + delta)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def template(request: pytest.FixtureRequest) -> tuple[str, Built]:
+    url = fresh_url(request, request.param)
+    db = Database(url)
+    built = build(db)
+    report = audit(db, built.log_key.public_key, checkpoint_interval=0, clock_tolerance=0)
+    assert report.ok, [f.to_dict() for f in report.findings]
+    db.dispose()
+    return url, built
+
+
+@pytest.fixture
+def ledger(template, request, tmp_path) -> Iterator[Tampered]:
+    url, built = template
+    if url.startswith("postgresql"):
+        pg = request.getfixturevalue("postgres_databases")
+        clone = pg.create(template=url.rpartition("/")[2])
+    else:
+        path = tmp_path / "clone.db"
+        shutil.copyfile(url.removeprefix("sqlite:///"), path)
+        clone = f"sqlite:///{path}"
+    db = Database(clone)
+    yield Tampered(db, clone, built, Superuser(clone))
+    db.dispose()
+
+
+def named(report: AuditReport, index: int | None, table: str, column: str | None) -> bool:
+    return any(
+        (f.index, f.table) == (index, table) and (column is None or f.column == column)
+        for f in report.findings
+    )
+
+
+def dump(report: AuditReport) -> list[dict[str, Any]]:
+    return [f.to_dict() for f in report.findings]
+
+
+def test_the_untouched_ledger_passes_every_way(ledger: Tampered, monkeypatch):
+    assert ledger.audit().ok
+    assert ledger.audit(signatures=False).ok
+    monkeypatch.setattr("ledger.storage.audit.PARALLEL_FROM", 0)
+    assert ledger.audit(workers=2).ok
+
+
+CLI = (sys.executable, "-m", "cli", "audit")
+SECOND = timedelta(seconds=1)
+MICRO = timedelta(microseconds=1)
+RECORD_EDITS: dict[str, tuple[str, Any, str]] = {
+    # column: (record, new value, the column the finding names)
+    "model": ("req-text", "forged-model", "model"),
+    "tier": ("req-text", 2, "tier"),
+    "pool": ("req-text", "p9", "pool"),
+    "worker_id": ("req-text", "w9", "worker_id"),
+    "endpoint": ("req-text", "/v1/chat/completions", "endpoint"),
+    "content_hash": ("req-text", "sha256:" + "0" * 64, "content_hash"),
+    "request_id": ("req-text", "req-renamed", "request_id"),
+}
+
+
+@pytest.mark.parametrize("column", [*RECORD_EDITS, "fingerprint_id", "key_id", "received_at"])
+def test_an_edited_records_column_is_named(ledger: Tampered, column: str):
+    b = ledger.built
+    if column in RECORD_EDITS:
+        request_id, value, _ = RECORD_EDITS[column]
+    elif column == "fingerprint_id":
+        request_id, value = "req-plain", b.chat_fingerprint_id
+    elif column == "key_id":
+        request_id, value = "req-plain", b.log_key.key_id
+    else:
+        request_id = "req-plain"
+        value = ledger.shifted("records", column, MICRO, "request_id = %s", request_id)
+    ledger.update("records", column, value, "request_id = %s", request_id)
+    report = ledger.audit()
+    assert not report.ok
+    assert named(report, ledger.leaf(request_id), "records", column), dump(report)
+
+
+def test_a_records_row_moved_to_another_leaf_is_named_at_both(ledger: Tampered):
+    leaf = ledger.leaf("req-plain")
+    ledger.update("records", "log_index", 2, "request_id = %s", "req-plain")  # a fingerprint
+    report = ledger.audit()
+    assert named(report, leaf, "records", None), dump(report)  # no row for the record
+    assert named(report, 2, "records", "log_index"), dump(report)  # a row at a non-record
+
+
+def test_a_cache_key_repointed_at_another_record_is_misdirected(ledger: Tampered):
+    ledger.update("cache_keys", "request_id", "req-plain", "request_id = %s", "req-greedy")
+    report = ledger.audit()
+    assert named(report, ledger.leaf("req-greedy"), "cache_keys", "request_id"), dump(report)
+
+
+def test_a_cache_key_moved_with_its_log_index_is_missing_and_extra(ledger: Tampered):
+    plain = ledger.leaf("req-plain")
+    ledger.su.execute(
+        [
+            (
+                "UPDATE cache_keys SET request_id = 'req-plain', log_index = %s "
+                "WHERE request_id = 'req-chat'",
+                (plain,),
+            )
+        ],
+        ["cache_keys"],
+    )
+    report = ledger.audit()
+    assert named(report, ledger.leaf("req-chat"), "cache_keys", "cache_key"), dump(report)
+    assert named(report, plain, "cache_keys", "cache_key"), dump(report)
+
+
+def test_a_deleted_cache_key_is_missing(ledger: Tampered):
+    (key,) = ledger.su.query(
+        "SELECT cache_key FROM cache_keys WHERE request_id = 'req-text' ORDER BY cache_key LIMIT 1"
+    )[0]
+    ledger.su.execute([("DELETE FROM cache_keys WHERE cache_key = %s", (key,))], ["cache_keys"])
+    report = ledger.audit()
+    assert named(report, ledger.leaf("req-text"), "cache_keys", "cache_key"), dump(report)
+    assert key in " ".join(f.message for f in report.findings)
+
+
+def test_an_added_cache_key_is_extra(ledger: Tampered):
+    leaf = ledger.leaf("req-greedy")
+    ledger.su.execute(
+        [
+            (
+                "INSERT INTO cache_keys VALUES (%s, 'req-greedy', %s, 2, %s)",
+                ("ck1:sha256:" + "ab" * 32, leaf, True),
+            )
+        ],
+        ["cache_keys"],
+    )
+    report = ledger.audit()
+    assert named(report, leaf, "cache_keys", "cache_key"), dump(report)
+
+
+@pytest.mark.parametrize("column,value", [("tier", 0), ("deterministic", False)])
+def test_an_edited_cache_key_column_is_named(ledger: Tampered, column: str, value: Any):
+    ledger.update("cache_keys", column, value, "request_id = %s", "req-greedy")
+    report = ledger.audit()
+    assert named(report, ledger.leaf("req-greedy"), "cache_keys", column), dump(report)
+
+
+def test_an_edited_log_entry_kind_is_named(ledger: Tampered):
+    leaf = ledger.leaf("req-text")
+    ledger.update("log_entries", "kind", "fingerprint", "idx = %s", leaf)
+    report = ledger.audit()
+    assert named(report, leaf, "log_entries", "kind"), dump(report)
+
+
+@pytest.mark.parametrize("direction", ["before", "after"])
+def test_a_receive_time_moved_outside_its_checkpoints_is_named(ledger: Tampered, direction):
+    """The receive time and the records row agree (a careful forger): only the signed times
+    of the checkpoints around the leaf tell."""
+    leaf = ledger.leaf("req-plain")  # between the first and second checkpoints
+    delta = -timedelta(days=1) if direction == "before" else timedelta(hours=1)
+    moved = ledger.shifted("log_entries", "appended_at", delta, "idx = %s", leaf)
+    ledger.update("log_entries", "appended_at", moved, "idx = %s", leaf)
+    ledger.update("records", "received_at", moved, "request_id = %s", "req-plain")
+    report = ledger.audit()
+    assert [(f.check, f.index, f.table, f.column) for f in report.findings] == [
+        ("time", leaf, "log_entries", "appended_at")
+    ], dump(report)
+    assert direction in report.findings[0].message
+
+
+def test_a_receive_time_moved_by_a_microsecond_disagrees_with_its_row(ledger: Tampered):
+    leaf = ledger.leaf("req-plain")
+    moved = ledger.shifted("log_entries", "appended_at", MICRO, "idx = %s", leaf)
+    ledger.update("log_entries", "appended_at", moved, "idx = %s", leaf)
+    report = ledger.audit()
+    assert named(report, leaf, "records", "received_at"), dump(report)
+
+
+def test_a_key_event_time_disagrees_with_its_signed_body(ledger: Tampered):
+    moved = ledger.shifted("log_entries", "appended_at", MICRO, "idx = %s", 1)
+    ledger.update("log_entries", "appended_at", moved, "idx = %s", 1)
+    report = ledger.audit()
+    assert named(report, 1, "log_entries", "appended_at"), dump(report)
+
+
+def test_a_log_with_every_checkpoint_deleted_fails_and_names_the_leaves(ledger: Tampered):
+    size = ledger.su.query("SELECT count(*) FROM log_entries")[0][0]
+    ledger.su.execute([("DELETE FROM checkpoints", ())], ["checkpoints"])
+    # Once the checkpoint interval has passed (here: at once) every leaf is uncovered.
+    report = ledger.audit(checkpoint_interval=0, clock_tolerance=0)
+    assert report.checkpoints == 0
+    assert [(f.check, f.index, f.table) for f in report.findings] == [
+        ("coverage", 0, "checkpoints")
+    ], dump(report)
+    assert f"leaves 0..{size - 1} are covered by no checkpoint" in report.findings[0].message
+    proc = subprocess.run(
+        [
+            *CLI,
+            "--db",
+            ledger.url,
+            "--json",
+            "--checkpoint-interval",
+            "0",
+            "--clock-tolerance",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["ok"] is False and out["first_bad_index"] == 0
+    assert out["findings"][0]["check"] == "coverage"
+
+
+def test_the_newest_checkpoint_deleted_uncovers_only_its_leaves(ledger: Tampered):
+    sizes = [r[0] for r in ledger.su.query("SELECT tree_size FROM checkpoints ORDER BY 1")]
+    ledger.su.execute(
+        [("DELETE FROM checkpoints WHERE tree_size = %s", (sizes[-1],))], ["checkpoints"]
+    )
+    report = ledger.audit(checkpoint_interval=0, clock_tolerance=0)
+    assert [(f.check, f.index) for f in report.findings] == [("coverage", sizes[-2])]
+
+
+def test_an_edited_checkpoint_time_disagrees_with_its_signed_note(ledger: Tampered):
+    size = ledger.su.query("SELECT max(tree_size) FROM checkpoints")[0][0]
+    moved = ledger.shifted("checkpoints", "signed_at", SECOND, "tree_size = %s", size)
+    ledger.update("checkpoints", "signed_at", moved, "tree_size = %s", size)
+    report = ledger.audit()
+    assert named(report, None, "checkpoints", "signed_at"), dump(report)
+
+
+Pick = Callable[[Built], Any]
+INDEX_EDITS: dict[str, tuple[str, str, Any, str, Pick, Pick]] = {
+    # name: (table, column, new value, WHERE, its parameter, the leaf named)
+    "replays.verdict": (
+        "replays", "verdict", "diverged", "replay_id = %s", lambda b: b.replay_id,
+        lambda b: b.replay_leaf,
+    ),
+    "replays.request_id": (
+        "replays", "request_id", "req-plain", "replay_id = %s", lambda b: b.replay_id,
+        lambda b: b.replay_leaf,
+    ),
+    "replays.pool": (
+        "replays", "pool", "p9", "replay_id = %s", lambda b: b.replay_id, lambda b: b.replay_leaf,
+    ),
+    "replays.worker_id": (
+        "replays", "worker_id", "w9", "replay_id = %s", lambda b: b.replay_id,
+        lambda b: b.replay_leaf,
+    ),
+    "certificates.invariant": (
+        "certificates", "invariant", False, "certificate_id = %s", lambda b: b.certificate_id,
+        lambda b: b.certificate_leaf,
+    ),
+    "certificates.pool": (
+        "certificates", "pool", "p9", "certificate_id = %s", lambda b: b.certificate_id,
+        lambda b: b.certificate_leaf,
+    ),
+    "certificates.fingerprint_id": (
+        "certificates", "fingerprint_id", "sha256:" + "1" * 64, "certificate_id = %s",
+        lambda b: b.certificate_id, lambda b: b.certificate_leaf,
+    ),
+    "fingerprints.key_id": (
+        "fingerprints", "key_id", "ed25519:" + "2" * 64, "log_index = %s", lambda b: 2,
+        lambda b: 2,
+    ),
+    "fingerprints.fingerprint_id": (
+        "fingerprints", "fingerprint_id", "sha256:" + "3" * 64, "log_index = %s", lambda b: 2,
+        lambda b: 2,
+    ),
+    "signing_keys.name": (
+        "signing_keys", "name", "someone-else", "log_index = %s", lambda b: 1, lambda b: 1,
+    ),
+    "signing_keys.role": (
+        "signing_keys", "role", "replayer", "log_index = %s", lambda b: 1, lambda b: 1,
+    ),
+    "key_revocations.reason": (
+        "key_revocations", "reason", "never", "key_id = %s", lambda b: b.revoked_key_id,
+        lambda b: b.revocation_leaf,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(INDEX_EDITS))
+def test_an_edited_index_column_is_named(ledger: Tampered, case: str):
+    table, column, value, where, param, leaf = INDEX_EDITS[case]
+    b = ledger.built
+    ledger.update(table, column, value, where, param(b))
+    report = ledger.audit()
+    assert not report.ok
+    assert named(report, leaf(b), table, column), dump(report)
+
+
+@pytest.mark.parametrize(
+    "table,column,where,param,leaf",
+    [
+        ("replays", "created_at", "replay_id = %s", lambda b: b.replay_id, lambda b: b.replay_leaf),
+        (
+            "certificates", "created_at", "certificate_id = %s", lambda b: b.certificate_id,
+            lambda b: b.certificate_leaf,
+        ),
+        ("fingerprints", "registered_at", "log_index = %s", lambda b: 2, lambda b: 2),
+        ("signing_keys", "registered_at", "log_index = %s", lambda b: 1, lambda b: 1),
+        (
+            "key_revocations", "revoked_at", "key_id = %s", lambda b: b.revoked_key_id,
+            lambda b: b.revocation_leaf,
+        ),
+    ],
+)  # fmt: skip
+def test_an_edited_index_time_is_named(ledger: Tampered, table, column, where, param, leaf):
+    b = ledger.built
+    moved = ledger.shifted(table, column, SECOND, where, param(b))
+    ledger.update(table, column, moved, where, param(b))
+    report = ledger.audit()
+    assert named(report, leaf(b), table, column), dump(report)
+
+
+def test_findings_name_table_and_column_in_the_cli(ledger: Tampered):
+    ledger.update("records", "tier", 0, "request_id = %s", "req-greedy")
+    proc = subprocess.run(
+        [*CLI, "--db", ledger.url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    leaf = ledger.leaf("req-greedy")
+    assert out["first_bad_index"] == leaf
+    assert {"check": "index", "index": leaf, "table": "records", "column": "tier"}.items() <= (
+        out["findings"][0].items()
+    )
