@@ -384,3 +384,21 @@ def test_findings_name_table_and_column_in_the_cli(ledger: Tampered):
     assert {"check": "index", "index": leaf, "table": "records", "column": "tier"}.items() <= (
         out["findings"][0].items()
     )
+
+
+def test_chunks_and_worker_processes_find_the_same(ledger: Tampered, monkeypatch):
+    """Several edits at once; chunk edges everywhere; batches checked in worker processes."""
+    b = ledger.built
+    ledger.update("cache_keys", "request_id", "req-plain", "request_id = %s", "req-greedy")
+    ledger.update("log_entries", "kind", "fingerprint", "idx = %s", ledger.leaf("req-text"))
+    moved = ledger.shifted("log_entries", "appended_at", -timedelta(days=1), "idx = %s", 2)
+    ledger.update("log_entries", "appended_at", moved, "idx = %s", 2)
+    ledger.update("replays", "verdict", "diverged", "replay_id = %s", b.replay_id)
+    ledger.su.execute([("DELETE FROM records WHERE request_id = 'req-chat'", ())], ["records"])
+    whole = [f.to_dict() for f in ledger.audit().findings]
+    assert len(whole) >= 5
+    monkeypatch.setattr("ledger.storage.audit.PARALLEL_FROM", 0)
+    for chunk in (1, 2, 5):
+        monkeypatch.setattr("ledger.storage.audit.CHUNK", chunk)
+        assert [f.to_dict() for f in ledger.audit().findings] == whole, chunk
+        assert [f.to_dict() for f in ledger.audit(workers=2).findings] == whole, chunk
