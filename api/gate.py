@@ -15,8 +15,8 @@ middleware sits in front of the router and, for every request:
 3. refuses a declared ``Content-Length`` over ``LEDGER_MAX_BODY_BYTES`` (413 ``body_too_large``);
 4. counts body bytes as the app receives them, on every route and for chunked bodies too:
    413 ``body_too_large`` as soon as the count passes the limit;
-5. bounds the time spent waiting for the body: once ``LEDGER_BODY_TIMEOUT`` seconds of waiting
-   have passed before its last byte, 408 ``body_timeout``.
+5. bounds the time a body may take: once ``LEDGER_BODY_TIMEOUT`` seconds have passed since
+   the app began to read it and its last byte has not come, 408 ``body_timeout``.
 
 A refusal the gate answers itself (the app's own later answer, if any, is dropped), and any
 answer sent while part of a request's body is still unread says ``Connection: close``: the
@@ -27,12 +27,12 @@ the chunks the app reads.
 from __future__ import annotations
 
 import asyncio
-import time
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fastapi.routing import RouteContext, iter_route_contexts
-from starlette.routing import BaseRoute, Match
+from starlette.routing import BaseRoute, Match, get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import errors
@@ -48,6 +48,10 @@ class Rule:
     context: RouteContext  # the route as the router matches it (path, methods, dependencies)
     protected: bool
     scope: str | None
+    # A route's own match is a chain of lookups and a child scope (~10 us); the gate matches
+    # on the same path pattern and methods directly. None: a route kind without them.
+    regex: re.Pattern[str] | None
+    methods: frozenset[str] | None
 
     @property
     def route(self) -> BaseRoute:
@@ -67,7 +71,11 @@ def rule_for(context: RouteContext) -> Rule:
         if isinstance(required, str):
             protected, scope = True, required
         stack.extend(dep.dependencies)
-    return Rule(context, protected, scope)
+    regex = getattr(context, "path_regex", None)
+    methods = getattr(context, "methods", None)
+    if not isinstance(regex, re.Pattern) or not methods:
+        regex = methods = None
+    return Rule(context, protected, scope, regex, frozenset(methods) if methods else None)
 
 
 class RouteRules:
@@ -77,9 +85,13 @@ class RouteRules:
         self.rules = [rule_for(c) for c in iter_route_contexts(routes)]
 
     def match(self, scope: Scope) -> Rule | None:
+        path, method = get_route_path(scope), scope["method"]
         for rule in self.rules:
-            found, _ = rule.context.matches(scope)
-            if found is Match.FULL:
+            if rule.regex is None or rule.methods is None:
+                found, _ = rule.context.matches(scope)
+                if found is Match.FULL:
+                    return rule
+            elif method in rule.methods and rule.regex.match(path):
                 return rule
         return None
 
@@ -109,29 +121,55 @@ class _Exchange:
         self, scope: Scope, receive: Receive, send: Send, limit: int, timeout: float
     ) -> None:
         self.scope, self._receive, self._send = scope, receive, send
-        self.limit, self.timeout, self.wait_left = limit, timeout, timeout
+        self.limit, self.timeout = limit, timeout
         self.declared, self.has_body = _declared_length(scope)
         self.size = 0
         self.body_done = not self.has_body
         self.started = False  # the app (or the gate) has started the response
         self.refused: str | None = None  # the code of the gate's own answer
+        # The body deadline: one timer per request, armed at the first read (a timeout
+        # context around every chunk's read would cost more than the read).
+        self._timer: asyncio.TimerHandle | None = None
+        self._waiter: asyncio.Task[object] | None = None  # the task blocked in a read
+        self.expired = False
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self._waiter is not None:
+            self._waiter.cancel()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def _time_out(self) -> None:
+        await self.refuse(
+            errors.BodyTimeout(
+                "the request body did not arrive in time; the connection is closed",
+                details={"timeout_seconds": self.timeout},
+            )
+        )
+        raise _Refused
 
     async def receive(self) -> Message:
         if self.body_done or self.refused:
             return await self._receive()
-        begun = time.monotonic()
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
+        if self.expired:
+            await self._time_out()
+        task = asyncio.current_task()
+        self._waiter = task
         try:
-            async with asyncio.timeout(max(self.wait_left, 0.0)):
-                message = await self._receive()
-        except TimeoutError:
-            await self.refuse(
-                errors.BodyTimeout(
-                    "the request body did not arrive in time; the connection is closed",
-                    details={"timeout_seconds": self.timeout},
-                )
-            )
-            raise _Refused from None
-        self.wait_left -= time.monotonic() - begun
+            message = await self._receive()
+        except asyncio.CancelledError:
+            if not self.expired or task is None:
+                raise  # a cancellation of our own making is a timeout; any other is not
+            task.uncancel()
+            await self._time_out()
+        finally:
+            self._waiter = None
         if message["type"] == "http.request":
             self.size += len(message.get("body", b""))
             if self.size > self.limit:
@@ -139,8 +177,10 @@ class _Exchange:
                 raise _Refused
             if not message.get("more_body", False):
                 self.body_done = True
+                self.close()
         else:  # http.disconnect: nothing more will come
             self.body_done = True
+            self.close()
         return message
 
     async def send(self, message: Message) -> None:
@@ -221,5 +261,6 @@ class Gate:
         except _Refused:
             pass
         finally:
+            exchange.close()
             if exchange.refused:
                 state["error_code"] = exchange.refused

@@ -63,7 +63,8 @@ class Settings(BaseSettings):
         default=30.0,
         gt=0,
         le=3600,
-        description="seconds the API waits, in all, for a request's body; then 408 body_timeout",
+        description="seconds a request's body may take once the API reads it; then 408 "
+        "body_timeout",
     )
 
     @field_validator("worker_networks")

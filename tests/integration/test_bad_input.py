@@ -132,7 +132,7 @@ def test_a_body_shorter_than_its_length_times_out(api: Harness, short_deadline: 
     assert answer.headers["connection"] == "close" and answer.closed
 
 
-def test_a_trickled_body_times_out_on_its_total_wait(api: Harness, short_deadline: float):
+def test_a_trickled_body_times_out_on_its_total_time(api: Harness, short_deadline: float):
     headers = {**JSON, "content-length": "1000", **_auth(api.admin_token)}
     trickle = [b" "] * 40  # one byte every 0.1 s: each wait is short, their sum is not
     answer = exchange(api.url, "POST", "/v1/records", headers, trickle, pause=0.1, timeout=10)
