@@ -73,17 +73,6 @@ def _create_key(path: Path) -> tuple[SigningKey, list[secretfile.StagedSecret]]:
     return key, staged
 
 
-def load_or_create_log_key(path: Path) -> SigningKey:
-    if os.path.lexists(path):
-        return _load_key(path)
-    return _create_key(path)[0]
-
-
-def write_secret(path: Path, secret: str, *, overwrite: bool = False) -> None:
-    """A token file: mode 0600, atomic, never through a symlink (``ledger.secretfile``)."""
-    secretfile.write_secret_file(path, secret + "\n", overwrite=overwrite)
-
-
 def preflight(settings: Settings, db: Database) -> None:
     """Refuse a start that production mode does not allow; creates nothing."""
     if settings.environment != "production":
