@@ -3,7 +3,8 @@
 Not a ledger table: a job's row is updated as it runs (progress, lease, outcome). The signed
 certificate a finished job produced is a log leaf (``verdicts.append_certificate``); the row
 only points at it (``certificate_id``, ``log_index``), and reading a done job returns that
-leaf's envelope.
+leaf's envelope, once checked to be this job's certificate (else :class:`IndexMismatch`: a
+row edited to point at another leaf is never answered).
 
 States: ``running`` (from creation: the process that accepted the job runs it), then ``done``
 or ``failed``, both final (but see :func:`finish`: a logged certificate always wins). A running
@@ -28,9 +29,10 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 
-from ledger.errors import NotFound
+from ledger.errors import IndexMismatch, NotFound
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import CertificationJob, LogEntry
+from ledger.storage.verdicts import CERTIFICATE_KIND
 
 RUNNING, DONE, FAILED = "running", "done", "failed"
 STATES = (RUNNING, DONE, FAILED)
@@ -71,7 +73,29 @@ def interrupted_error(job: Job) -> dict[str, Any]:
     }
 
 
+def _checked(row: CertificationJob, envelope: bytes) -> bytes:
+    try:
+        logged = json.loads(envelope)
+        ok = logged["kind"] == CERTIFICATE_KIND
+        ok = ok and logged["body"]["certificate_id"] == row.certification_id
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise IndexMismatch(
+            f"certification {row.certification_id} points at log entry {row.log_index}, which "
+            "is not its certificate: the job's row was edited (run `ledger audit`)",
+            details={"certification_id": row.certification_id, "log_index": row.log_index},
+        )
+    return bytes(envelope)
+
+
 def _job(row: CertificationJob, certificate: bytes | None = None) -> Job:
+    if row.state == DONE and certificate is None:
+        raise IndexMismatch(
+            f"certification {row.certification_id} is done without a certificate in the log: "
+            "the job's row was edited (run `ledger audit`)",
+            details={"certification_id": row.certification_id},
+        )
     return Job(
         certification_id=row.certification_id,
         pool=row.pool,
@@ -88,7 +112,7 @@ def _job(row: CertificationJob, certificate: bytes | None = None) -> Job:
         lease_until=as_utc(row.lease_until),
         created_at=as_utc(row.created_at),
         updated_at=as_utc(row.updated_at),
-        certificate=bytes(certificate) if certificate is not None else None,
+        certificate=_checked(row, certificate) if certificate is not None else None,
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from ledger.errors import Conflict, NotFound
+from ledger.errors import Conflict, IndexMismatch, NotFound
 from ledger.storage import certification_jobs as jobs
 from ledger.storage import verdicts
 from ledger.storage.database import Database, utcnow
@@ -133,6 +133,56 @@ def test_done_carries_the_logged_certificate(db: Database) -> None:
     # final: a late failure report from the runner changes nothing
     assert not jobs.finish(db, job.certification_id, "host:1:a", done=1, error={"code": "x"})
     assert jobs.get(db, job.certification_id) == done
+
+
+def test_a_done_job_pointed_at_another_leaf_is_never_answered(db: Database) -> None:
+    """A superuser repoints a done job at another leaf (another job's certificate, the log
+    key's registration) or drops the pointer: reading it is an index mismatch, not an answer."""
+    seeded = seed_ledger(db)
+    done: list[tuple[jobs.Job, int]] = []
+    for _ in range(2):
+        job = _create(db)
+        stored = verdicts.append_certificate(
+            db,
+            seeded.log_key,
+            {
+                "certificate_id": job.certification_id,
+                "pool": "p",
+                "fingerprint_id": seeded.fingerprint_id,
+                "invariant_observed": True,
+            },
+        )
+        jobs.finish(
+            db,
+            job.certification_id,
+            "host:1:a",
+            done=10,
+            certificate_id=stored.id,
+            log_index=stored.log_index,
+        )
+        done.append((job, stored.log_index))
+    (first, _), (second, second_leaf) = done
+    edits = [
+        (f"log_index = {second_leaf}", first),
+        ("log_index = 0", first),
+        ("log_index = NULL", second),
+    ]
+    with db.engine.begin() as conn:  # the superuser also drops the CHECKs that stand in the way
+        if db.is_postgres:
+            conn.execute(
+                text("ALTER TABLE certification_jobs DROP CONSTRAINT ck_certification_jobs_done")
+            )
+    for change, job in edits:
+        if "NULL" in change and not db.is_postgres:
+            continue  # SQLite cannot drop a CHECK; the CHECK refuses this edit there
+        with db.engine.begin() as conn:
+            conn.execute(
+                text(f"UPDATE certification_jobs SET {change} WHERE certification_id = :i"),
+                {"i": job.certification_id},
+            )
+        with pytest.raises(IndexMismatch) as found:
+            jobs.get(db, job.certification_id)
+        assert found.value.details["certification_id"] == job.certification_id
 
 
 def test_a_certificate_logged_after_the_lease_ran_out_still_makes_the_job_done(
