@@ -2,14 +2,17 @@
 
 Builds (or reuses) a Postgres database holding a log of --leaves leaves: a log key, a
 collector key, a fingerprint, then signed inference records (16 prompt and 16 output tokens,
-float32 logprobs; about 1 KiB each), loaded with binary COPY together with their record rows
-and Merkle nodes, and one signed checkpoint. Generation is spread over two processes.
+float32 logprobs; about 1 KiB each), loaded with binary COPY together with their record rows,
+cache keys (as ingest derives them) and Merkle nodes, and one signed checkpoint. Generation is
+spread over two processes. A database built before cache keys were loaded is rebuilt.
 
 Then, with `ledger serve` on that database:
 - p50/p99 latency of GET /v1/log/proof/inclusion (random index, current tree size) and of
   GET /v1/records/{id}/evidence (random record), measured by one client over keep-alive HTTP;
-- audit speed (leaves/s): structure-only (leaf hashes, tree, checkpoints) and, with --full,
-  the full audit (every signature, canonical form and index table), each --runs times.
+- audit speed (leaves/s): structure-only (leaf hashes, tree, checkpoints, receive times) and,
+  with --full, the full audit (also every envelope's canonical form and signature, and every
+  index table recomputed from the envelopes: records, cache keys, fingerprints, keys), each
+  --runs times; --no-latency skips the HTTP part.
 
     .venv/bin/python bench/log.py --leaves 1000000 --runs 3
     .venv/bin/python bench/log.py --leaves 100000 --runs 3 --full
@@ -38,9 +41,10 @@ sys.path.insert(0, str(ROOT))
 import migrations  # noqa: E402
 from bench.ingest import machine, start_server  # noqa: E402
 from ledger import merkle  # noqa: E402
+from ledger.cachekey import is_deterministic  # noqa: E402
 from ledger.records import RECORD_KIND  # noqa: E402
 from ledger.signing import SigningKey, sign_envelope  # noqa: E402
-from ledger.storage import checkpoints, tokenstore, tree  # noqa: E402
+from ledger.storage import cache, checkpoints, tokenstore, tree  # noqa: E402
 from ledger.storage.audit import audit  # noqa: E402
 from ledger.storage.database import Database  # noqa: E402
 from tests.support.documents import record_body  # noqa: E402
@@ -49,14 +53,19 @@ from tests.support.seed import seed_ledger  # noqa: E402
 CHUNK = 20_000
 
 
-def _generate(args: tuple[bytes, str, int, int]) -> list[tuple[str, bytes, str]]:
+Generated = tuple[str, bytes, str, list[str], bool]
+
+
+def _generate(args: tuple[bytes, str, int, int]) -> list[Generated]:
     pem, fp, start, count = args
     key = SigningKey.from_pem(pem)
     out = []
     for i in range(start, start + count):
         body = record_body(fp, request_id=f"bench-{i:08d}", prompt_len=16, out_len=16, seed=i)
         env = sign_envelope(RECORD_KIND, body, key)
-        out.append((body["request_id"], env.canonical, env.body_digest))
+        keys = cache.keys_for(body, None)  # the write path's derivation (completions)
+        det = is_deterministic(body["request"])
+        out.append((body["request_id"], env.canonical, env.body_digest, keys, det))
     return out
 
 
@@ -76,12 +85,12 @@ def build(url: str, leaves: int, data_dir: Path) -> None:
     t0 = time.perf_counter()
     with ProcessPoolExecutor(2) as pool, psycopg.connect(url) as conn:
         for chunk in pool.map(_generate, jobs):
-            hashes = [merkle.leaf_hash(c) for _, c, _ in chunk]
+            hashes = [merkle.leaf_hash(c) for _, c, _, _, _ in chunk]
             nodes = merkle.append_leaves(size, hashes, frontier)
             with conn.cursor() as cur:
                 with cur.copy("COPY log_entries FROM STDIN (FORMAT BINARY)") as cp:
                     cp.set_types(["int8", "varchar", "bytea", "bytea", "timestamptz"])
-                    for j, (_, canonical, _) in enumerate(chunk):
+                    for j, (_, canonical, _, _, _) in enumerate(chunk):
                         cp.write_row((size + j, RECORD_KIND, hashes[j], canonical, now))
                 with cur.copy("COPY records FROM STDIN (FORMAT BINARY)") as cp:
                     cp.set_types(
@@ -99,7 +108,7 @@ def build(url: str, leaves: int, data_dir: Path) -> None:
                             "timestamptz",
                         ]
                     )
-                    for j, (rid, _, digest) in enumerate(chunk):
+                    for j, (rid, _, digest, _, _) in enumerate(chunk):
                         cp.write_row(
                             (
                                 rid,
@@ -115,6 +124,11 @@ def build(url: str, leaves: int, data_dir: Path) -> None:
                                 now,
                             )
                         )
+                with cur.copy("COPY cache_keys FROM STDIN (FORMAT BINARY)") as cp:
+                    cp.set_types(["varchar", "varchar", "int8", "int2", "bool"])
+                    for j, (rid, _, _, keys, det) in enumerate(chunk):
+                        for k in keys:
+                            cp.write_row((k, rid, size + j, 1, det))
                 with cur.copy("COPY merkle_nodes FROM STDIN (FORMAT BINARY)") as cp:
                     cp.set_types(["int2", "int8", "bytea"])
                     for (level, idx), h in nodes.items():
@@ -128,49 +142,18 @@ def build(url: str, leaves: int, data_dir: Path) -> None:
     db.dispose()
 
 
+def _has_cache_keys(url: str) -> bool:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT EXISTS (SELECT 1 FROM cache_keys)").fetchone()[0]
+
+
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--leaves", type=int, default=1_000_000)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=1000)
-    ap.add_argument("--full", action="store_true", help="also time the full audit")
-    ap.add_argument("--workers", type=int, default=1, help="processes for the full audit")
-    ap.add_argument(
-        "--pg",
-        default=os.environ.get(
-            "LEDGER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-        ),
-    )
-    args = ap.parse_args()
-    name = f"ledger_bench_log_{args.leaves}"
-    url = args.pg.rpartition("/")[0] + "/" + name
-    data_dir = Path(tempfile.gettempdir()) / name
-    with psycopg.connect(args.pg, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        pg_version = conn.execute("SHOW server_version").fetchone()[0]
-    if not exists or not (data_dir / "log-key.pem").exists():
-        with psycopg.connect(args.pg, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        data_dir.mkdir(parents=True, exist_ok=True)
-        for f in data_dir.iterdir():
-            f.unlink()
-        print(f"building a {args.leaves:,}-leaf log in {name} ...")
-        build(url, args.leaves, data_dir)
-    print(f"machine: {machine()}; PostgreSQL {pg_version}; log of {args.leaves:,} leaves")
-
-    db = Database(url)
-    token, _ = tokenstore.create_token(db, "bench", ["records:read"])
-    log_key = SigningKey.load(data_dir / "log-key.pem")
+def latency(url: str, data_dir: Path, token: str, requests: int) -> None:
+    """p50/p99 of inclusion proofs and evidence bundles, one client, keep-alive HTTP."""
     proc, api, _ = start_server(url, data_dir, 1)
     try:
         rng = random.Random(1)
@@ -193,18 +176,63 @@ def main() -> None:
                     path, params = make()
                     c.get(path, params=params).raise_for_status()
                 times = []
-                for _ in range(args.requests):
+                for _ in range(requests):
                     path, params = make()
                     t = time.perf_counter()
                     c.get(path, params=params).raise_for_status()
                     times.append((time.perf_counter() - t) * 1000)
                 print(
                     f"{label}: p50 {percentile(times, 50):.2f} ms, "
-                    f"p99 {percentile(times, 99):.2f} ms ({args.requests} requests)"
+                    f"p99 {percentile(times, 99):.2f} ms ({requests} requests)"
                 )
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--leaves", type=int, default=1_000_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--full", action="store_true", help="also time the full audit")
+    ap.add_argument("--workers", type=int, default=1, help="processes for the full audit")
+    ap.add_argument("--no-latency", action="store_true", help="skip the proof/evidence latency")
+    ap.add_argument(
+        "--pg",
+        default=os.environ.get(
+            "LEDGER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+    )
+    args = ap.parse_args()
+    name = f"ledger_bench_log_{args.leaves}"
+    url = args.pg.rpartition("/")[0] + "/" + name
+    data_dir = Path(tempfile.gettempdir()) / name
+    with psycopg.connect(args.pg, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        pg_version = conn.execute("SHOW server_version").fetchone()[0]
+    if exists and not _has_cache_keys(url):
+        exists = None  # built before cache keys were loaded: the full audit would fail it
+    if not exists or not (data_dir / "log-key.pem").exists():
+        with psycopg.connect(args.pg, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        data_dir.mkdir(parents=True, exist_ok=True)
+        for f in data_dir.iterdir():
+            f.unlink()
+        print(f"building a {args.leaves:,}-leaf log in {name} ...")
+        build(url, args.leaves, data_dir)
+    print(f"machine: {machine()}; PostgreSQL {pg_version}; log of {args.leaves:,} leaves")
+
+    db = Database(url)
+    token, _ = tokenstore.create_token(db, "bench", ["records:read"])
+    log_key = SigningKey.load(data_dir / "log-key.pem")
+    if not args.no_latency:
+        latency(url, data_dir, token, args.requests)
     modes = [("structure-only", False)] + (
         [(f"full, {args.workers} worker(s)", True)] if args.full else []
     )

@@ -145,7 +145,7 @@ def check_batch(known: Known, batch: Batch) -> list[Finding]:
             finding = signer_finding(known.keys, env, idx, st.verifiers)
             if finding is not None:
                 st.found.append(finding)
-        _index_rows(st, env, idx, leaves.appended_at[pos])
+        _index_rows(st, env, idx, leaves.time(pos))
     for table, by_index in stored.items():
         for idx, rows in by_index.items():
             for row in rows:

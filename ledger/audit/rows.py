@@ -45,17 +45,25 @@ def as_time(value: Micros | None) -> str:
 class LeafChunk:
     """Consecutive ``log_entries`` rows in index order, as columns.
 
+    ``appended_at`` counts microseconds from ``time_origin`` (itself :data:`Micros`): a
+    reader whose database counts from another instant hands its integers over as they are,
+    and the audit moves its bounds instead of every time (:meth:`time` gives the Micros).
     ``kinds`` is ``None`` in a structure-only scan (which never parses an envelope).
     """
 
     indexes: Sequence[int]
     leaf_hashes: Sequence[bytes]
     envelopes: Sequence[bytes]
-    appended_at: Sequence[Micros | None]
+    appended_at: Sequence[int | None]
     kinds: Sequence[str] | None = None
+    time_origin: Micros = 0
 
     def __len__(self) -> int:
         return len(self.indexes)
+
+    def time(self, pos: int) -> Micros | None:
+        at = self.appended_at[pos]
+        return None if at is None else at + self.time_origin
 
 
 class CheckpointRow(NamedTuple):

@@ -223,7 +223,7 @@ class _Audit:
             except (ValueError, LedgerError):
                 continue  # the batch reports it
             if env.kind in KEY_EVENTS:
-                self.found.extend(self.timeline.apply(env, idx, chunk.appended_at[pos]))
+                self.found.extend(self.timeline.apply(env, idx, chunk.time(pos)))
                 sequenced.append(idx)
             elif env.kind == FINGERPRINT_KIND:
                 template = derive.chat_template(env.body)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from ledger.audit.report import Finding
 from ledger.audit.rows import LeafChunk, Micros, as_time
@@ -56,25 +57,37 @@ class TimeBounds:
         self.stale_count = 0
 
     def check(self, chunk: LeafChunk) -> list[Finding]:
-        """Findings for the receive times of one chunk (sorted indexes)."""
-        found: list[Finding] = []
-        indexes: Sequence[int] = chunk.indexes
+        """Findings for the receive times of one chunk (sorted indexes). The times are
+        compared as the chunk holds them (from its ``time_origin``): the bounds move, not
+        every time, and each stretch between checkpoints is one ``min`` and one ``max``."""
         held = chunk.appended_at
-        if None in held:
-            for idx, maybe in zip(indexes, held, strict=True):
-                if maybe is None:
-                    found.append(_finding(idx, "log_entries.appended_at is not a time"))
-            keep = [i for i, maybe in enumerate(held) if maybe is not None]
-            indexes = [indexes[i] for i in keep]
-        times: list[Micros] = [at for at in held if at is not None]
-        count, tolerance = len(indexes), self.rules.tolerance
+        try:
+            return self._check(chunk.indexes, cast(Sequence[Micros], held), chunk.time_origin, [])
+        except TypeError:  # a None among them (min and max do not compare it): the slow way
+            pass
+        found = [
+            _finding(idx, "log_entries.appended_at is not a time")
+            for idx, at in zip(chunk.indexes, held, strict=True)
+            if at is None
+        ]
+        keep = [i for i, at in enumerate(held) if at is not None]
+        indexes = [chunk.indexes[i] for i in keep]
+        times = [at for at in held if at is not None]
+        return self._check(indexes, times, chunk.time_origin, found)
+
+    def _check(
+        self, indexes: Sequence[int], times: Sequence[Micros], origin: Micros, found: list[Finding]
+    ) -> list[Finding]:
+        count, tolerance, sizes = len(indexes), self.rules.tolerance, self.sizes
         pos = 0
         while pos < count:
-            j = bisect_right(self.sizes, indexes[pos])  # sizes[j - 1] <= leaf < sizes[j]
-            end = bisect_left(indexes, self.sizes[j], pos) if j < len(self.sizes) else count
+            j = bisect_right(sizes, indexes[pos])  # sizes[j - 1] <= leaf < sizes[j]
+            end = bisect_left(indexes, sizes[j], pos) if j < len(sizes) else count
             segment = times[pos:end]
-            low = self.latest[j - 1] - tolerance if j else None
-            high = self.earliest[j] + tolerance if j < len(self.sizes) else None
+            low = self.latest[j - 1] - tolerance - origin if j else None
+            high = self.earliest[j] + tolerance - origin if j < len(sizes) else None
+            if low is None and high is None:
+                min(segment)  # no bound here: still raises TypeError on a time that is None
             if (low is not None and min(segment) < low) or (
                 high is not None and max(segment) > high
             ):
@@ -83,8 +96,8 @@ class TimeBounds:
                         found.append(
                             _finding(
                                 idx,
-                                f"appended at {as_time(at)}, before the checkpoint of size "
-                                f"{self.sizes[j - 1]}, which does not cover it, was signed "
+                                f"appended at {as_time(at + origin)}, before the checkpoint of "
+                                f"size {sizes[j - 1]}, which does not cover it, was signed "
                                 f"({as_time(self.latest[j - 1])})",
                             )
                         )
@@ -92,24 +105,24 @@ class TimeBounds:
                         found.append(
                             _finding(
                                 idx,
-                                f"appended at {as_time(at)}, after the checkpoint of size "
-                                f"{self.sizes[j]}, which covers it, was signed "
+                                f"appended at {as_time(at + origin)}, after the checkpoint of "
+                                f"size {sizes[j]}, which covers it, was signed "
                                 f"({as_time(self.earliest[j])})",
                             )
                         )
             pos = end
-        self._uncovered(indexes, times, found)
+        self._uncovered(indexes, times, origin, found)
         return found
 
     def _uncovered(
-        self, indexes: Sequence[int], times: Sequence[int], found: list[Finding]
+        self, indexes: Sequence[int], times: Sequence[Micros], origin: Micros, found: list[Finding]
     ) -> None:
         start = bisect_left(indexes, self.covered)
         if start == len(indexes):
             return
         segment = times[start:]
-        stale_before = self.rules.now - self.rules.grace
-        future_after = self.rules.now + self.rules.tolerance
+        stale_before = self.rules.now - self.rules.grace - origin
+        future_after = self.rules.now + self.rules.tolerance - origin
         if min(segment) < stale_before:
             for idx, at in zip(indexes[start:], segment, strict=True):
                 if at < stale_before:
@@ -123,7 +136,7 @@ class TimeBounds:
                     found.append(
                         _finding(
                             idx,
-                            f"appended at {as_time(at)}, after the audit began "
+                            f"appended at {as_time(at + origin)}, after the audit began "
                             f"({as_time(self.rules.now)}); no checkpoint covers it",
                         )
                     )

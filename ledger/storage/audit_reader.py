@@ -160,14 +160,14 @@ class StorageAuditReader:
         def chunks() -> Iterator[LeafChunk]:
             for rows in self._scan(sql, chunk, "log"):
                 cols = list(zip(*rows, strict=True))
-                if postgres:
-                    times = [t + _PG_EPOCH for t in cols[3]]
-                    envelopes, hashes = cols[2], cols[1]
-                else:
-                    times = [_sqlite_micros(t) for t in cols[3]]
-                    envelopes = tuple(_blob(e) for e in cols[2])
-                    hashes = tuple(_blob(h) for h in cols[1])
-                yield LeafChunk(cols[0], hashes, envelopes, times, cols[4] if kinds else None)
+                kind = cols[4] if kinds else None
+                if postgres:  # times as stored: microseconds since 2000
+                    yield LeafChunk(cols[0], cols[1], cols[2], cols[3], kind, _PG_EPOCH)
+                    continue
+                times = [_sqlite_micros(t) for t in cols[3]]
+                envelopes = tuple(_blob(e) for e in cols[2])
+                hashes = tuple(_blob(h) for h in cols[1])
+                yield LeafChunk(cols[0], hashes, envelopes, times, kind)
 
         return prefetched(chunks())
 

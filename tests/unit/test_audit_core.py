@@ -175,3 +175,9 @@ def test_chunked_checks_equal_one_pass(offsets, sizes, cut):
 def test_times_print_as_rfc3339():
     assert as_time(T0) == "2026-12-01T09:00:00Z"
     assert as_time(None) == "(not a time)"
+
+
+def test_a_time_that_is_no_time_is_named_without_timed_checkpoints():
+    b = bounds([], 2)  # covered by checkpoints without a time
+    (finding,) = b.check(chunk([T0, None]))
+    assert (finding.index, finding.column) == (1, "appended_at")
