@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.tokens import CONTEXT, TokenRenderer, parse_placeholder
+from collectors.vllm_request import Judged, Unsure, judge, prompt_kind, recordable
 from ledger.errors import InvalidInput
 from ledger.records import MAX_TOP_K, Choice
 
@@ -35,75 +36,99 @@ class Plan:
     top_k: int = 0
     # The engine sends ``token_id:N`` token strings that the client did not ask for.
     render_tokens: bool = False
-
-    @property
-    def stream(self) -> bool:
-        return bool(self.engine_body.get("stream"))
+    # Whether vLLM streams the answer (the client's ``stream`` as vLLM reads it).
+    stream: bool = False
+    # The prompt vLLM echoes before each choice's text, which it leaves out when asked for
+    # token IDs (None: nothing to put back).
+    echo_text: str | None = None
+    # The engine body as a record holds it (big integers as strings).
+    recorded_body: dict[str, Any] = field(default_factory=dict)
 
     @property
     def reshapes(self) -> bool:
         """Whether the client's view differs from the engine's answer."""
-        return self.hide_token_ids or self.hide_logprobs or self.render_tokens
+        return (
+            self.hide_token_ids
+            or self.hide_logprobs
+            or self.render_tokens
+            or self.echo_text is not None
+        )
 
 
-def requested_top_k(endpoint: str, body: dict[str, Any]) -> int:
+def requested_top_k(endpoint: str, judged: Judged) -> int:
     """The alternatives per output position the client asked for (0: none)."""
-    if endpoint == CHAT:
-        k = body.get("top_logprobs") if body.get("logprobs") else 0
-    else:
-        k = body.get("logprobs")
-    return k if type(k) is int and 0 < k <= MAX_TOP_K else 0
+    chat_k = judged.top_logprobs if judged.logprobs else 0
+    k = chat_k if endpoint == CHAT else judged.logprobs
+    return k if k is not None and 0 < k <= MAX_TOP_K else 0
 
 
-def _ids_recordable(body: dict[str, Any]) -> bool:
+def _ids_recordable(judged: Judged) -> bool:
     """Output-only logprobs: no echoed prompt, prompt logprobs or fixed-ID scores among them."""
-    return not (
-        body.get("echo") or body.get("prompt_logprobs") is not None or body.get("logprob_token_ids")
-    )
+    return not (judged.echo or judged.prompt_logprobs is not None or judged.logprob_token_ids)
 
 
 def plan(endpoint: str, body: dict[str, Any], *, can_render: bool = False) -> Plan:
     """Add what the record needs to ``body`` (a copy) and note what the client did not ask.
 
-    ``can_render``: the collector can render tokens exactly as vLLM does (a
+    Decisions follow the client's fields as vLLM reads them (:mod:`collectors.vllm_request`);
+    a request the collector cannot read as vLLM would, or whose meaning its additions would
+    change, raises :class:`Unsure` (the caller forwards it unchanged). ``can_render``: the
+    collector can render tokens exactly as vLLM does (a
     :class:`~collectors.tokens.TokenRenderer` for the model), so it may ask for token IDs in
     place of token strings to record the top-k alternatives' IDs.
     """
+    judged = judge(endpoint == CHAT, body)
+    echo_text = None
     if endpoint == COMPLETIONS:
-        prompt = body.get("prompt")
-        single = isinstance(prompt, str) or (
-            isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
-        )
-        if not single:
+        if prompt_kind(body) == "several":
             raise InvalidInput(
                 "the recording collector takes one prompt per request (a string or a list of "
                 "token IDs): send several prompts as several requests",
                 code="one_prompt_per_request",
             )
+        if judged.echo and not judged.return_token_ids:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise Unsure("echo of a token-ID prompt: vLLM echoes text it decodes itself")
+            echo_text = prompt
     engine = dict(body)
-    hide_ids = not body.get("return_token_ids")
+    hide_ids = not judged.return_token_ids
     engine["return_token_ids"] = True
     if endpoint == CHAT:
-        hide_logprobs = not body.get("logprobs")
+        hide_logprobs = not judged.logprobs
         # vLLM refuses top-k or chosen tokens' logprobs without ``logprobs: true``: such a
         # request goes to the engine as it came, and the client gets vLLM's own error.
-        refused = body.get("top_logprobs") not in (None, 0) or bool(body.get("logprob_token_ids"))
+        refused = judged.top_logprobs not in (None, 0) or judged.logprob_token_ids
         if hide_logprobs and not refused:
             engine["logprobs"] = True
             engine["top_logprobs"] = 0
     else:
-        hide_logprobs = body.get("logprobs") is None
-        if hide_logprobs:
+        hide_logprobs = judged.logprobs is None
+        if hide_logprobs and judged.logprob_token_ids:
+            # vLLM refuses these without logprobs: adding logprobs would make it valid.
+            raise Unsure("logprobs would change what vLLM makes of the request")
+        # With echo, logprobs would make vLLM compute (and return) prompt logprobs.
+        if hide_logprobs and not judged.echo:
             engine["logprobs"] = 0
-    top_k = requested_top_k(endpoint, body) if _ids_recordable(body) else 0
+    top_k = requested_top_k(endpoint, judged) if _ids_recordable(judged) else 0
     render = False
-    if top_k and body.get("return_tokens_as_token_ids") is not True:
+    if top_k and not judged.return_tokens_as_token_ids:
         if can_render:
             engine["return_tokens_as_token_ids"] = True
             render = True
         else:
             top_k = 0
-    return Plan(endpoint, engine, hide_ids, hide_logprobs, top_k, render)
+    return Plan(
+        endpoint,
+        engine,
+        hide_ids,
+        hide_logprobs,
+        top_k,
+        render,
+        stream=judged.stream,
+        echo_text=echo_text,
+        recorded_body=recordable(engine),
+    )
 
 
 class ClientView:
@@ -120,6 +145,7 @@ class ClientView:
         self._renderer = renderer
         self._context: dict[int, list[int]] = {}
         self._offset: dict[int, int] = {}
+        self._echoed: set[int] = set()
         # Sampled chat tokens whose rendering differed from the exact string vLLM sent in
         # ``bytes`` (the exact one is used; a count above 0 means the renderer is off).
         self.mismatches = 0
@@ -138,10 +164,19 @@ class ClientView:
                 c["logprobs"] = None
             elif plan.render_tokens and isinstance(c.get("logprobs"), dict):
                 c["logprobs"] = self._render(int(c.get("index", 0)), c["logprobs"])
+            index = c.get("index", 0)
+            echoed = plan.echo_text is not None and index not in self._echoed
             if plan.hide_token_ids:
+                # A stream's echoing chunk carries the prompt's IDs in vLLM alone too.
+                keep = ("prompt_token_ids",) if echoed and plan.stream else ()
                 for key in ("token_ids", "prompt_token_ids"):
-                    if c.get(key) is not None:
+                    if c.get(key) is not None and key not in keep:
                         c[key] = None
+            if echoed:
+                # vLLM echoes the prompt in a choice's first text (its first chunk).
+                self._echoed.add(index)
+                if isinstance(c.get("text"), str):
+                    c["text"] = f"{plan.echo_text}{c['text']}"
             choices.append(c)
         if "choices" in out:
             out["choices"] = choices

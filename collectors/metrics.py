@@ -23,6 +23,14 @@ class CollectorMetrics:
         self.refusals = Counter(
             "collector_refusals", "Requests refused by the collector", ["code"], registry=r
         )
+        self.unrecordable = Counter(
+            "collector_unrecordable",
+            "Answers the client got from vLLM without a record: requests the collector could "
+            "not read as vLLM would, sent on unchanged (by reason), or answers no record can "
+            "hold (record_invalid)",
+            ["reason"],
+            registry=r,
+        )
         self.spooled = Counter(
             "collector_records_spooled", "Records written to the spool", registry=r
         )

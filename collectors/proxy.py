@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -23,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -41,6 +42,7 @@ from collectors.spool import Spool
 from collectors.tiers import TIER_HEADER, check_tier, parse_tier
 from collectors.tokens import TokenRenderer
 from collectors.upstream import Streamed, Upstream
+from collectors.vllm_request import Unsure, is_json_media_type
 from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError, Unreachable
 from ledger.records import RECORD_KIND, build_record_body
 from ledger.signing import SigningKey, sign_envelope
@@ -48,9 +50,13 @@ from ledger.signing import SigningKey, sign_envelope
 REQUEST_ID_HEADER = "x-request-id"
 _REQUEST_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 _FORWARD_HEADERS = ("authorization", "content-type", "accept")
+# Path segments a request ID must not be: the ledger serves records at /v1/records/{ID}.
+_PATH_TRICKS = frozenset({".", ".."})
+_OTHER_METHODS = ["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _STATUS = {InvalidInput: 400, Conflict: 409, Unreachable: 502, StorageError: 503}
 
 logger = logging.getLogger("ledger.collector")
+T = TypeVar("T")
 
 
 @dataclass
@@ -99,12 +105,13 @@ def _error(exc: LedgerError, request_id: str | None = None) -> JSONResponse:
 
 
 def _request_id(request: Request) -> str:
+    """The client's X-Request-ID (an empty one counts as none), or a new one."""
     given = request.headers.get(REQUEST_ID_HEADER)
-    if given is None:
+    if not given:
         return f"req-{uuid.uuid4().hex}"
-    if not 0 < len(given) <= 200 or not set(given) <= _REQUEST_ID_CHARS:
+    if len(given) > 200 or not set(given) <= _REQUEST_ID_CHARS or given in _PATH_TRICKS:
         raise InvalidInput(
-            "X-Request-ID must be 1-200 characters of A-Z a-z 0-9 . _ : -",
+            "X-Request-ID must be 1-200 characters of A-Z a-z 0-9 . _ : -, and not . or ..",
             code="invalid_request_id",
         )
     return given
@@ -154,7 +161,7 @@ class _Exchange:
             tier=self.tier,
             endpoint=self.endpoint,
             model=self.acc.model or str(self.plan.engine_body.get("model", "")),
-            request=self.plan.engine_body,
+            request=self.plan.recorded_body,
             prompt_token_ids=self.acc.prompt_token_ids or [],
             choices=self.acc.record_choices(),
             started_at=self.started_at,
@@ -213,30 +220,52 @@ def create_proxy(state: WorkerState) -> Starlette:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     def headers_for_engine(request: Request, request_id: str) -> dict[str, str]:
+        """The client's credentials, content type and accept header, and the request ID."""
         headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
-        headers["content-type"] = "application/json"
         headers[REQUEST_ID_HEADER] = request_id
         return headers
 
-    async def forward_unrecorded(request: Request, raw: bytes, request_id: str) -> Response:
-        """A body that is not a JSON object: the engine answers it (an error), nothing to record."""
+    async def forward_unchanged(
+        request: Request, raw: bytes, request_id: str | None, reason: str
+    ) -> Response:
+        """A request the collector cannot read as vLLM would (not JSON, or values it cannot
+        judge): vLLM gets it as the client sent it, and the client vLLM's answer. vLLM
+        refuses almost all of these; an answer it accepted is counted, never recorded."""
+        headers = headers_for_engine(request, request_id or "")
+        if request_id is None:
+            del headers[REQUEST_ID_HEADER]
         try:
-            answer = await engine.request(
-                "POST",
-                request.url.path,
-                body=raw,
-                headers=headers_for_engine(request, request_id),
+            answer = await _unless_gone(
+                request,
+                engine.request(request.method, request.url.path, body=raw, headers=headers),
             )
         except Unreachable as exc:
             return _error(exc, request_id)
-        if answer.status != 200:
+        if answer is None:  # the client left: closing the connection stopped the engine
+            metrics.requests.labels(request.url.path, "aborted").inc()
+            return Response(status_code=499)
+        metrics.requests.labels(request.url.path, "forwarded_unchanged").inc()
+        if 200 <= answer.status < 300:
+            metrics.unrecordable.labels(reason).inc()
+            logger.warning(
+                "request %s: vLLM answered %d to a request the collector could not read (%s): "
+                "passed through, not recorded",
+                request_id,
+                answer.status,
+                reason,
+            )
+        else:
             metrics.engine_errors.labels(str(answer.status)).inc()
         return Response(
             answer.body,
             answer.status,
             media_type=answer.content_type,
-            headers={REQUEST_ID_HEADER: request_id},
+            headers={REQUEST_ID_HEADER: request_id} if request_id is not None else None,
         )
+
+    async def other_method(request: Request) -> Response:
+        """GET and the rest on a generation path: vLLM's own answer (its JSON 405)."""
+        return await forward_unchanged(request, await request.body(), None, "method")
 
     async def generate(request: Request) -> Response:
         began = time.perf_counter()
@@ -245,24 +274,30 @@ def create_proxy(state: WorkerState) -> Starlette:
         try:
             request_id = _request_id(request)
             raw = await request.body()
+            if not is_json_media_type(request.headers.get("content-type")):
+                return await forward_unchanged(request, raw, request_id, "media_type")
             try:
                 body = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # vLLM: 400 (not JSON, or nested too deep)
                 body = None
             if not isinstance(body, dict):
-                return await forward_unrecorded(request, raw, request_id)
-            tier = parse_tier(request.headers.get(TIER_HEADER), state.default_tier)
-            check_tier(tier, body, state.batch_invariance)
+                return await forward_unchanged(request, raw, request_id, "not_an_object")
+            try:
+                exchange_plan = plan(endpoint, body, can_render=state.renderer is not None)
+                engine_raw = dumps(exchange_plan.engine_body)
+                tier = parse_tier(request.headers.get(TIER_HEADER), state.default_tier)
+                check_tier(tier, body, state.batch_invariance)
+            except (Unsure, UnicodeEncodeError, RecursionError, ValueError) as exc:
+                logger.info("request %s forwarded unchanged: %s", request_id, exc)
+                return await forward_unchanged(request, raw, request_id, "not_judged")
             if request_id in state.in_flight or state.spool.holds(request_id):
                 raise Conflict(
                     f"request ID {request_id!r} was already used with this collector",
                     code="request_id_in_use",
                 )
-            exchange_plan = plan(endpoint, body, can_render=state.renderer is not None)
         except LedgerError as exc:
             metrics.refusals.labels(exc.code).inc()
             return _error(exc, request_id)
-        engine_raw = dumps(exchange_plan.engine_body)
         ex = _Exchange(
             state=state,
             endpoint=endpoint,
@@ -279,15 +314,79 @@ def create_proxy(state: WorkerState) -> Starlette:
         state.in_flight.add(request_id)
         response: Response | None = None
         try:
-            response = await forward(request, ex, time.perf_counter() - began)
+            if exchange_plan.stream:
+                response = await forward_stream(request, ex, time.perf_counter() - began)
+            else:
+                response = await forward_whole(request, ex, time.perf_counter() - began)
             return response
         finally:
             if not isinstance(response, _EndsWithTheResponse):  # that one releases the ID
                 state.in_flight.discard(request_id)
 
-    async def forward(request: Request, ex: _Exchange, own: float) -> Response:
-        """Send one planned exchange to the engine; record it and answer the client."""
-        endpoint, request_id, exchange_plan = ex.endpoint, ex.request_id, ex.plan
+    async def whole(request: Request, ex: _Exchange) -> tuple[int, str | None, bytes]:
+        async with engine.stream(
+            "POST",
+            ex.endpoint,
+            body=ex.engine_raw,
+            headers=headers_for_engine(request, ex.request_id),
+        ) as upstream:
+            return upstream.status, upstream.content_type, await upstream.read()
+
+    async def forward_whole(request: Request, ex: _Exchange, own: float) -> Response:
+        """A request answered at once: vLLM's answer, recorded before the client gets it. A
+        client that leaves first closes the engine's connection, as it would have closed its
+        own to vLLM, and vLLM aborts the generation: nothing was read, nothing is recorded."""
+        endpoint, request_id = ex.endpoint, ex.request_id
+        try:
+            answer = await _unless_gone(request, whole(request, ex))
+        except Unreachable as exc:
+            metrics.requests.labels(endpoint, "engine_unreachable").inc()
+            return _error(exc, request_id)
+        if answer is None:
+            metrics.requests.labels(endpoint, "aborted").inc()
+            return Response(status_code=499)  # nobody reads it
+        status, content_type, content = answer
+        if status != 200:
+            metrics.engine_errors.labels(str(status)).inc()
+            metrics.requests.labels(endpoint, "engine_error").inc()
+            return Response(
+                content, status, media_type=content_type, headers={REQUEST_ID_HEADER: request_id}
+            )
+        after = time.perf_counter()
+        data = json.loads(content)
+        ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
+        ex.acc.feed(data)
+        out = content if not ex.plan.reshapes else ex.for_client(data)
+        try:
+            await ex.spool_async()
+        except InvalidInput as exc:
+            # vLLM's answer holds nothing a record can be built from: the client gets it,
+            # and /metrics counts it.
+            _unrecordable(ex, exc, metrics)
+            return Response(
+                out, 200, media_type="application/json", headers={REQUEST_ID_HEADER: request_id}
+            )
+        except LedgerError as exc:
+            # Fail closed: an answer that cannot be stored is not handed out.
+            metrics.requests.labels(endpoint, "not_recorded").inc()
+            if isinstance(exc, Conflict):  # the same request ID, sent twice at once
+                return _error(exc, request_id)
+            return _error(
+                StorageError(
+                    f"the answer could not be recorded, so it is withheld: {exc.message}",
+                    code="not_recorded",
+                ),
+                request_id,
+            )
+        metrics.added_latency.observe(own + time.perf_counter() - after)
+        metrics.requests.labels(endpoint, "recorded").inc()
+        return Response(
+            out, 200, media_type="application/json", headers={REQUEST_ID_HEADER: request_id}
+        )
+
+    async def forward_stream(request: Request, ex: _Exchange, own: float) -> Response:
+        """A streamed request: chunks pass as they come; the record is in before [DONE]."""
+        endpoint, request_id = ex.endpoint, ex.request_id
         stack = AsyncExitStack()  # the engine's response: closed here, or when streamed
         try:
             upstream = await stack.enter_async_context(
@@ -301,7 +400,7 @@ def create_proxy(state: WorkerState) -> Starlette:
         except Unreachable as exc:
             metrics.requests.labels(endpoint, "engine_unreachable").inc()
             return _error(exc, request_id)
-        if exchange_plan.stream and upstream.status == 200:
+        if upstream.status == 200:
             ex.own_s = own
 
             async def ended() -> None:
@@ -324,38 +423,13 @@ def create_proxy(state: WorkerState) -> Starlette:
             except Unreachable as exc:
                 metrics.requests.labels(endpoint, "engine_unreachable").inc()
                 return _error(exc, request_id)
-        if upstream.status != 200:
-            metrics.engine_errors.labels(str(upstream.status)).inc()
-            metrics.requests.labels(endpoint, "engine_error").inc()
-            return Response(
-                content,
-                upstream.status,
-                media_type=upstream.content_type,
-                headers={REQUEST_ID_HEADER: request_id},
-            )
-        after = time.perf_counter()
-        data = json.loads(content)
-        ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
-        ex.acc.feed(data)
-        try:
-            await ex.spool_async()
-        except LedgerError as exc:
-            # Fail closed: an answer that cannot be recorded is not handed out.
-            metrics.requests.labels(endpoint, "not_recorded").inc()
-            if isinstance(exc, Conflict):  # the same request ID, sent twice at once
-                return _error(exc, request_id)
-            return _error(
-                StorageError(
-                    f"the answer could not be recorded, so it is withheld: {exc.message}",
-                    code="not_recorded",
-                ),
-                request_id,
-            )
-        out = content if not exchange_plan.reshapes else ex.for_client(data)
-        metrics.added_latency.observe(own + time.perf_counter() - after)
-        metrics.requests.labels(endpoint, "recorded").inc()
+        metrics.engine_errors.labels(str(upstream.status)).inc()
+        metrics.requests.labels(endpoint, "engine_error").inc()
         return Response(
-            out, 200, media_type="application/json", headers={REQUEST_ID_HEADER: request_id}
+            content,
+            upstream.status,
+            media_type=upstream.content_type,
+            headers={REQUEST_ID_HEADER: request_id},
         )
 
     async def _stream(
@@ -372,14 +446,26 @@ def create_proxy(state: WorkerState) -> Starlette:
                 payload = line[6:]
                 if payload.strip() == "[DONE]":
                     began = time.perf_counter()
-                    await ex.spool_async()
-                    metrics.added_latency.observe(ex.own_s + time.perf_counter() - began)
+                    try:
+                        await ex.spool_async()
+                    except InvalidInput as exc:
+                        # Nothing a record can hold (an error chunk alone): the client still
+                        # gets the stream as vLLM sent it, and /metrics counts it.
+                        _unrecordable(ex, exc, metrics)
+                    else:
+                        metrics.added_latency.observe(ex.own_s + time.perf_counter() - began)
+                        outcome = "engine_error" if ex.engine_error else "recorded"
+                        metrics.requests.labels(ex.endpoint, outcome).inc()
                     finished = True
-                    outcome = "engine_error" if ex.engine_error else "recorded"
-                    metrics.requests.labels(ex.endpoint, outcome).inc()
                     yield b"data: [DONE]\n\n"
                     continue
-                data = json.loads(payload)
+                try:
+                    data = json.loads(payload)
+                except ValueError:
+                    data = None
+                if not isinstance(data, dict):
+                    yield line.encode() + b"\n\n"
+                    continue
                 if "error" in data and not data.get("choices"):
                     # vLLM failed mid-stream: the client gets its error as sent, and the
                     # record, of what came before, is marked aborted.
@@ -410,6 +496,8 @@ def create_proxy(state: WorkerState) -> Starlette:
             Route(REPLAY_PATH, replay, methods=["POST"]),
             Route(COMPLETIONS, generate, methods=["POST"]),
             Route(CHAT, generate, methods=["POST"]),
+            Route(COMPLETIONS, other_method, methods=_OTHER_METHODS),
+            Route(CHAT, other_method, methods=_OTHER_METHODS),
             Route("/v1/models", passthrough, methods=["GET"]),
             Route("/health", passthrough, methods=["GET"]),
             Route("/metrics", own_metrics, methods=["GET"]),
@@ -444,9 +532,39 @@ class _EndsWithTheResponse(StreamingResponse):
             await self._ended()
 
 
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None when the client disconnects first (``work`` is then
+    cancelled: the engine's connection closes, and vLLM aborts what it was generating)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, LedgerError):
+                await task
+    return task.result() if not task.cancelled() else None
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client closes its connection (its body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _unrecordable(ex: _Exchange, exc: InvalidInput, metrics: CollectorMetrics) -> None:
+    metrics.unrecordable.labels("record_invalid").inc()
+    metrics.requests.labels(ex.endpoint, "unrecordable").inc()
+    logger.warning("request %s: answered, but no record can hold it: %s", ex.request_id, exc)
+
+
 def _spool_aborted(ex: _Exchange, metrics: CollectorMetrics) -> None:
     try:
         ex.spool(aborted=True)
+    except InvalidInput as exc:
+        _unrecordable(ex, exc, metrics)
     except LedgerError as exc:
         if exc.code == "request_id_in_use":
             # The whole exchange was committed as the client left: that record stands.

@@ -5,13 +5,17 @@
 - tier 2, strict: tier 1, and the worker's fingerprint must be batch-invariant (``kernel`` or
   ``serial``), so a replay on the same fingerprint can reproduce it bit for bit.
 
-The OpenAI default temperature is 1, so a request that gives none is sampled.
+The OpenAI default temperature is 1, so a request that gives none is sampled. Temperatures and
+seeds are read as vLLM reads them (``"0"`` is 0.0): the same value is judged the same at every
+tier; one vLLM cannot read raises :class:`~collectors.vllm_request.Unsure` (the proxy sends
+such a request on unchanged, and vLLM refuses it, whatever the tier).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from collectors.vllm_request import lax_float, lax_int
 from ledger.errors import Conflict, InvalidInput
 
 TIER_HEADER = "x-reproducibility-tier"
@@ -33,12 +37,8 @@ def parse_tier(header: str | None, default: int) -> int:
 
 
 def _temperature(body: dict[str, Any]) -> float:
-    value = body.get("temperature")
-    if value is None:
-        return 1.0
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput("temperature must be a number", code="invalid_request")
-    return float(value)
+    value = lax_float(body.get("temperature"), "temperature")
+    return 1.0 if value is None else value
 
 
 def missing_conditions(tier: int, body: dict[str, Any], batch_invariance: str) -> list[str]:
@@ -46,7 +46,7 @@ def missing_conditions(tier: int, body: dict[str, Any], batch_invariance: str) -
     missing: list[str] = []
     if tier == 0:
         return missing
-    deterministic = _temperature(body) == 0.0 or body.get("seed") is not None
+    deterministic = _temperature(body) == 0.0 or lax_int(body.get("seed"), "seed") is not None
     if not deterministic:
         missing.append("deterministic sampling (temperature 0, or a seed)")
     if tier == 2 and batch_invariance not in ("kernel", "serial"):

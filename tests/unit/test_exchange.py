@@ -27,7 +27,7 @@ def test_chat_plan():
     assert asked.engine_body["top_logprobs"] == 2 and not asked.hide_logprobs
 
 
-@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]], None])
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]], ["one"]])
 def test_one_prompt_per_request(prompt):
     with pytest.raises(InvalidInput) as err:
         plan(COMPLETIONS, {"model": "m", "prompt": prompt})
@@ -201,7 +201,9 @@ def test_top_k_ids_are_asked_only_where_they_can_be_recorded_and_rendered():
     assert ask(CHAT, {**chat, "logprobs": True}) == (0, False, None)
     assert ask(CHAT, {**chat, "logprobs": False, "top_logprobs": 2}) == (0, False, None)
     assert ask(CHAT, {**chat, "logprobs": True, "top_logprobs": -1}) == (0, False, None)
-    assert ask(CHAT, {**chat, "logprobs": True, "top_logprobs": True}) == (0, False, None)
+    # vLLM's model reads true as 1 (lax int), and so does the collector
+    assert ask(CHAT, {**chat, "logprobs": True, "top_logprobs": True}) == (1, True, True)
+    assert ask(CHAT, {**chat, "logprobs": "true", "top_logprobs": 2}) == (2, True, True)
 
 
 def _completion_row(ids_and_values):

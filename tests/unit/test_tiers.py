@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from collectors.tiers import check_tier, missing_conditions, parse_tier
+from collectors.vllm_request import Unsure
 from ledger.errors import Conflict, InvalidInput
 
 
@@ -22,6 +23,12 @@ from ledger.errors import Conflict, InvalidInput
         (2, {"temperature": 0.9, "seed": 3}, "kernel", True),
         (2, {"temperature": 0}, "none", False),
         (2, {"temperature": 0.9}, "serial", False),
+        # As vLLM reads them: the same at every tier.
+        (1, {"temperature": "0"}, "none", True),
+        (1, {"temperature": " 0.0 "}, "none", True),
+        (1, {"temperature": "0.7"}, "none", False),
+        (1, {"temperature": "0.7", "seed": "5"}, "none", True),
+        (2, {"temperature": False}, "serial", True),
     ],
 )
 def test_each_case(tier: int, body: dict, invariance: str, accepted: bool):
@@ -47,5 +54,7 @@ def test_bad_tier_headers(header: str):
 
 def test_header_and_default():
     assert parse_tier(None, 1) == 1 and parse_tier(" 2 ", 0) == 2 and parse_tier("", 2) == 2
-    with pytest.raises(InvalidInput):
-        missing_conditions(1, {"temperature": "hot"}, "none")
+    # vLLM refuses it: the proxy forwards it unchanged, at every tier, for vLLM to answer.
+    for tier in (1, 2):
+        with pytest.raises(Unsure):
+            missing_conditions(tier, {"temperature": "hot"}, "serial")

@@ -1,0 +1,350 @@
+"""The collector answers what vLLM alone answers, for unusual and malformed requests too, and
+records exactly the 2xx answers (issue 18's cases, each against real vLLM CPU, tiny model).
+
+Every case sends the same bytes to vLLM alone and through the collector
+(``tests/support/differential.py``) and compares status and body (IDs and times aside); then
+it checks the collector's spool holds one record for a 2xx and none otherwise, or that
+``/metrics`` counts an answer it could not record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.differential import (
+    CollectorUnderTest,
+    Differential,
+    body_of,
+    differ,
+    running_collector,
+    send,
+)
+from tests.support.engine import STRICT_ARGS, EngineServer, engine_python
+
+pytestmark = pytest.mark.engine
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+JSON = {"content-type": "application/json"}
+BASE = {"model": "fixture", "prompt": "The ledger keeps", "max_tokens": 5, "temperature": 0}
+MESSAGES = [{"role": "user", "content": "What is a replay?"}]
+
+
+@pytest.fixture(scope="module")
+def engine(
+    fixture_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineServer]:
+    """One strict vLLM pool on the tiny model (deterministic: alone and through agree)."""
+    python = engine_python()
+    log = tmp_path_factory.mktemp("engine-logs") / "tiny.log"
+    server = EngineServer(fixture_models["tiny"], STRICT_ARGS, log, python).start()
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def collector(
+    engine: EngineServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CollectorUnderTest]:
+    with running_collector(
+        engine.url, engine.model_dir, tmp_path_factory.mktemp("spool")
+    ) as running:
+        yield running
+
+
+def _id() -> str:
+    return f"sem-{uuid.uuid4().hex[:12]}"
+
+
+def check(
+    engine: EngineServer,
+    collector: CollectorUnderTest,
+    path: str,
+    body: bytes | None,
+    headers: dict[str, str] | None = None,
+    *,
+    recorded: bool | None = None,
+    method: str = "POST",
+) -> Differential:
+    """Same answer alone and through; a record exactly when ``recorded`` (default: for a 2xx)."""
+    request_id = _id()
+    result = differ(
+        engine.url,
+        collector.url,
+        path,
+        body,
+        {**(headers or {}), "X-Request-ID": request_id},
+        method,
+    )
+    result.assert_same()
+    assert result.through.status < 500 or result.alone.status >= 500
+    want = (200 <= result.through.status < 300) if recorded is None else recorded
+    assert len(collector.records(request_id)) == (1 if want else 0)
+    return result
+
+
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", None, "application/xml"]
+)
+def test_bodies_vllm_will_not_read_as_json_are_refused_as_vllm_refuses_them(
+    engine: EngineServer, collector: CollectorUnderTest, content_type: str | None
+):
+    headers = {"content-type": content_type} if content_type else {}
+    result = check(engine, collector, COMPLETIONS, body_of(BASE), headers)
+    assert result.through.status == 400
+    assert "Unsupported Media Type" in result.through.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", ["false", "0", "off", 0, False])
+def test_a_stream_flag_vllm_reads_as_false_gets_json_recorded_and_nothing_added(
+    engine: EngineServer, collector: CollectorUnderTest, stream: object
+):
+    result = check(engine, collector, COMPLETIONS, body_of({**BASE, "stream": stream}), JSON)
+    assert result.through.status == 200
+    (choice,) = result.through.json()["choices"]
+    assert choice["token_ids"] is None and choice["logprobs"] is None  # the collector's own
+
+
+@pytest.mark.parametrize("stream", ["true", "1", "yes"])
+def test_a_stream_flag_vllm_reads_as_true_streams_and_is_recorded(
+    engine: EngineServer, collector: CollectorUnderTest, stream: object
+):
+    result = check(engine, collector, CHAT, body_of({**_chat(), "stream": stream}), JSON)
+    assert result.through.events[-1] == "[DONE]"
+
+
+def _chat(**extra: object) -> dict[str, object]:
+    return {"model": "fixture", "messages": MESSAGES, "max_tokens": 5, "temperature": 0, **extra}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"return_token_ids": "false"},
+        {"return_token_ids": "0"},
+        {"return_token_ids": "true"},
+        {"echo": "false"},
+        {"logprobs": True},  # completions read it as 1
+    ],
+)
+def test_flags_are_read_as_vllm_reads_them(
+    engine: EngineServer, collector: CollectorUnderTest, extra: dict[str, object]
+):
+    for stream in (False, True):
+        body = body_of({**BASE, **extra, "stream": stream})
+        assert check(engine, collector, COMPLETIONS, body, JSON).through.status == 200
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"logprobs": "false"},
+        {"logprobs": "true", "top_logprobs": 2},
+        {"logprobs": 0},
+        {"return_token_ids": "no"},
+        {"top_logprobs": 2},  # without logprobs: vLLM refuses it
+    ],
+)
+def test_chat_flags_are_read_as_vllm_reads_them(
+    engine: EngineServer, collector: CollectorUnderTest, extra: dict[str, object]
+):
+    for stream in (False, True):
+        check(engine, collector, CHAT, body_of(_chat(**extra, stream=stream)), JSON)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("max_tokens", [5, 0])
+def test_echo_returns_the_prompt_as_vllm_does(
+    engine: EngineServer, collector: CollectorUnderTest, stream: bool, max_tokens: int
+):
+    body = {**BASE, "echo": True, "stream": stream, "max_tokens": max_tokens}
+    result = check(engine, collector, COMPLETIONS, body_of(body), JSON)
+    assert result.through.status == 200
+    text = (
+        result.through.json()["choices"][0]["text"]
+        if not stream
+        else json.loads(result.through.events[0])["choices"][0]["text"]
+    )
+    assert text.startswith(BASE["prompt"])
+
+
+def test_echo_with_logprobs_and_several_choices(
+    engine: EngineServer, collector: CollectorUnderTest
+):
+    body = {**BASE, "echo": True, "logprobs": 1, "n": 2}
+    check(engine, collector, COMPLETIONS, body_of(body), JSON)
+
+
+def test_deep_nesting_is_answered_as_vllm_answers_it(
+    engine: EngineServer, collector: CollectorUnderTest
+):
+    deep = b'{"model":"fixture","prompt":"x","max_tokens":2,"temperature":0,"extra":' + b"[" * 5000
+    deep += b"]" * 5000 + b"}"
+    assert check(engine, collector, COMPLETIONS, deep, JSON).through.status == 400
+    # Deep, but within what vLLM parses: vLLM's answer, passed on (a record cannot hold it).
+    before = collector.metric("collector_unrecordable_total", {"reason": "not_judged"})
+    middle = b'{"model":"fixture","prompt":"x","max_tokens":2,"temperature":0,"extra":' + b"[" * 200
+    middle += b"]" * 200 + b"}"
+    result = check(engine, collector, COMPLETIONS, middle, JSON, recorded=False)
+    assert result.through.status == 200
+    after = collector.metric("collector_unrecordable_total", {"reason": "not_judged"})
+    assert after == before + 1
+
+
+@pytest.mark.parametrize("where", ["prompt", "extra", "messages"])
+def test_a_lone_surrogate_is_never_a_server_error_of_the_collectors(
+    engine: EngineServer, collector: CollectorUnderTest, where: str
+):
+    if where == "messages":
+        path, raw = CHAT, body_of(_chat())[:-1] + b', "user": "\\ud800"}'
+        raw = raw.replace(b"What is a replay?", b"a \\ud800 b")
+    else:
+        path = COMPLETIONS
+        raw = body_of(BASE)[:-1] + b', "extra": "\\ud800"}'
+        if where == "prompt":
+            raw = raw.replace(b"The ledger keeps", b"x \\udc00 y")
+    check(engine, collector, path, raw, JSON, recorded=False)
+
+
+def test_a_stream_vllm_ends_with_an_error_chunk_is_delivered_whole(
+    engine: EngineServer, collector: CollectorUnderTest
+):
+    before = collector.metric("collector_unrecordable_total", {"reason": "record_invalid"})
+    for extra in ({"logprobs": 21}, {"prompt": [999_999, 5]}):
+        body = body_of({**BASE, **extra, "stream": True})
+        result = check(engine, collector, COMPLETIONS, body, JSON, recorded=False)
+        assert result.through.status == 200 and result.through.events[-1] == "[DONE]"
+        assert "error" in json.loads(result.through.events[0])
+    after = collector.metric("collector_unrecordable_total", {"reason": "record_invalid"})
+    assert after == before + 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("seed", [2**53 + 1, 2**63 - 1, -(2**63)])
+def test_int64_seeds_are_recorded_as_strings(
+    engine: EngineServer, collector: CollectorUnderTest, seed: int, stream: bool
+):
+    request_id = _id()
+    body = body_of({**BASE, "temperature": 0.8, "seed": seed, "stream": stream})
+    headers = {**JSON, "X-Request-ID": request_id, "X-Reproducibility-Tier": "1"}
+    result = differ(engine.url, collector.url, COMPLETIONS, body, headers)
+    result.assert_same()
+    assert result.through.status == 200
+    (record,) = collector.records(request_id)
+    assert record["request"]["seed"] == str(seed) and record["tier"] == 1
+    assert json.loads(__import__("base64").b64decode(record["request_raw"]))["seed"] == seed
+
+
+def test_an_empty_request_id_counts_as_none(collector: CollectorUnderTest):
+    answer = send(collector.url, COMPLETIONS, body_of(BASE), {**JSON, "X-Request-ID": ""})
+    assert answer.status == 200 and answer.request_id and answer.request_id.startswith("req-")
+    assert len(collector.records(answer.request_id)) == 1
+
+
+@pytest.mark.parametrize("request_id", [".", "..", "has space", "a/b", "x" * 201])
+def test_request_ids_that_are_path_tricks_are_refused(
+    collector: CollectorUnderTest, request_id: str
+):
+    answer = send(collector.url, COMPLETIONS, body_of(BASE), {**JSON, "X-Request-ID": request_id})
+    assert answer.status == 400 and answer.json()["error"]["code"] == "invalid_request_id"
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [[1.0, 2.0], [1.5], None, "", [], [True, 3], [-1]],
+    ids=["floats", "fraction", "none", "empty", "empty-list", "bools", "negative"],
+)
+def test_prompts_vllm_coerces_or_refuses_are_answered_as_vllm_answers(
+    engine: EngineServer, collector: CollectorUnderTest, prompt: object
+):
+    body = {k: v for k, v in BASE.items() if k != "prompt"}
+    if prompt is not None:
+        body["prompt"] = prompt
+    check(engine, collector, COMPLETIONS, body_of(body), JSON, recorded=False)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "tier", "status"),
+    [
+        ("0", "1", 200),
+        (" 0.0 ", "2", 200),
+        ("0.7", "1", 409),
+        ("0.7", "0", 200),
+        ("hot", "0", None),  # None: vLLM's answer, at every tier
+        ("hot", "1", None),
+        ("hot", "2", None),
+        ("\uff11", "1", None),
+    ],
+)
+def test_string_temperatures_are_read_alike_at_every_tier(
+    engine: EngineServer,
+    collector: CollectorUnderTest,
+    temperature: str,
+    tier: str,
+    status: int | None,
+):
+    body = body_of({**BASE, "temperature": temperature})
+    headers = {**JSON, "X-Reproducibility-Tier": tier}
+    if status is None:
+        result = check(engine, collector, COMPLETIONS, body, headers)
+        assert result.through.status == 400
+        return
+    request_id = _id()
+    answer = send(collector.url, COMPLETIONS, body, {**headers, "X-Request-ID": request_id})
+    assert answer.status == status, answer
+    assert len(collector.records(request_id)) == (1 if status == 200 else 0)
+    if status == 409:
+        assert answer.json()["error"]["code"] == "tier_refused"
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_other_methods_get_vllms_json_405(
+    engine: EngineServer, collector: CollectorUnderTest, method: str, path: str
+):
+    result = check(engine, collector, path, None, method=method)
+    assert result.through.status == 405 and result.through.json() == {
+        "detail": "Method Not Allowed"
+    }
+
+
+def _generated(engine: EngineServer) -> float:
+    """Tokens the engine generated so far (all requests)."""
+    text = httpx.get(engine.url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("vllm:generation_tokens_total"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("vLLM exports no vllm:generation_tokens_total")
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_a_client_that_leaves_a_whole_request_cancels_the_generation(
+    engine: EngineServer, collector: CollectorUnderTest, path: str
+):
+    body = {"model": "fixture", "max_tokens": 240, "ignore_eos": True, "temperature": 0}
+    body.update({"prompt": "x"} if path == COMPLETIONS else {"messages": MESSAGES})
+    generated = {}
+    for name, url in (("alone", engine.url), ("through", collector.url)):
+        request_id = _id()
+        before = _generated(engine)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                url + path,
+                json=body,
+                headers={"X-Request-ID": request_id},
+                timeout=httpx.Timeout(10.0, read=0.3),
+            )
+        time.sleep(3)  # anything still generating would be done by now (240 tokens: ~1 s)
+        generated[name] = _generated(engine) - before
+        assert collector.records(request_id) == []  # nothing was read for the client
+        assert request_id not in collector.state.in_flight
+    # vLLM stops a generation whose client left; through the collector too.
+    assert generated["alone"] < 240 and generated["through"] < 240, generated
