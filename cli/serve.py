@@ -12,19 +12,20 @@ import migrations
 from api.app import create_app
 from api.bootstrap import bootstrap
 from cli.common import console, ledger_errors, load_settings
+from cli.server_protocol import HeaderTimeoutProtocol
 from ledger.storage.database import Database
 
 # uvicorn's own limits, set explicitly. Request bodies are bounded by the app's gate
 # (LEDGER_MAX_BODY_BYTES, LEDGER_BODY_TIMEOUT: api/gate.py); these bound the connection.
 SERVER_LIMITS: dict[str, Any] = {
+    # httptools, with a deadline for each request's headers (10 s; cli/server_protocol.py):
+    # uvicorn alone holds a silent or slowly-writing connection forever
+    "http": HeaderTimeoutProtocol,
     # an idle keep-alive connection is closed after 5 s
     "timeout_keep_alive": 5,
     # connections and requests in progress at once per process; beyond it new requests get
     # 503 from uvicorn, so a flood of (slow) connections cannot take every file descriptor
     "limit_concurrency": 1024,
-    # the most request-header bytes buffered when the pure-Python h11 parser is in use
-    # (httptools, the default, has llhttp's own limits)
-    "h11_max_incomplete_event_size": 64 * 1024,
     # a stop waits this long for requests in flight, then closes their connections
     "timeout_graceful_shutdown": 30,
 }

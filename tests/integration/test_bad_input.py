@@ -104,8 +104,9 @@ def test_a_chunked_body_is_counted_as_it_arrives(api: Harness, path: str):
         assert answer.sent < UNREAD
         return
     assert answer.status == 413 and answer.code == "body_too_large", answer.body
-    # refused once the count passed the limit, long before the client's 100 MiB
-    assert MAX_BODY <= answer.sent < MAX_BODY + UNREAD
+    # refused once the count passed the limit (a route's own may be lower), long before the
+    # client's 100 MiB
+    assert answer.sent < MAX_BODY + UNREAD
     assert answer.closed
 
 
