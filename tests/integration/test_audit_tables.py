@@ -402,3 +402,25 @@ def test_chunks_and_worker_processes_find_the_same(ledger: Tampered, monkeypatch
         monkeypatch.setattr("ledger.storage.audit.CHUNK", chunk)
         assert [f.to_dict() for f in ledger.audit().findings] == whole, chunk
         assert [f.to_dict() for f in ledger.audit(workers=2).findings] == whole, chunk
+
+
+def test_rows_pointing_past_the_log_are_named(ledger: Tampered):
+    """A row for a leaf that does not exist (yet) is left out only while a leaf could still
+    come: one past the log's end now is a finding."""
+    far = 10**6
+    ledger.su.execute(
+        [
+            (
+                "INSERT INTO cache_keys VALUES (%s, 'req-greedy', %s, 2, %s)",
+                ("ck1:sha256:" + "cd" * 32, far, True),
+            ),
+            (
+                "INSERT INTO fingerprints VALUES (%s, %s, %s, %s)",
+                ("sha256:" + "9" * 64, ledger.built.collector.key_id, far + 1, "2026-01-01"),
+            ),
+        ],
+        ["cache_keys", "fingerprints"],
+    )
+    report = ledger.audit()
+    assert named(report, far, "cache_keys", "log_index"), dump(report)
+    assert named(report, far + 1, "fingerprints", "log_index"), dump(report)
