@@ -62,7 +62,7 @@ class AuditOptions:
     parallel_from: int = 5000  # fewer leaves than this: one process (spawning costs more)
     clock_tolerance: float = DEFAULT_CLOCK_TOLERANCE  # seconds
     checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL  # seconds
-    now: datetime | None = None  # when the audit begins (default: now)
+    now: datetime | None = None  # "now" for uncovered leaves (default: when the scan began)
 
 
 class _Stream:
@@ -118,11 +118,6 @@ class _Audit:
         self.timeline = KeyTimeline(options.pinned_log_key)
         if not options.signatures:
             self.timeline.seed_pinned()
-        self.rules = TimeRules(
-            micros(options.now or datetime.now(UTC)),
-            round(options.clock_tolerance * SECOND),
-            round(options.checkpoint_interval * SECOND),
-        )
         self.bounds: TimeBounds | None = None
         # fingerprint ID -> (the leaf that first logged it, its chat template digest)
         self.fingerprints: dict[str, tuple[int, str | None]] = {}
@@ -207,9 +202,17 @@ class _Audit:
             _close(runs)
 
     def _verify_checkpoints(self) -> None:
-        cps = self.checkpoints
+        """Once the log key is known (after the first chunk): verify the checkpoints, and
+        take the audit's "now", after the scan's snapshot began (every leaf it holds was
+        appended before), unless the options fix it."""
+        opts, cps = self.options, self.checkpoints
         cps.verify(self.timeline.log_key)
-        self.bounds = TimeBounds(cps.timed(), cps.covered(), self.rules)
+        rules = TimeRules(
+            micros(opts.now or datetime.now(UTC)),
+            round(opts.clock_tolerance * SECOND),
+            round(opts.checkpoint_interval * SECOND),
+        )
+        self.bounds = TimeBounds(cps.timed(), cps.covered(), rules)
 
     def _in_log_order(self, chunk: LeafChunk) -> tuple[Known, Batch]:
         """Apply the chunk's key events and note its fingerprints, in log order; return what
