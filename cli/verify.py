@@ -91,6 +91,9 @@ def _as_json(result: VerifiedBundle) -> dict[str, Any]:
         "leaf_index": result.leaf_index,
         "tree_size": result.tree_size,
         "origin": result.origin,
+        "checkpoint_signed_at": (
+            result.checkpoint_signed_at.isoformat() if result.checkpoint_signed_at else None
+        ),
         "collector_key_id": result.collector_key_id,
         "collector_key_name": result.collector_name,
         "collector_key_role": result.collector_role,
@@ -131,7 +134,9 @@ def _print(result: VerifiedBundle) -> None:
         f"  signed by collector key {result.collector_key_id} "
         f"({_shown(result.collector_name)}, {_shown(result.collector_role)})"
     )
-    console.print(f"  checkpoint signed by log key {result.log_key_id}")
+    at = result.checkpoint_signed_at
+    when = f" at {at.isoformat().replace('+00:00', 'Z')}" if at else " (no signed timestamp)"
+    console.print(f"  checkpoint signed by log key {result.log_key_id}{when}")
     fp = result.fingerprint
     if fp is None:
         console.print(f"  fingerprint: [bold yellow]{escape(NO_FINGERPRINT)}[/]")

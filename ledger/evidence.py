@@ -47,6 +47,7 @@ import base64
 import functools
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -188,6 +189,9 @@ class VerifiedBundle:
     tree_size: int
     root_hash: bytes
     origin: str
+    checkpoint_signed_at: (
+        datetime | None
+    )  # the checkpoint's signed timestamp (None: a note without one)
     collector_key_id: str
     collector_name: str
     collector_role: str
@@ -266,6 +270,7 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None) -> Verif
         tree_size=cp.tree_size,
         root_hash=cp.root_hash,
         origin=cp.origin,
+        checkpoint_signed_at=cp.signed_at,
         collector_key_id=record.key_id,
         collector_name=b.collector.name,
         collector_role=b.collector.role,

@@ -131,6 +131,7 @@ def test_the_bundle_carries_the_fingerprint_as_logged(scene: Scene) -> None:
     assert own["fingerprint"]["leaf_index"] == served["log_index"]
     result = verify_bundle(own, scene.log_key)
     assert result.checks == CHECKS and result.log_key_pinned
+    assert result.checkpoint_signed_at is not None  # the log's signed time for the checkpoint
     fp = result.fingerprint
     assert fp is not None
     assert fp.fingerprint_id == own["envelope"]["body"]["fingerprint_id"]

@@ -37,6 +37,7 @@ def test_the_worked_example_verifies():
     assert result.checks == CHECKS
     assert result.fingerprint is not None and result.fingerprint.leaf_index == 2
     assert result.fingerprint.engine_name == "none"
+    assert result.checkpoint_signed_at is not None
 
 
 def test_the_page_shows_what_ledger_verify_prints(monkeypatch: pytest.MonkeyPatch):
@@ -97,7 +98,7 @@ def test_the_v1_example_verifies_without_its_fingerprint():
     assert V1["format"] == FORMAT_V1
     result = verify_bundle(V1, V1_LOG_KEY)
     assert (result.leaf_index, result.tree_size) == (3, 4)
-    assert result.fingerprint is None
+    assert result.fingerprint is None and result.checkpoint_signed_at is None
     assert result.checks == tuple(c for c in CHECKS if c not in FINGERPRINT_CHECKS)
     forged = copy.deepcopy(V1)
     _flip_logprob(forged)
