@@ -15,6 +15,7 @@ from starlette.routing import Match
 from ledger.errors import (
     AuthenticationError,
     Conflict,
+    IndexMismatch,
     InvalidInput,
     LedgerError,
     NotFound,
@@ -48,6 +49,7 @@ STATUS: list[tuple[type[LedgerError], int]] = [
     (Pushback, 503),
     (StorageError, 503),
     (Unreachable, 502),
+    (IndexMismatch, 500),  # the database disagrees with the log: `ledger audit` says where
 ]
 # Input errors that mean "this is not JSON at all" rather than "this JSON is wrong".
 BAD_REQUEST_CODES = {"invalid_json"}

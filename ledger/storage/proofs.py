@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, aliased
 from ledger import merkle
 from ledger.canonical import digest_of
 from ledger.checkpoint import verifier_key
-from ledger.errors import StorageError
+from ledger.errors import IndexMismatch, StorageError
 from ledger.evidence import b64 as _b64
 from ledger.evidence import build_bundle, proven_leaf
 from ledger.signing import SigningKey, public_key_raw
@@ -136,11 +136,8 @@ def evidence(db: Database, log_key: SigningKey, origin: str, request_id: str) ->
     return bundle
 
 
-def _disagrees(what: str, index: int) -> StorageError:
-    return StorageError(
-        f"the {what} index disagrees with log entry {index}; run `ledger audit`",
-        code="index_mismatch",
-    )
+def _disagrees(what: str, index: int) -> IndexMismatch:
+    return IndexMismatch(f"the {what} index disagrees with log entry {index}; run `ledger audit`")
 
 
 def _evidence(

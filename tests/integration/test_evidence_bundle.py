@@ -24,7 +24,7 @@ import pytest
 from ledger import merkle
 from ledger.canonical import canonicalize, digest_of
 from ledger.checkpoint import parse_checkpoint, sign_checkpoint
-from ledger.errors import StorageError, VerificationError
+from ledger.errors import IndexMismatch, VerificationError
 from ledger.evidence import CHECKS, FINGERPRINT_CHECKS, FORMAT, FORMAT_V1, verify_bundle
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.signing import SigningKey, public_key_pem, public_key_raw, sign_envelope
@@ -523,7 +523,7 @@ def test_index_rows_that_contradict_the_log_give_no_bundle(postgres_databases, e
                 },
             )
             conn.commit()
-        with pytest.raises(StorageError) as err:
+        with pytest.raises(IndexMismatch) as err:
             proofs.evidence(db, seeded.log_key, "t/log", victim.request_id)
         assert err.value.code == "index_mismatch", err.value.message
     finally:
