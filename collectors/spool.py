@@ -216,8 +216,13 @@ class Spool:
         committed since the last copy (the shipper's thread calls this between batches)."""
         if self._written < at_least:
             return False
+        try:
+            self._read.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.OperationalError:
+            # Busy or locked (another statement on this connection, or another process's
+            # reader): the copy is only an optimisation; SQLite keeps the log, so try later.
+            return False
         self._written = 0
-        self._read.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         return True
 
     # -- shipping ------------------------------------------------------------------------
