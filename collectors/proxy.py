@@ -39,7 +39,7 @@ from collectors.exchange import CHAT, COMPLETIONS, Accumulator, ClientView, Plan
 from collectors.metrics import CollectorMetrics
 from collectors.replay import REPLAY_PATH, handle_replay
 from collectors.spool import Spool
-from collectors.tiers import TIER_HEADER, check_tier, parse_tier
+from collectors.tiers import TIER_HEADER, check_tier, parse_tier, refusal_if_answered
 from collectors.tokens import TokenRenderer
 from collectors.upstream import Streamed, Upstream
 from collectors.vllm_request import Unsure, is_json_media_type
@@ -226,11 +226,16 @@ def create_proxy(state: WorkerState) -> Starlette:
         return headers
 
     async def forward_unchanged(
-        request: Request, raw: bytes, request_id: str | None, reason: str
+        request: Request,
+        raw: bytes,
+        request_id: str | None,
+        reason: str,
+        refusal: Conflict | None = None,
     ) -> Response:
         """A request the collector cannot read as vLLM would (not JSON, or values it cannot
         judge): vLLM gets it as the client sent it, and the client vLLM's answer. vLLM
-        refuses almost all of these; an answer it accepted is counted, never recorded."""
+        refuses almost all of these; an answer it accepted is counted, never recorded, and
+        withheld for ``refusal`` (the tier's) when the tier would not have allowed it."""
         headers = headers_for_engine(request, request_id or "")
         if request_id is None:
             del headers[REQUEST_ID_HEADER]
@@ -245,6 +250,9 @@ def create_proxy(state: WorkerState) -> Starlette:
             metrics.requests.labels(request.url.path, "aborted").inc()
             return Response(status_code=499)
         metrics.requests.labels(request.url.path, "forwarded_unchanged").inc()
+        if 200 <= answer.status < 300 and refusal is not None:
+            metrics.refusals.labels(refusal.code).inc()
+            return _error(refusal, request_id)
         if 200 <= answer.status < 300:
             metrics.unrecordable.labels(reason).inc()
             logger.warning(
@@ -273,23 +281,26 @@ def create_proxy(state: WorkerState) -> Starlette:
         request_id = None
         try:
             request_id = _request_id(request)
+            tier = parse_tier(request.headers.get(TIER_HEADER), state.default_tier)
             raw = await request.body()
-            if not is_json_media_type(request.headers.get("content-type")):
-                return await forward_unchanged(request, raw, request_id, "media_type")
-            try:
-                body = json.loads(raw)
-            except (ValueError, RecursionError):  # vLLM: 400 (not JSON, or nested too deep)
-                body = None
-            if not isinstance(body, dict):
-                return await forward_unchanged(request, raw, request_id, "not_an_object")
-            try:
-                exchange_plan = plan(endpoint, body, can_render=state.renderer is not None)
-                engine_raw = dumps(exchange_plan.engine_body)
-                tier = parse_tier(request.headers.get(TIER_HEADER), state.default_tier)
-                check_tier(tier, body, state.batch_invariance)
-            except (Unsure, UnicodeEncodeError, RecursionError, ValueError) as exc:
-                logger.info("request %s forwarded unchanged: %s", request_id, exc)
-                return await forward_unchanged(request, raw, request_id, "not_judged")
+            body: Any = None
+            reason = "media_type"
+            if is_json_media_type(request.headers.get("content-type")):
+                reason = "not_an_object"
+                with contextlib.suppress(ValueError, RecursionError):  # vLLM: 400 as well
+                    body = json.loads(raw)
+            if isinstance(body, dict):
+                reason = "not_judged"
+                try:
+                    exchange_plan = plan(endpoint, body, can_render=state.renderer is not None)
+                    engine_raw = dumps(exchange_plan.engine_body)
+                    check_tier(tier, body, state.batch_invariance)
+                    reason = ""
+                except (Unsure, UnicodeEncodeError, RecursionError, ValueError) as exc:
+                    logger.info("request %s forwarded unchanged: %s", request_id, exc)
+            if reason:
+                refusal = refusal_if_answered(tier, body, state.batch_invariance)
+                return await forward_unchanged(request, raw, request_id, reason, refusal)
             if request_id in state.in_flight or state.spool.holds(request_id):
                 raise Conflict(
                     f"request ID {request_id!r} was already used with this collector",
@@ -353,7 +364,15 @@ def create_proxy(state: WorkerState) -> Starlette:
                 content, status, media_type=content_type, headers={REQUEST_ID_HEADER: request_id}
             )
         after = time.perf_counter()
-        data = json.loads(content)
+        try:
+            data = json.loads(content)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):  # not an answer of vLLM's OpenAI server: as it came
+            _unrecordable(ex, InvalidInput("the engine's answer is not a JSON object"), metrics)
+            return Response(
+                content, status, media_type=content_type, headers={REQUEST_ID_HEADER: request_id}
+            )
         ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
         ex.acc.feed(data)
         out = content if not ex.plan.reshapes else ex.for_client(data)

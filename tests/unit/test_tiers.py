@@ -52,6 +52,19 @@ def test_bad_tier_headers(header: str):
     assert err.value.code == "invalid_tier"
 
 
+def test_a_request_sent_on_unchanged_is_held_to_its_tier_if_vllm_answers_it():
+    from collectors.tiers import refusal_if_answered
+
+    assert refusal_if_answered(0, {"temperature": "1_000"}, "none") is None
+    assert refusal_if_answered(1, {"temperature": "1_000", "seed": 2}, "none") is None
+    assert refusal_if_answered(1, {"temperature": 0, "echo": "?"}, "none") is None
+    for body in ({"temperature": "1_000"}, None, {"seed": "1_0"}):
+        refusal = refusal_if_answered(1, body, "none")
+        assert refusal is not None and refusal.code == "tier_refused"
+    refusal = refusal_if_answered(2, {"temperature": 0}, "none")
+    assert refusal is not None and "batch-invariant" in refusal.message
+
+
 def test_header_and_default():
     assert parse_tier(None, 1) == 1 and parse_tier(" 2 ", 0) == 2 and parse_tier("", 2) == 2
     # vLLM refuses it: the proxy forwards it unchanged, at every tier, for vLLM to answer.
