@@ -6,7 +6,10 @@ alternatives, ``return_tokens_as_token_ids`` so the record keeps their token IDs
 the client exactly what vLLM alone would have answered: every field it added is put back to
 ``null``, the value vLLM sends when that output was not requested, and ``token_id:N`` strings
 are rendered back as vLLM renders tokens (:mod:`collectors.tokens`; checked against vLLM alone
-in the tests). The same :class:`Accumulator` reads a whole response or a stream of chunks.
+in the tests), and an echoed prompt, which vLLM leaves out when asked for token IDs, is put
+back. Every decision reads the client's fields as vLLM's request models do
+(:mod:`collectors.vllm_request`). The same :class:`Accumulator` reads a whole response or a
+stream of chunks.
 """
 
 from __future__ import annotations

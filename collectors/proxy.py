@@ -4,8 +4,12 @@
 record needs added (see ``exchange``); the client gets vLLM's answer in the shape it asked for,
 with ``X-Request-ID``. The signed record is in the durable spool before the response completes:
 before the body is sent, or, when streaming, before ``data: [DONE]``. A client that goes away
-mid-stream still leaves a record of what was generated, marked ``aborted``. Engine errors are
-passed through unchanged (status, body) and counted. ``/v1/models`` and ``/health`` pass
+mid-stream still leaves a record of what was generated, marked ``aborted``; one that leaves a
+non-streamed request closes the engine's connection, so vLLM aborts the generation. Requests
+are read as vLLM reads them (``collectors/vllm_request.py``); one the collector cannot read so
+goes to vLLM unchanged and vLLM's answer back unchanged (a 2xx there is counted in
+``collector_unrecordable_total``, never recorded). Engine errors are passed through unchanged
+(status, body) and counted. ``/v1/models`` and ``/health`` pass
 through; ``/metrics`` is the collector's own; ``/ledger/v1/replay`` runs the ledger's signed
 replay orders (``collectors/replay.py``), never recorded as traffic.
 """

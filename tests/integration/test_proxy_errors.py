@@ -166,3 +166,33 @@ def test_an_engine_error_mid_stream_reaches_the_client_and_marks_the_record(tmp_
             assert sample("collector_requests_total", outcome) == 1
     finally:
         engine.stop()
+
+
+def test_a_stream_of_only_an_error_chunk_is_delivered_whole_and_counted(tmp_path: Path):
+    # vLLM 0.32 answers some requests (logprobs above its maximum, prompt token IDs outside
+    # the vocabulary) with 200, one error chunk and [DONE]: no record can hold that, but the
+    # client must get the stream whole, and /metrics must say it was not recorded.
+    error = {"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}}
+    sent = b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n"
+
+    async def completions(_: Request) -> StreamingResponse:
+        async def events() -> AsyncIterator[bytes]:
+            yield sent
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    engine = ServerThread(
+        Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])]),
+        "127.0.0.1",
+        free_port(),
+    ).start()
+    body = {"model": "fixture", "prompt": "x", "max_tokens": 4, "stream": "true"}
+    try:
+        with running_proxy(tmp_path, engine.url) as (url, worker):
+            answer = httpx.post(url + "/v1/completions", json=body)
+            assert answer.status_code == 200 and answer.content == sent
+            assert worker.spool.pending() == 0
+            sample = worker.metrics.registry.get_sample_value
+            assert sample("collector_unrecordable_total", {"reason": "record_invalid"}) == 1
+    finally:
+        engine.stop()
