@@ -363,5 +363,7 @@ def test_a_client_that_leaves_a_whole_request_cancels_the_generation(
         generated[name] = _generated(engine) - before
         assert collector.records(request_id) == []  # nothing was read for the client
         assert request_id not in collector.state.in_flight
-    # vLLM stops a generation whose client left; through the collector too.
-    assert generated["alone"] < 1200 and generated["through"] < 1200, generated
+    # Through the collector, a client that leaves stops the generation. vLLM alone is only
+    # the control here: in a loaded full run it was seen to finish all 1200 tokens after
+    # its client left, so its figure is reported, not asserted.
+    assert generated["through"] < 1200, generated
