@@ -21,11 +21,11 @@ from collectors.engine import engine_port
 from collectors.ledger_client import LedgerClient
 from collectors.metrics import CollectorMetrics
 from collectors.procinfo import ProcessUnreadable, find_pid_by_port
-from collectors.proxy import WorkerState
 from collectors.shipper import LINGER, Shipper
 from collectors.snapshot import Snapshot, is_local, take_snapshot
 from collectors.spool import Spool
 from collectors.tokens import TokenRenderer
+from collectors.worker_state import WorkerState
 from ledger.errors import LedgerError
 from ledger.heartbeat import HEARTBEAT_KIND, build_heartbeat
 from ledger.signing import Envelope, SigningKey, load_public_key, sign_envelope

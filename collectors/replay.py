@@ -14,13 +14,15 @@ import binascii
 import json
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from collectors.errors import error_response
 from collectors.exchange import Accumulator
 from collectors.upstream import Upstream
+from collectors.worker_state import WorkerState
 from ledger.errors import InvalidInput, LedgerError, Unreachable, VerificationError
 from ledger.replay import (
     ORDER_KIND,
@@ -31,9 +33,6 @@ from ledger.replay import (
     check_order,
 )
 from ledger.signing import Envelope, key_id_for, sign_envelope, verify_envelope
-
-if TYPE_CHECKING:  # the proxy imports this module; its state type is only for annotations
-    from collectors.proxy import WorkerState
 
 REPLAY_PATH = "/ledger/v1/replay"
 
@@ -97,7 +96,8 @@ async def _run(engine: Upstream, endpoint: str, raw: bytes) -> tuple[Accumulator
 
 
 async def handle_replay(request: Request, state: WorkerState, engine: Upstream) -> Response:
-    """The endpoint body; ``state`` is the proxy's WorkerState."""
+    """The endpoint: the signed output, or the collector's error answer (``collectors/errors.py``:
+    an order that does not verify is 403, a malformed one 400, an engine that fails it 502)."""
     try:
         order = _order(await request.body(), state)
         try:
@@ -122,10 +122,7 @@ async def handle_replay(request: Request, state: WorkerState, engine: Upstream) 
         )
     except LedgerError as exc:
         state.metrics.refusals.labels(exc.code).inc()
-        status = 403 if isinstance(exc, VerificationError) else 400
-        if isinstance(exc, Unreachable):
-            status = 502
-        return Response(json.dumps({"error": exc.to_dict()}), status, media_type="application/json")
+        return error_response(exc)
     state.metrics.replays.inc()
     envelope = sign_envelope(OUTPUT_KIND, body, state.key)
     return Response(envelope.canonical, 200, media_type="application/json")

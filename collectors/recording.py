@@ -1,0 +1,154 @@
+"""One exchange under way (a client's request, vLLM's answer) and the signed record it leaves.
+
+An :class:`Exchange` gathers what vLLM answered (``collectors/exchange.py``'s accumulator and
+client view), and when the answer is complete signs the record and puts it in the durable
+spool: :meth:`Exchange.spool_async` from the request's own handler, before the client gets the
+end of the answer; :func:`spool_aborted`, on a thread, for a client that left mid-stream. An
+answer no record can hold is counted in ``collector_unrecordable_total``, never dropped
+silently (:func:`count_unrecordable`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from collectors.exchange import Accumulator, ClientView, Plan, dumps
+from collectors.metrics import CollectorMetrics
+from collectors.worker_state import WorkerState
+from ledger.errors import InvalidInput, LedgerError
+from ledger.records import RECORD_KIND, build_record_body
+from ledger.signing import sign_envelope
+
+logger = logging.getLogger("ledger.collector")
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Exchange:
+    state: WorkerState
+    endpoint: str
+    request_id: str
+    tier: int
+    fingerprint_id: str
+    plan: Plan
+    engine_raw: bytes
+    started_at: str
+    started_ns: int
+    acc: Accumulator
+    view: ClientView
+    ttft_ns: int | None = None
+    own_s: float = 0.0  # the collector's own time on this exchange so far
+    streaming: bool = False  # a streamed answer's chunks began to flow
+    engine_error: bool = False  # the engine sent an error chunk mid-stream
+
+    @classmethod
+    def begin(
+        cls,
+        state: WorkerState,
+        endpoint: str,
+        request_id: str,
+        tier: int,
+        plan: Plan,
+        engine_raw: bytes,
+    ) -> Exchange:
+        """An exchange starting now, under the worker's current fingerprint."""
+        return cls(
+            state=state,
+            endpoint=endpoint,
+            request_id=request_id,
+            tier=tier,
+            fingerprint_id=state.fingerprint_id,
+            plan=plan,
+            engine_raw=engine_raw,
+            started_at=utc_now(),
+            started_ns=time.perf_counter_ns(),
+            acc=Accumulator(endpoint, top_k=plan.top_k),
+            view=ClientView(plan, state.renderer),
+        )
+
+    def for_client(self, data: dict[str, Any]) -> bytes:
+        """vLLM's answer (or chunk) in the shape the client asked for, without what the
+        collector added for the record."""
+        out = dumps(self.view.shape(data))
+        if self.view.mismatches:
+            self.state.metrics.render_mismatches.inc(self.view.mismatches)
+            logger.warning(
+                "request %s: %d token(s) rendered from IDs differed from vLLM's strings",
+                self.request_id,
+                self.view.mismatches,
+            )
+            self.view.mismatches = 0
+        return out
+
+    def record(self, *, aborted: bool) -> bytes:
+        """The signed record envelope's canonical bytes (InvalidInput: nothing to record)."""
+        total = time.perf_counter_ns() - self.started_ns
+        body = build_record_body(
+            request_id=self.request_id,
+            fingerprint_id=self.fingerprint_id,
+            worker_id=self.state.worker_id,
+            pool=self.state.pool,
+            tier=self.tier,
+            endpoint=self.endpoint,
+            model=self.acc.model or str(self.plan.engine_body.get("model", "")),
+            request=self.plan.recorded_body,
+            prompt_token_ids=self.acc.prompt_token_ids or [],
+            choices=self.acc.record_choices(),
+            started_at=self.started_at,
+            ttft_ns=self.ttft_ns if self.ttft_ns is not None else total,
+            total_ns=total,
+            system_fingerprint=self.acc.system_fingerprint,
+            request_raw=base64.b64encode(self.engine_raw).decode("ascii"),
+            aborted=True if aborted else None,
+        )
+        return sign_envelope(RECORD_KIND, body, self.state.key).canonical
+
+    def spool(self, *, aborted: bool) -> None:
+        self.state.spool.put(self.request_id, self.record(aborted=aborted))
+        self.state.metrics.spooled.inc()
+
+    async def spool_async(self) -> None:
+        """Sign here (a fraction of a millisecond) and wait for the spool's durable commit.
+
+        With no other exchange in flight, the commit (an fsync: about a millisecond on a busy
+        host) runs right here, saving two thread hand-offs; a request arriving meanwhile waits
+        that long to be read. Otherwise the spool's writer commits it with whatever else has
+        queued up, in one transaction.
+        """
+        envelope = self.record(aborted=self.engine_error)
+        spool = self.state.spool
+        if len(self.state.in_flight) > 1 or not spool.put_now(self.request_id, envelope):
+            await asyncio.wrap_future(spool.submit(self.request_id, envelope))
+        self.state.metrics.spooled.inc()
+
+
+def count_unrecordable(ex: Exchange, exc: InvalidInput, metrics: CollectorMetrics) -> None:
+    """An answer the client got that no record can hold: counted and logged."""
+    metrics.unrecordable.labels("record_invalid").inc()
+    metrics.requests.labels(ex.endpoint, "unrecordable").inc()
+    logger.warning("request %s: answered, but no record can hold it: %s", ex.request_id, exc)
+
+
+def spool_aborted(ex: Exchange, metrics: CollectorMetrics) -> None:
+    """Record what a client that left mid-stream was sent (on a thread: the handler that
+    would have awaited it was cancelled)."""
+    try:
+        ex.spool(aborted=True)
+    except InvalidInput as exc:
+        count_unrecordable(ex, exc, metrics)
+    except LedgerError as exc:
+        if exc.code == "request_id_in_use":
+            # The whole exchange was committed as the client left: that record stands.
+            logger.info("request %s: the client left as its record was committed", ex.request_id)
+            metrics.spooled.inc()
+            return
+        metrics.refusals.labels(exc.code).inc()

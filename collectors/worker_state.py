@@ -1,0 +1,47 @@
+"""What one collector knows about its worker while it serves: identity, keys, spool, counters.
+
+One :class:`WorkerState` per proxy, shared by its request handlers (``collectors/proxy.py``,
+``collectors/streaming.py``), its replay endpoint (``collectors/replay.py``) and the
+``Collector`` that owns it (which swaps ``fingerprint_id`` when the engine restarts under a new
+environment). It imports nothing of the proxy, so every handler module can take it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from collectors.metrics import CollectorMetrics
+from collectors.spool import Spool
+from collectors.tokens import TokenRenderer
+from ledger.signing import SigningKey
+
+
+@dataclass
+class WorkerState:
+    """What every record of this worker carries; the fingerprint changes on engine restarts."""
+
+    engine_url: str
+    worker_id: str
+    pool: str
+    default_tier: int
+    key: SigningKey
+    spool: Spool
+    fingerprint_id: str
+    batch_invariance: str
+    # The ledger's log key: replay orders must be signed by it (None: no replays taken).
+    log_public_key: Ed25519PublicKey | None = None
+    seen_orders: dict[str, float] = field(default_factory=dict)  # replay IDs already run
+    metrics: CollectorMetrics = field(default_factory=CollectorMetrics)
+    # Renders tokens as vLLM does, so records can keep top-k alternatives' IDs (None: they
+    # are not recorded; the model's tokenizer is not one it reproduces exactly).
+    renderer: TokenRenderer | None = None
+    background: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="record")
+    )
+    # Request IDs of exchanges under way (touched only on the proxy's event loop): the spool
+    # knows an ID once its record is in, so two requests sent at once under one ID are told
+    # apart here; and with no other exchange, a record is committed on the loop.
+    in_flight: set[str] = field(default_factory=set)
