@@ -137,8 +137,9 @@ def judge(endpoint_is_chat: bool, body: dict[str, Any]) -> Judged:
 
 
 def prompt_kind(body: dict[str, Any]) -> str:
-    """``one`` (a string or a list of token IDs), ``several`` (a list of prompts), or raise
-    :class:`Unsure` (no prompt, prompt embeddings, or one vLLM's model refuses or coerces)."""
+    """``one`` (a string or a list of token IDs, alone or as the only item of a list),
+    ``several`` (a list of two or more prompts), or raise :class:`Unsure` (no prompt, prompt
+    embeddings, or one vLLM's model refuses or coerces)."""
     prompt = body.get("prompt")
     if body.get("prompt_embeds") is not None:
         raise Unsure("prompt embeddings")
@@ -150,7 +151,7 @@ def prompt_kind(body: dict[str, Any]) -> str:
         if all(isinstance(p, str) for p in prompt) or all(
             isinstance(p, list) and p and all(type(t) is int and t >= 0 for t in p) for p in prompt
         ):
-            return "several"
+            return "one" if len(prompt) == 1 else "several"
     raise Unsure("no prompt vLLM reads as given")
 
 

@@ -87,3 +87,17 @@ def engines(
     yield servers
     for server in servers.values():
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(
+    fixture_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineServer]:
+    """One strict vLLM CPU server on the tiny model, shared by the session's differential
+    tests (vLLM alone against the same server through a collector: deterministic)."""
+    log = tmp_path_factory.mktemp("engine-logs") / "tiny.log"
+    server = EngineServer(fixture_models["tiny"], STRICT_ARGS, log, engine_python()).start()
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()

@@ -14,7 +14,6 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -28,7 +27,7 @@ from tests.support.differential import (
     running_collector,
     send,
 )
-from tests.support.engine import STRICT_ARGS, EngineServer, engine_python
+from tests.support.engine import EngineServer
 
 pytestmark = pytest.mark.engine
 COMPLETIONS = "/v1/completions"
@@ -39,17 +38,9 @@ MESSAGES = [{"role": "user", "content": "What is a replay?"}]
 
 
 @pytest.fixture(scope="module")
-def engine(
-    fixture_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EngineServer]:
+def engine(tiny_engine: EngineServer) -> EngineServer:
     """One strict vLLM pool on the tiny model (deterministic: alone and through agree)."""
-    python = engine_python()
-    log = tmp_path_factory.mktemp("engine-logs") / "tiny.log"
-    server = EngineServer(fixture_models["tiny"], STRICT_ARGS, log, python).start()
-    try:
-        yield server.wait_ready()
-    finally:
-        server.stop()
+    return tiny_engine
 
 
 @pytest.fixture(scope="module")

@@ -27,11 +27,17 @@ def test_chat_plan():
     assert asked.engine_body["top_logprobs"] == 2 and not asked.hide_logprobs
 
 
-@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]], ["one"]])
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]]])
 def test_one_prompt_per_request(prompt):
     with pytest.raises(InvalidInput) as err:
         plan(COMPLETIONS, {"model": "m", "prompt": prompt})
     assert err.value.code == "one_prompt_per_request"
+
+
+@pytest.mark.parametrize("prompt", [["one"], [[1, 2]]])
+def test_a_list_of_one_prompt_is_one_prompt(prompt):
+    """vLLM answers a one-item list as that one prompt (one choice); so does the collector."""
+    assert plan(COMPLETIONS, {"model": "m", "prompt": prompt}).engine_body["prompt"] == prompt
 
 
 def test_for_client_nulls_only_what_was_added():

@@ -111,6 +111,7 @@ def test_the_collector_reads_fields_as_vllms_models_do():
 @pytest.mark.parametrize(
     ("prompt", "kind"),
     [("x", "one"), ([1, 2], "one"), (["a", "b"], "several"), ([[1], [2]], "several"),
+     (["a"], "one"), ([[1, 2]], "one"),
      (None, None), ("", None), ([], None), ([1.0, 2.0], None), ([True], None), ([-1], None),
      ([1, "a"], None)],
 )  # fmt: skip
