@@ -358,3 +358,14 @@ def test_a_client_that_leaves_a_whole_request_cancels_the_generation(
     # the control here: in a loaded full run it was seen to finish all 1200 tokens after
     # its client left, so its figure is reported, not asserted.
     assert generated["through"] < 1200, generated
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("prompt", [["The ledger keeps"], [[5, 6, 7]]], ids=["text", "ids"])
+def test_a_list_of_one_prompt_is_answered_and_recorded_as_that_prompt(
+    engine: EngineServer, collector: CollectorUnderTest, prompt: list[object], stream: bool
+):
+    result = check(
+        engine, collector, COMPLETIONS, body_of({**BASE, "prompt": prompt, "stream": stream}), JSON
+    )
+    assert result.through.status == 200
