@@ -140,7 +140,9 @@ def count_unrecordable(ex: Exchange, exc: InvalidInput, metrics: CollectorMetric
 
 def spool_aborted(ex: Exchange, metrics: CollectorMetrics) -> None:
     """Record what a client that left mid-stream was sent (on a thread: the handler that
-    would have awaited it was cancelled)."""
+    would have awaited it was cancelled). ``collector_requests_total`` counts the outcome the
+    spool holds: ``aborted`` for a record marked so, ``recorded`` when the whole answer's
+    record was committed just as the client left."""
     try:
         ex.spool(aborted=True)
     except InvalidInput as exc:
@@ -150,5 +152,9 @@ def spool_aborted(ex: Exchange, metrics: CollectorMetrics) -> None:
             # The whole exchange was committed as the client left: that record stands.
             logger.info("request %s: the client left as its record was committed", ex.request_id)
             metrics.spooled.inc()
+            metrics.requests.labels(ex.endpoint, "recorded").inc()
             return
         metrics.refusals.labels(exc.code).inc()
+        metrics.requests.labels(ex.endpoint, "not_recorded").inc()
+    else:
+        metrics.requests.labels(ex.endpoint, "aborted").inc()

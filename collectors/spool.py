@@ -48,6 +48,7 @@ REQUEST_ID_RETENTION = 7 * 24 * 3600.0  # seconds a used request ID stays refuse
 # Bytes of records written between checkpoints: about SQLite's own automatic threshold (1,000
 # pages), so the log is copied as seldom as before, only off the request's path.
 CHECKPOINT_BYTES = 4 * 1024 * 1024
+WAL_SIZE_LIMIT = 4 * CHECKPOINT_BYTES  # bytes the write-ahead log file keeps between bursts
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,9 @@ class Spool:
             # Checkpoints run on the shipper's thread (checkpoint()), never in a commit on a
             # request's path: a multi-megabyte one would hold up the proxy's event loop.
             conn.execute("PRAGMA wal_autocheckpoint=0")
+            # Once a checkpoint has copied the log and it starts over, SQLite cuts the file
+            # back to this size, so a burst does not leave a write-ahead log that size forever.
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
             for statement in _SCHEMA:
                 conn.execute(statement)
         except sqlite3.Error as exc:

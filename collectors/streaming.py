@@ -130,7 +130,6 @@ async def relay(
         if not finished:
             # The client went away (or the engine did): record what was generated. This runs
             # inside a cancelled scope, so hand it to a thread instead of awaiting.
-            metrics.requests.labels(ex.endpoint, "aborted").inc()
             ex.state.background.submit(spool_aborted, ex, metrics)
         await asyncio.shield(stack.aclose())
 

@@ -389,6 +389,9 @@ def test_a_client_that_leaves_mid_stream_still_leaves_an_aborted_record(
 ):
     request_id = f"aborted-{uuid.uuid4().hex}"
     body = {**COMPLETION, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    registry = proxy.collector.state.metrics.registry
+    labels = {"endpoint": "/v1/completions", "outcome": "aborted"}
+    aborted_before = registry.get_sample_value("collector_requests_total", labels) or 0
     seen = 0
     with (
         httpx.Client(timeout=120) as client,
@@ -404,6 +407,8 @@ def test_a_client_that_leaves_mid_stream_still_leaves_an_aborted_record(
     record = wait_for_record(api, request_id)
     assert record["aborted"] is True
     assert proxy.collector.state.in_flight == set()
+    # Counted as the spool holds it: one more aborted exchange.
+    assert registry.get_sample_value("collector_requests_total", labels) == aborted_before + 1
     generated = len(ints(record["choices"][0]["token_ids"]))
     assert 0 < generated < 200
     assert len(float_bits(record["choices"][0]["logprobs"])) == 4 * generated

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.spool import Spool
+from collectors.spool import WAL_SIZE_LIMIT, Spool
 from ledger.errors import Conflict, StorageError
 
 
@@ -189,3 +189,21 @@ def test_commits_leave_checkpoints_to_the_shipper(tmp_path: Path):
     spool.put_now("one-more", b"x")
     assert spool.checkpoint() is False  # too little since
     spool.close()
+
+
+def test_the_write_ahead_log_shrinks_back_after_a_burst(tmp_path: Path):
+    """A burst grows the log past WAL_SIZE_LIMIT; once shipped and copied, the next write
+    starts the log over and SQLite cuts the file back to the limit."""
+    spool = Spool(tmp_path / "spool.sqlite")
+    wal = tmp_path / "spool.sqlite-wal"
+    try:
+        envelope = b"x" * (1024 * 1024)
+        for i in range((WAL_SIZE_LIMIT >> 20) + 8):
+            spool.put(f"burst-{i}", envelope)
+        assert wal.stat().st_size > WAL_SIZE_LIMIT
+        spool.ack([item.seq for item in spool.oldest(10_000)])
+        assert spool.checkpoint(at_least=0)
+        spool.put("after", b"y")
+        assert wal.stat().st_size <= WAL_SIZE_LIMIT
+    finally:
+        spool.close()
