@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -47,11 +48,25 @@ def read_token_file(path: Path) -> str:
     return token
 
 
+def segment(value: str) -> str:
+    """``value`` as one path segment: every reserved character encoded, so an ID is never read
+    as a path (``bad id/../x`` stays one segment); ``.``, ``..`` and empty ones are refused,
+    as HTTP clients resolve them away."""
+    if value in ("", ".", ".."):
+        raise InvalidInput(f"{value!r} is not an ID the ledger can have", code="invalid_id")
+    return quote(value, safe="")
+
+
 class LedgerClient:
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        try:
+            self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        except (httpx.InvalidURL, TypeError, ValueError) as exc:
+            raise InvalidInput(
+                f"{base_url!r} is not a usable ledger URL: {exc}", code="invalid_url"
+            ) from exc
 
     def close(self) -> None:
         self._http.close()
@@ -65,6 +80,10 @@ class LedgerClient:
     def _request(self, method: str, path: str, **kw: Any) -> Any:
         try:
             resp = self._http.request(method, path, **kw)
+        except httpx.InvalidURL as exc:
+            raise InvalidInput(
+                f"{self.base_url!r} is not a usable ledger URL: {exc}", code="invalid_url"
+            ) from exc
         except httpx.HTTPError as exc:
             raise Pushback(
                 f"cannot reach the ledger at {self.base_url}: {exc}", code="ledger_unreachable"
@@ -92,7 +111,7 @@ class LedgerClient:
 
     def revoke_key(self, key_id: str, reason: str) -> dict[str, Any]:
         result: dict[str, Any] = self._request(
-            "POST", f"/v1/keys/{key_id}/revoke", json={"reason": reason}
+            "POST", f"/v1/keys/{segment(key_id)}/revoke", json={"reason": reason}
         )
         return result
 
@@ -110,7 +129,7 @@ class LedgerClient:
         return result
 
     def get_fingerprint(self, fingerprint_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/fingerprints/{fingerprint_id}")
+        result: dict[str, Any] = self._request("GET", f"/v1/fingerprints/{segment(fingerprint_id)}")
         return result
 
     def post_records(self, envelopes: list[Envelope]) -> dict[str, Any]:
@@ -123,11 +142,11 @@ class LedgerClient:
         return result
 
     def get_record(self, request_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/records/{request_id}")
+        result: dict[str, Any] = self._request("GET", f"/v1/records/{segment(request_id)}")
         return result
 
     def evidence(self, request_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/records/{request_id}/evidence")
+        result: dict[str, Any] = self._request("GET", f"/v1/records/{segment(request_id)}/evidence")
         return result
 
     def sign_checkpoint(self) -> dict[str, Any]:
@@ -155,7 +174,7 @@ class LedgerClient:
         return result
 
     def get_replay(self, replay_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/replays/{replay_id}")
+        result: dict[str, Any] = self._request("GET", f"/v1/replays/{segment(replay_id)}")
         return result
 
     def certify(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -163,7 +182,7 @@ class LedgerClient:
         return result
 
     def certification(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/certifications/{job_id}")
+        result: dict[str, Any] = self._request("GET", f"/v1/certifications/{segment(job_id)}")
         return result
 
     def cache_key(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +190,7 @@ class LedgerClient:
         return result
 
     def cache_lookup(self, key: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/cache/{key}")
+        result: dict[str, Any] = self._request("GET", f"/v1/cache/{segment(key)}")
         return result
 
     def search_records(self, **params: Any) -> dict[str, Any]:
