@@ -17,7 +17,7 @@ from cli.common import (
     console,
     fail,
     ledger_errors,
-    open_database,
+    open_existing_database,
     print_json,
     read_public_key,
 )
@@ -65,7 +65,7 @@ def run_audit(
     pinned = read_public_key(log_key) if log_key is not None else None
     trusted = [_read_checkpoint(path) for path in checkpoint]
     with ledger_errors():
-        settings, db = open_database(db_url)
+        settings, db = open_existing_database(db_url)
         options = {
             "signatures": not structure_only,
             "trusted_checkpoints": trusted,

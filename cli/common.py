@@ -19,7 +19,7 @@ import migrations
 from api.settings import Settings
 from ledger.errors import LedgerError
 from ledger.signing import SigningKey, load_public_key
-from ledger.storage.database import Database
+from ledger.storage.database import Database, sqlite_file
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -56,6 +56,21 @@ def open_database(url: str | None, *, migrate: bool = False) -> tuple[Settings, 
     db = Database(settings.resolved_database_url)
     if migrate:
         migrations.upgrade(db)
+    return settings, db
+
+
+def open_existing_database(url: str | None) -> tuple[Settings, Database]:
+    """Open a ledger database that must already exist, for commands that only read it: a
+    mistyped path or URL is an error (exit 2), never a new, empty ledger."""
+    settings = load_settings(database_url=url)
+    resolved = settings.resolved_database_url
+    path = sqlite_file(resolved)
+    hint = "create one with `ledger db upgrade` (or `ledger serve`)"
+    if path is not None and not path.is_file():
+        fail(f"no ledger database at {path}: {hint}, or name the right one with --db", 2)
+    db = Database(resolved)
+    if migrations.current_revision(db) is None:
+        fail(f"no ledger schema in {db.describe()}: {hint}", 2)
     return settings, db
 
 

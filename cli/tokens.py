@@ -15,6 +15,7 @@ from cli.common import (
     fail,
     ledger_errors,
     open_database,
+    open_existing_database,
     print_json,
 )
 from ledger import secretfile
@@ -93,7 +94,7 @@ def create(
 def list_tokens(db_url: str | None = DbOption, as_json: bool = JsonOption) -> None:
     """List tokens (IDs, names, scopes, expiry; never secrets)."""
     with ledger_errors():
-        _, db = open_database(db_url, migrate=True)
+        _, db = open_existing_database(db_url)
         items = tokenstore.list_tokens(db)
     now = datetime.now(UTC)
     if as_json:
@@ -132,6 +133,6 @@ def list_tokens(db_url: str | None = DbOption, as_json: bool = JsonOption) -> No
 def revoke(token_id: str, db_url: str | None = DbOption) -> None:
     """Revoke a token by its ID."""
     with ledger_errors():
-        _, db = open_database(db_url, migrate=True)
+        _, db = open_existing_database(db_url)
         info = tokenstore.revoke_token(db, token_id)
     console.print(f"token {info.token_id} revoked at {info.revoked_at}")

@@ -28,6 +28,17 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file an SQLite URL names (None: not SQLite, in memory, or not a URL)."""
+    try:
+        parsed = make_url(normalize_url(url))
+    except (ArgumentError, ValueError):
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

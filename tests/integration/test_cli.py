@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -49,6 +50,28 @@ def test_db_and_tokens_commands(tmp_path: Path):
     assert bad.returncode == 1 and "unknown scope" in bad.stderr
     ledger("tokens", "revoke", created["token_id"], "--db", url)
     assert json.loads(ledger("tokens", "list", "--db", url, "--json").stdout)[0]["revoked_at"]
+
+
+def test_read_only_commands_never_create_a_ledger(tmp_path: Path):
+    """A mistyped --db is an error that names the fix (exit 2), not a new, empty ledger."""
+    missing = tmp_path / "no" / "such" / "l.db"
+    typo = tmp_path / "typo.db"
+    for args in (
+        ("audit", "--db", f"sqlite:///{missing}"),
+        ("tokens", "list", "--db", f"sqlite:///{typo}"),
+        ("tokens", "revoke", "tok_x", "--db", f"sqlite:///{typo}"),
+    ):
+        proc = ledger(*args, check=False)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "no ledger database at" in proc.stderr and "ledger db upgrade" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "no").exists() and not typo.exists()
+    # A database that exists but holds no ledger schema is not migrated behind one's back.
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    proc = ledger("tokens", "list", "--db", f"sqlite:///{empty}", check=False)
+    assert proc.returncode == 2 and "no ledger schema" in proc.stderr
+    assert migrations.current_revision(Database(f"sqlite:///{empty}")) is None
 
 
 def test_demo_once(tmp_path: Path):

@@ -91,6 +91,7 @@ def test_token_file_symlink_is_refused_and_its_target_untouched(tmp_path: Path, 
         target.chmod(0o644)
     link = tmp_path / "t.token"
     link.symlink_to(target)
+    ledger("db", "upgrade", *db)  # tokens list reads an existing ledger only
     args = ["tokens", "create", "--scope", "admin", "--out", str(link), *db]
     with umask(0):
         refused(ledger(*args, check=False), "symbolic link")
