@@ -111,6 +111,7 @@ FINGERPRINT_CHECKS = (
     "fingerprint_inclusion",
     "fingerprint_key",
 )
+_CHECKS_V1 = tuple(c for c in CHECKS if c not in FINGERPRINT_CHECKS)
 
 
 def b64(data: bytes) -> str:
@@ -263,7 +264,7 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None) -> Verif
     replays = _verify_replays(b.replays, record, index, cp, log_key)
     return VerifiedBundle(
         format=b.format,
-        checks=CHECKS if facts else tuple(c for c in CHECKS if c not in FINGERPRINT_CHECKS),
+        checks=CHECKS if facts else _CHECKS_V1,
         request_id=b.request_id,
         kind=record.kind,
         leaf_index=index,

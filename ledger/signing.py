@@ -54,7 +54,7 @@ def key_id_of(raw: bytes) -> str:
 
 
 def public_key_raw(public_key: Ed25519PublicKey) -> bytes:
-    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return public_key.public_bytes_raw()
 
 
 def public_key_pem(public_key: Ed25519PublicKey) -> str:
@@ -270,9 +270,10 @@ class Envelope:
     def signature(self) -> dict[str, str]:
         return {"alg": ALG, "key_id": self.key_id, "sig": self.sig}
 
-    @property
+    @functools.cached_property
     def body_digest(self) -> str:
-        """``sha256:`` digest of the canonical body: the content identity of the document."""
+        """``sha256:`` digest of the canonical body: the content identity of the document
+        (computed on first use, once: an envelope parsed once is compared in many bundles)."""
         return sha256_digest(self.body_bytes)
 
     def to_dict(self) -> dict[str, Any]:

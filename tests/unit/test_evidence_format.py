@@ -1,0 +1,75 @@
+"""The ``format`` check reuses what it parsed for members that bundles of one export share (the
+keys, the fingerprint), and only for a member that is the same JSON: a value a JSON parser never
+produces, in place of one that parsed, is parsed afresh and refused as it would be uncached."""
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger.errors import VerificationError
+from ledger.evidence_format import parse_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLE = json.loads((ROOT / "docs" / "examples" / "evidence-example.json").read_text())
+
+
+class Text(str):
+    pass
+
+
+def _edited(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    bundle = copy.deepcopy(BUNDLE)
+    node = bundle
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return bundle
+
+
+def _refused(bundle: dict[str, Any]) -> None:
+    with pytest.raises(VerificationError) as err:
+        parse_bundle(bundle)
+    assert err.value.details["check"] == "format"
+
+
+def test_bundles_sharing_members_share_what_was_parsed_from_them() -> None:
+    first, second = parse_bundle(copy.deepcopy(BUNDLE)), parse_bundle(copy.deepcopy(BUNDLE))
+    assert first.collector is second.collector and first.fingerprint is second.fingerprint
+    assert first.record is not second.record  # each bundle's own record is its own
+
+
+FP_HASHES = list(BUNDLE["fingerprint"]["hashes"])
+REG_HASHES = list(BUNDLE["keys"]["collector"]["registration"]["hashes"])
+ENGINE_VERSION = ("fingerprint", "envelope", "body", "engine", "version")
+
+
+@pytest.mark.parametrize(
+    ("path", "parsed", "refused"),
+    [
+        # orjson writes NaN and the infinities as null: a cached null must not stand for them
+        (ENGINE_VERSION, None, float("nan")),
+        (ENGINE_VERSION, None, float("inf")),
+        # orjson writes a tuple as an array; the format wants a JSON array
+        (("fingerprint", "hashes"), FP_HASHES, tuple(FP_HASHES)),
+        (("keys", "collector", "registration", "hashes"), REG_HASHES, tuple(REG_HASHES)),
+        # a subclass of str; a boolean for an integer
+        (("keys", "collector", "name"), "c", Text("c")),
+        (("fingerprint", "leaf_index"), 1, True),
+    ],
+    ids=["nan", "infinity", "tuple", "tuple-in-keys", "str-subclass", "bool"],
+)
+def test_a_member_is_reused_only_for_the_same_json(
+    path: tuple[str, ...], parsed: Any, refused: Any
+) -> None:
+    parse_bundle(_edited(path, parsed))  # the format holds: its parse is cached
+    _refused(_edited(path, refused))
+
+
+def test_an_edit_after_parsing_does_not_reach_the_next_bundle() -> None:
+    bundle = copy.deepcopy(BUNDLE)
+    parse_bundle(bundle)
+    bundle["keys"]["collector"]["name"] = "edited afterwards"
+    assert parse_bundle(copy.deepcopy(BUNDLE)).collector.name == BUNDLE["keys"]["collector"]["name"]
