@@ -22,6 +22,7 @@ from tests.support.collector import (
     start_collector,
     wait_for_record,
 )
+from tests.support.differential import merged_stream
 from tests.support.engine import EngineServer
 from tests.support.harness import Harness
 
@@ -57,8 +58,11 @@ def call(url: str, endpoint: str, body: dict[str, Any], headers: dict[str, str] 
 
 
 def stable(value: Any) -> Any:
+    """An answer without its per-request IDs and times; a stream by its content per choice,
+    whatever its chunking (vLLM coalesces tokens into fewer chunks when its reader falls
+    behind, so two runs of one request may split the same tokens differently)."""
     if isinstance(value, list):
-        return [_stable(v) for v in value]
+        return merged_stream([_stable(v) for v in value])
     return _stable(value)
 
 
