@@ -192,7 +192,50 @@ def record_keys(
     return sorted({_key(head, prompt) for prompt in prompts})
 
 
+_HEADS: dict[tuple[Any, ...], bytes] = {}
+_HEADS_MAX = 4096
+_MEMO_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _memo_key(
+    endpoint: str, request: dict[str, Any], fingerprint_id: str
+) -> tuple[Any, ...] | None:
+    """What ``_head`` depends on, as a hashable value, or None when a member is a container
+    other than a flat list (those heads are computed each time).
+
+    Every parameter is keyed by its type as well as its value, since ``1``, ``1.0`` and
+    ``True`` are equal in Python but not in a cache key."""
+    prompt_field = "prompt" if endpoint == COMPLETIONS else "messages"
+    members: list[tuple[Any, ...]] = []
+    for name, value in request.items():
+        if name == prompt_field:
+            continue
+        kind = type(value)
+        if kind in _MEMO_SCALARS:
+            members.append((name, kind, value))
+        elif kind is list and all(type(item) in _MEMO_SCALARS for item in value):
+            members.append((name, list, tuple((type(item), item) for item in value)))
+        else:
+            return None
+    return (endpoint, fingerprint_id, tuple(members))
+
+
 def _head(endpoint: str, request: dict[str, Any], fingerprint_id: str) -> bytes:
+    """``_head_of``, remembered for the last few thousand distinct parameter sets (a log's
+    requests mostly share their parameters; the prompt is not part of the head)."""
+    memo = _memo_key(endpoint, request, fingerprint_id)
+    if memo is None:
+        return _head_of(endpoint, request, fingerprint_id)
+    head = _HEADS.get(memo)
+    if head is None:
+        head = _head_of(endpoint, request, fingerprint_id)  # a refusal raises: nothing kept
+        if len(_HEADS) >= _HEADS_MAX:
+            _HEADS.clear()
+        _HEADS[memo] = head
+    return head
+
+
+def _head_of(endpoint: str, request: dict[str, Any], fingerprint_id: str) -> bytes:
     """The canonical document up to its last member: RFC 8785 orders the members
     ``algorithm`` < ``endpoint`` < ``fingerprint_id`` < ``params`` < ``prompt``."""
     document = {

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -405,14 +404,12 @@ def _vkey(origin: str, log_key_raw: bytes) -> str:
 @functools.lru_cache(maxsize=1024)
 def _verified_signature(canonical: bytes, key_raw: bytes) -> None:
     """An envelope (as its canonical bytes) is signed by the key."""
-    verify_envelope(
-        Envelope.from_dict(json.loads(canonical)), VerifyingKey(key_raw, key_id_of(key_raw))
-    )
+    verify_envelope(Envelope.from_bytes(canonical), VerifyingKey(key_raw, key_id_of(key_raw)))
 
 
 @functools.lru_cache(maxsize=256)
 def _facts(canonical: bytes, index: int) -> FingerprintFacts:
-    env = Envelope.from_dict(json.loads(canonical))
+    env = Envelope.from_bytes(canonical)
     return FingerprintFacts.of(env.body, env.body_digest, index, env.key_id)
 
 

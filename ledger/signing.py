@@ -18,12 +18,14 @@ import base64
 import binascii
 import functools
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nacl.bindings
 import nacl.exceptions
+import orjson
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -278,6 +280,27 @@ class Envelope:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "body": self.body, "signature": self.signature}
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Envelope:
+        """Parse stored envelope bytes; raises ValueError for bytes that are not JSON (or
+        nest too deeply to parse), and InvalidInput as :meth:`from_dict` does.
+
+        ``orjson`` parses the common case, and whatever it refuses (lone surrogates, ``NaN``,
+        deep nesting, other encodings) is parsed by ``json``, so the values are those
+        ``json.loads`` gives, with one exception: an integer literal beyond 64 bits, which
+        orjson reads as a float. Such a text is never an envelope's canonical form (canonical
+        integers lie within 2**53), and its canonical bytes and body digest differ from the
+        stored ones, which every caller compares or verifies.
+        """
+        try:
+            parsed = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            try:
+                parsed = json.loads(data)
+            except RecursionError as exc:
+                raise ValueError("the envelope is nested too deeply to parse") from exc
+        return cls.from_dict(parsed)
 
     @classmethod
     def from_dict(cls, data: Any) -> Envelope:

@@ -18,7 +18,6 @@ For each leaf it checks
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -122,7 +121,7 @@ def check_batch(known: Known, batch: Batch) -> list[Finding]:
     for pos, idx in enumerate(leaves.indexes):
         data = leaves.envelopes[pos]
         try:
-            env = Envelope.from_dict(json.loads(data))
+            env = Envelope.from_bytes(data)
         except (ValueError, LedgerError) as exc:
             message = exc.message if isinstance(exc, LedgerError) else str(exc)
             st.find("canonical", f"stored envelope is not a valid envelope: {message}", idx)

@@ -24,7 +24,6 @@ needs the pinned log key.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import time
 from collections import deque
@@ -223,7 +222,7 @@ class _Audit:
                 continue
             idx = chunk.indexes[pos]
             try:
-                env = Envelope.from_dict(json.loads(data))
+                env = Envelope.from_bytes(data)
             except (ValueError, LedgerError):
                 continue  # the batch reports it
             if env.kind in KEY_EVENTS:

@@ -427,3 +427,31 @@ def test_a_chunked_audit_finds_the_same(ledger: Ledger, case: str, monkeypatch):
         assert [f.to_dict() for f in structure.findings] == [
             f.to_dict() for f in audit(ledger.db, key, signatures=False, **NOT_DUE).findings
         ]
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        b'{"body":' + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b',"kind":"inference_record"}',
+        b'{"body":{"tier":123456789012345678901234567890},"kind":"inference_record",'
+        b'"signature":{"alg":"ed25519","key_id":"x","sig":"y"}}',
+    ],
+    ids=["nested-5000-deep", "integer-beyond-64-bits"],
+)
+def test_an_envelope_no_parser_should_accept_is_a_finding_not_a_crash(ledger: Ledger, stored):
+    """A superuser's envelope nested deeper than any JSON parser goes, or holding an integer
+    that orjson reads as a float: the audit names the leaf (with a matching leaf hash, only
+    its envelope check can), in one process and in workers."""
+    _, idx = ledger.records[1]
+    ledger.sql(
+        [
+            (
+                "UPDATE log_entries SET envelope = %s, leaf_hash = %s WHERE idx = %s",
+                (stored, merkle.leaf_hash(stored), idx),
+            )
+        ],
+        ("log_entries",),
+    )
+    report = audit(ledger.db, ledger.log_key.public_key)
+    assert not report.ok
+    assert ("canonical", idx) in {(f.check, f.index) for f in report.findings}

@@ -211,3 +211,47 @@ def test_record_keys_refuse_what_cache_key_refuses() -> None:
         record_keys(CHAT, {"prompt": "x"}, FP)
     with pytest.raises(InvalidInput):
         record_keys(COMPLETIONS, ["not", "an", "object"], FP)  # type: ignore[arg-type]
+
+
+# Parameters whose values are equal in Python but not in a key (1, 1.0 and True; 0 and False;
+# "1" and 1), and containers the parameter memo must key by content.
+_LOOKALIKES = st.sampled_from([0, 0.0, False, 1, 1.0, True, -0.0, "1", None, 0.5, [], ["a"], [1]])
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["temperature", "top_k", "n", "seed", "ignore_eos", "x_unknown"]),
+        _LOOKALIKES,
+        max_size=4,
+    ),
+    st.sampled_from([COMPLETIONS, CHAT]),
+)
+def test_remembered_parameters_give_the_key_computed_afresh(
+    p: dict[str, Any], endpoint: str
+) -> None:
+    """Keys computed after other requests (the head of each parameter set is remembered)
+    equal the reference hash of the whole document, whatever was computed before."""
+    prompt_member = {"prompt": "hi"} if endpoint == COMPLETIONS else {"messages": []}
+    request = {**prompt_member, **p}
+    prompt = {"text": "hi"} if endpoint == COMPLETIONS else {"messages": [], "chat_template": None}
+    try:
+        expected = reference_key(endpoint, request, FP, prompt)
+    except InvalidInput:
+        with pytest.raises(InvalidInput):
+            cache_key(endpoint, request, FP)
+        with pytest.raises(InvalidInput):  # a refusal is never remembered as a head
+            cache_key(endpoint, request, FP)
+        return
+    assert cache_key(endpoint, request, FP) == expected
+    assert cache_key(endpoint, request, FP) == expected  # now from the memo
+    assert cache_key(endpoint, request, FP2) != expected
+
+
+def test_remembered_parameters_are_a_snapshot() -> None:
+    """A parameter list changed after its key was computed gives the new key."""
+    request = {"prompt": "hi", "stop": ["a"], "temperature": 0.5}
+    first = key(request)
+    request["stop"].append("b")
+    assert key(request) != first
+    assert key(request) == reference_key(COMPLETIONS, request, FP, {"text": "hi"})
+    assert key({"prompt": "hi", "stop": ["a"], "temperature": 0.5}) == first
