@@ -31,7 +31,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
+
+from collectors.gpu_visibility import Device, Visibility, select
 
 _T = TypeVar("_T")
 
@@ -56,8 +59,15 @@ class GpuSnapshot:
     identity: dict[str, Any]
 
 
-def snapshot_gpus(nvml: Any = None) -> GpuSnapshot:
-    """Read the GPUs through ``nvml`` (default: the real ``pynvml``); never raises NVMLError."""
+def snapshot_gpus(
+    nvml: Any = None, visibility: Visibility | None = None, *, unseen: str | None = None
+) -> GpuSnapshot:
+    """Read the GPUs through ``nvml`` (default: the real ``pynvml``); never raises NVMLError.
+
+    ``visibility`` (the engine's ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES``,
+    ``collectors.gpu_visibility``) keeps the devices the engine uses, in its order; ``None``
+    keeps every device NVML lists, and ``unseen`` (why the engine's environment is unknown)
+    is then reported under ``unknown["visible_devices"]`` when there is any device."""
     if nvml is None:
         try:
             import pynvml
@@ -70,14 +80,16 @@ def snapshot_gpus(nvml: Any = None) -> GpuSnapshot:
     except nvml_error as exc:
         return _unavailable(_init_reason(nvml, exc))
     try:
-        return _collect(nvml, nvml_error)
+        return _collect(nvml, nvml_error, visibility, unseen)
     finally:
         # The values are already read; a failed shutdown changes none of them.
         with contextlib.suppress(nvml_error):
             nvml.nvmlShutdown()
 
 
-def _collect(nvml: Any, nvml_error: type[Exception]) -> GpuSnapshot:
+def _collect(
+    nvml: Any, nvml_error: type[Exception], visibility: Visibility | None, unseen: str | None
+) -> GpuSnapshot:
     reader = _Reader(nvml, nvml_error)
     driver_version = reader.query(
         "driver_version",
@@ -90,7 +102,16 @@ def _collect(nvml: Any, nvml_error: type[Exception]) -> GpuSnapshot:
         lambda: _cuda_version(nvml.nvmlSystemGetCudaDriverVersion()),
     )
     count = reader.query("gpus", "nvmlDeviceGetCount", lambda: int(nvml.nvmlDeviceGetCount()))
-    gpus = [reader.device(index) for index in range(count or 0)]
+    listed = [reader.listed(index) for index in range(count or 0)]
+    chosen, reasons = select([entry[0] for entry in listed], visibility)
+    if reasons:
+        reader.unknown["visible_devices"] = "; ".join(reasons)
+    elif visibility is None and unseen is not None and listed:
+        reader.unknown["visible_devices"] = f"{unseen}: every device NVML lists is reported"
+    gpus = [
+        reader.device(position, listed[pick.index][1:], pick.mig_slot)
+        for position, pick in enumerate(chosen)
+    ]
     body: dict[str, Any] = {
         "driver_version": driver_version,
         "cuda_driver_version": cuda_driver_version,
@@ -100,6 +121,8 @@ def _collect(nvml: Any, nvml_error: type[Exception]) -> GpuSnapshot:
     identity = {
         "gpu_uuids": reader.uuids,
         "pci_bus_ids": reader.bus_ids,
+        "nvml_indexes": [pick.index for pick in chosen],
+        "visible_devices": visibility.describe() if visibility is not None else None,
         "unknown": dict(sorted(reader.identity_unknown.items())),
     }
     return GpuSnapshot(body=body, identity=identity)
@@ -125,30 +148,73 @@ class _Reader:
             (self.identity_unknown if identity else self.unknown)[key] = f"{call}: {exc}"
             return None
 
-    def device(self, index: int) -> dict[str, Any]:
-        """The body entry for device ``index``; its UUID and bus ID go to the identity lists."""
+    def _quiet(self, fn: Callable[[], _T]) -> _T | None:
+        try:
+            return fn()
+        except self.nvml_error:
+            return None
+
+    def listed(self, index: int) -> tuple[Device, tuple[Any, ...] | None, str | None]:
+        """Device ``index`` as NVML lists it (UUID, MIG instances), its handle, and why there
+        is none. Other failures here only narrow what ``CUDA_VISIBLE_DEVICES`` can name; the
+        device's own entry reports them."""
         nvml = self.nvml
-        prefix = f"gpus[{index}]"
         # A one-element tuple, so that a falsy handle is never mistaken for a failed query.
-        found = self.query(
-            prefix, "nvmlDeviceGetHandleByIndex", lambda: (nvml.nvmlDeviceGetHandleByIndex(index),)
-        )
+        try:
+            found = (nvml.nvmlDeviceGetHandleByIndex(index),)
+        except self.nvml_error as exc:
+            return Device(index, None), None, f"nvmlDeviceGetHandleByIndex: {exc}"
+        (h,) = found
+        uuid = self._quiet(lambda: _text(nvml.nvmlDeviceGetUUID(h)))
+        mig_enable = _nvml_attr(nvml, "NVML_DEVICE_MIG_ENABLE")
+        if self._quiet(lambda: nvml.nvmlDeviceGetMigMode(h)[0]) != mig_enable:
+            return Device(index, uuid), found, None
+        slots = self._quiet(lambda: int(nvml.nvmlDeviceGetMaxMigDeviceCount(h))) or 0
+        instances: list[tuple[int, str | None]] = []
+        for slot in range(slots):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+            except self.nvml_error:  # NVML_ERROR_NOT_FOUND: an empty slot
+                continue
+            instances.append((slot, self._quiet(partial(_uuid_of, nvml, mig))))
+        return Device(index, uuid, tuple(instances)), found, None
+
+    def device(
+        self,
+        position: int,
+        listed: tuple[tuple[Any, ...] | None, str | None],
+        mig_slot: int | None,
+    ) -> dict[str, Any]:
+        """The body entry for the engine's device ``position``; its UUID and bus ID go to the
+        identity lists. A MIG instance is described by its parent's model and its own size."""
+        nvml = self.nvml
+        prefix = f"gpus[{position}]"
+        found, reason = listed
         if found is None:
+            self.unknown[prefix] = reason or "nvmlDeviceGetHandleByIndex failed"
             self.uuids.append(None)
             self.bus_ids.append(None)
-            return _gpu_entry(index, None, None, None, None, None, None)
+            return _gpu_entry(position, None, None, None, None, None, None)
         (h,) = found
+        mig = None
+        if mig_slot is not None:
+            mig = self.query(
+                prefix,
+                "nvmlDeviceGetMigDeviceHandleByIndex",
+                lambda: (nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, mig_slot),),
+            )
+        own = mig[0] if mig is not None else h  # what the engine runs on
         self.uuids.append(
             self.query(
-                f"gpu_uuids[{index}]",
+                f"gpu_uuids[{position}]",
                 "nvmlDeviceGetUUID",
-                lambda: _text(nvml.nvmlDeviceGetUUID(h)),
+                lambda: _text(nvml.nvmlDeviceGetUUID(own)),
                 identity=True,
             )
         )
         self.bus_ids.append(
             self.query(
-                f"pci_bus_ids[{index}]",
+                f"pci_bus_ids[{position}]",
                 "nvmlDeviceGetPciInfo",
                 lambda: _text(nvml.nvmlDeviceGetPciInfo(h).busId),
                 identity=True,
@@ -156,8 +222,13 @@ class _Reader:
         )
         mig_enable = _nvml_attr(nvml, "NVML_DEVICE_MIG_ENABLE")
         feature_enabled = _nvml_attr(nvml, "NVML_FEATURE_ENABLED")
-        return _gpu_entry(
-            index,
+        attributes = self.query(
+            f"{prefix}.multiprocessor_count",
+            "nvmlDeviceGetAttributes",
+            lambda: nvml.nvmlDeviceGetAttributes(own),
+        )
+        entry = _gpu_entry(
+            position,
             name=self.query(
                 f"{prefix}.name", "nvmlDeviceGetName", lambda: _text(nvml.nvmlDeviceGetName(h))
             ),
@@ -169,7 +240,7 @@ class _Reader:
             memory_total_mib=self.query(
                 f"{prefix}.memory_total_mib",
                 "nvmlDeviceGetMemoryInfo",
-                lambda: int(nvml.nvmlDeviceGetMemoryInfo(h).total) // _MIB,
+                lambda: int(nvml.nvmlDeviceGetMemoryInfo(own).total) // _MIB,
             ),
             mig_mode=self.query(
                 f"{prefix}.mig_mode",
@@ -181,12 +252,21 @@ class _Reader:
                 "nvmlDeviceGetEccMode",
                 lambda: _enabled(nvml.nvmlDeviceGetEccMode(h)[0], feature_enabled),
             ),
-            multiprocessor_count=self.query(
-                f"{prefix}.multiprocessor_count",
-                "nvmlDeviceGetAttributes",
-                lambda: int(nvml.nvmlDeviceGetAttributes(h).multiprocessorCount),
+            multiprocessor_count=(
+                int(attributes.multiprocessorCount) if attributes is not None else None
             ),
         )
+        if mig_slot is not None:
+            entry["mig_instance"] = (
+                {
+                    "gpu_instance_slices": int(attributes.gpuInstanceSliceCount),
+                    "compute_instance_slices": int(attributes.computeInstanceSliceCount),
+                    "memory_mib": int(attributes.memorySizeMB),
+                }
+                if attributes is not None and mig is not None
+                else None
+            )
+        return entry
 
 
 def _gpu_entry(
@@ -216,7 +296,14 @@ def _unavailable(reason: str) -> GpuSnapshot:
         "gpus": [],
         "unknown": {"gpus": reason},
     }
-    return GpuSnapshot(body=body, identity={"gpu_uuids": [], "pci_bus_ids": [], "unknown": {}})
+    identity: dict[str, Any] = {
+        "gpu_uuids": [],
+        "pci_bus_ids": [],
+        "nvml_indexes": [],
+        "visible_devices": None,
+        "unknown": {},
+    }
+    return GpuSnapshot(body=body, identity=identity)
 
 
 def _init_reason(nvml: Any, exc: Exception) -> str:
@@ -234,6 +321,10 @@ def _nvml_attr(nvml: Any, name: str) -> Any:
     import pynvml
 
     return getattr(pynvml, name)
+
+
+def _uuid_of(nvml: Any, handle: Any) -> str:
+    return _text(nvml.nvmlDeviceGetUUID(handle))
 
 
 def _text(value: str | bytes) -> str:

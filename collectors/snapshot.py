@@ -17,6 +17,7 @@ from collectors.artifacts import ArtifactSnapshot, Progress, snapshot_artifacts
 from collectors.digest_cache import DigestCache
 from collectors.engine import engine_port, server_info, snapshot_engine
 from collectors.gpu import snapshot_gpus
+from collectors.gpu_visibility import Visibility
 from collectors.procinfo import EngineProcess, ProcessUnreadable, find_pid_by_port, read_process
 from collectors.runtime import snapshot_runtime
 from ledger.fingerprint import (
@@ -101,7 +102,11 @@ def take_snapshot(
     process, process_reason = locate_engine(engine_url, engine_pid)
     interpreter = engine_python or (process.interpreter() if process is not None else None)
     runtime = snapshot_runtime(interpreter)
-    gpu = snapshot_gpus(nvml)
+    gpu = snapshot_gpus(
+        nvml,
+        Visibility.of_engine(process.env if process is not None else None),
+        unseen=f"the engine's environment is unknown ({process_reason})",
+    )
     engine = snapshot_engine(engine_url, process, process_reason, info=info)
     body: dict[str, Any] = {
         "schema_version": FINGERPRINT_SCHEMA_VERSION,

@@ -51,6 +51,24 @@ class FakeGpu:
     ecc_mode: tuple[int, int] = (pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_ENABLED)
     multiprocessor_count: int = 132
     not_supported: frozenset[str] = frozenset()
+    # MIG instances by slot (NVML's MIG device index); the device reports 7 slots when MIG
+    # is enabled, as an H200 does, and an empty slot is NVML_ERROR_NOT_FOUND.
+    mig_instances: tuple[FakeMig | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class FakeMig:
+    """One MIG instance (a GPU instance with one compute instance), as an H200 141 GB
+    creates them: ``1g.18gb`` is 1 of 7 slices, 16 SMs, 16,384 MiB."""
+
+    uuid: str
+    gpu_instance_slices: int = 1
+    compute_instance_slices: int = 1
+    memory_mib: int = 16384
+    multiprocessor_count: int = 16
+
+
+MIG_SLOTS = 7
 
 
 def h200(index: int = 0, **changes: Any) -> FakeGpu:
@@ -62,9 +80,11 @@ def h200(index: int = 0, **changes: Any) -> FakeGpu:
 
 @dataclass(frozen=True)
 class FakeHandle:
-    """What ``nvmlDeviceGetHandleByIndex`` returns (pynvml gives an opaque ctypes pointer)."""
+    """What ``nvmlDeviceGetHandleByIndex`` returns (pynvml gives an opaque ctypes pointer);
+    ``mig_slot`` is set on what ``nvmlDeviceGetMigDeviceHandleByIndex`` returns."""
 
     index: int
+    mig_slot: int | None = None
 
 
 @dataclass
@@ -144,10 +164,32 @@ class FakeNvml:
     # -- per device ----------------------------------------------------------------------------
 
     def nvmlDeviceGetName(self, handle: FakeHandle) -> str:
-        return self._device("nvmlDeviceGetName", handle).name
+        gpu = self._device("nvmlDeviceGetName", handle)
+        mig = self._mig(handle)
+        if mig is not None:  # as NVML names a MIG device
+            return f"{gpu.name} MIG {mig.gpu_instance_slices}g.{mig.memory_mib // 1024 + 2}gb"
+        return gpu.name
 
     def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:
-        return self._device("nvmlDeviceGetUUID", handle).uuid
+        gpu = self._device("nvmlDeviceGetUUID", handle)
+        mig = self._mig(handle)
+        return mig.uuid if mig is not None else gpu.uuid
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeHandle) -> int:
+        gpu = self._device("nvmlDeviceGetMaxMigDeviceCount", device)
+        if gpu.mig_mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return 0
+        return MIG_SLOTS
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeHandle, index: int) -> FakeHandle:
+        gpu = self._device("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        if device.mig_slot is not None or not 0 <= index < MIG_SLOTS:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if gpu.mig_mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if index >= len(gpu.mig_instances) or gpu.mig_instances[index] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return FakeHandle(device.index, index)
 
     def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> pynvml.nvmlPciInfo_t:
         gpu = self._device("nvmlDeviceGetPciInfo", handle)
@@ -170,6 +212,10 @@ class FakeNvml:
         self, handle: FakeHandle, version: int | None = None
     ) -> pynvml.c_nvmlMemory_t:
         gpu = self._device("nvmlDeviceGetMemoryInfo", handle)
+        mig = self._mig(handle)
+        if mig is not None:
+            total = mig.memory_mib * 2**20
+            return pynvml.c_nvmlMemory_t(total=total, free=total - 2**20, used=2**20)
         return pynvml.c_nvmlMemory_t(
             total=gpu.memory_total,
             free=gpu.memory_total - gpu.memory_used,
@@ -192,6 +238,14 @@ class FakeNvml:
 
     def _attributes(self, call: str, device: FakeHandle) -> pynvml.c_nvmlDeviceAttributes:
         gpu = self._device(call, device)
+        mig = self._mig(device)
+        if mig is not None:
+            return pynvml.c_nvmlDeviceAttributes(
+                multiprocessorCount=mig.multiprocessor_count,
+                gpuInstanceSliceCount=mig.gpu_instance_slices,
+                computeInstanceSliceCount=mig.compute_instance_slices,
+                memorySizeMB=mig.memory_mib,
+            )
         return pynvml.c_nvmlDeviceAttributes(
             multiprocessorCount=gpu.multiprocessor_count,
             memorySizeMB=gpu.memory_total // 2**20,
@@ -210,6 +264,13 @@ class FakeNvml:
         if call in gpu.not_supported:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu
+
+    def _mig(self, handle: FakeHandle) -> FakeMig | None:
+        if handle.mig_slot is None:
+            return None
+        mig = self.gpus[handle.index].mig_instances[handle.mig_slot]
+        assert mig is not None  # only handed out for a filled slot
+        return mig
 
     def _require_init(self) -> None:
         if self.initialized <= 0:

@@ -43,7 +43,13 @@ def test_h200_snapshot() -> None:
             "gpus": [H200_ENTRY],
             "unknown": {},
         },
-        identity={"gpu_uuids": [H200_UUID], "pci_bus_ids": ["00000000:19:00.0"], "unknown": {}},
+        identity={
+            "gpu_uuids": [H200_UUID],
+            "pci_bus_ids": ["00000000:19:00.0"],
+            "nvml_indexes": [0],
+            "visible_devices": None,
+            "unknown": {},
+        },
     )
     assert list(snap.body) == ["driver_version", "cuda_driver_version", "gpus", "unknown"]
     assert list(snap.body["gpus"][0]) == list(H200_ENTRY)
@@ -85,7 +91,13 @@ def test_no_nvml_library_gives_no_gpus_and_a_reason() -> None:
         "gpus": [],
         "unknown": {"gpus": NO_GPUS_REASON},
     }
-    assert snap.identity == {"gpu_uuids": [], "pci_bus_ids": [], "unknown": {}}
+    assert snap.identity == {
+        "gpu_uuids": [],
+        "pci_bus_ids": [],
+        "nvml_indexes": [],
+        "visible_devices": None,
+        "unknown": {},
+    }
     # Nothing after the failed init: no queries, and no nvmlShutdown of an NVML never started.
     assert fake.calls == ["nvmlInit"]
 
@@ -202,6 +214,8 @@ def test_identity_failures_stay_out_of_the_body() -> None:
     assert snap.identity == {
         "gpu_uuids": [None],
         "pci_bus_ids": [None],
+        "nvml_indexes": [0],
+        "visible_devices": None,
         "unknown": {
             "gpu_uuids[0]": "nvmlDeviceGetUUID: Not Supported",
             "pci_bus_ids[0]": "nvmlDeviceGetPciInfo: Not Supported",

@@ -1,0 +1,155 @@
+"""The devices an engine uses: its CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES applied to
+what NVML lists (the project's NVML fake mirrors pynvml's calls and an HGX H200 board)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml
+import pytest
+
+from collectors.gpu import snapshot_gpus
+from collectors.gpu_visibility import Visibility
+from tests.support.fake_nvml import FakeMig, FakeNvml, h200
+
+BOARD = [h200(i) for i in range(4)]
+MIG_ON = (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE)
+MIG_A = "MIG-8c1b3f0e-5a2d-5d7e-9f41-0a6b2c3d4e5f"
+MIG_B = "MIG-b2e4d6f8-1a3c-5e7a-9c1e-3b5d7f9a1c3e"
+
+
+def visible(cuda: str | None = None, container: str | None = None, own: str | None = None):
+    env = {}
+    if cuda is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cuda
+    if container is not None:
+        env["NVIDIA_VISIBLE_DEVICES"] = container
+    return Visibility.of_engine(env, {} if own is None else {"NVIDIA_VISIBLE_DEVICES": own})
+
+
+def snap(visibility: Visibility | None, devices: Any = BOARD):
+    return snapshot_gpus(FakeNvml(devices=devices), visibility)
+
+
+def uuids(s) -> list[str]:
+    return s.identity["gpu_uuids"]
+
+
+@pytest.mark.parametrize(
+    "cuda, expected",
+    [
+        ("2,0", [2, 0]),  # the engine's order: its cuda:0 is NVML's device 2
+        (" 3 ", [3]),
+        (BOARD[1].uuid, [1]),
+        (BOARD[3].uuid[:12], [3]),  # a unique prefix, as CUDA accepts
+        (f"{BOARD[2].uuid},1", [2, 1]),
+    ],
+)
+def test_only_the_engines_devices_in_its_order(cuda: str, expected: list[int]) -> None:
+    s = snap(visible(cuda))
+    assert s.identity["nvml_indexes"] == expected
+    assert uuids(s) == [BOARD[i].uuid for i in expected]
+    assert [g["index"] for g in s.body["gpus"]] == list(range(len(expected)))
+    assert "visible_devices" not in s.body["unknown"]
+
+
+@pytest.mark.parametrize(
+    "cuda, expected, entry",
+    [
+        ("", [], None),  # empty: no device, nothing wrong
+        ("-1", [], "'-1' names no device"),
+        ("1,7,0", [1], "'7' names no device"),
+        ("0,0,1", [0], "'0' repeats a device"),
+        ("GPU-", [], "'GPU-' names no device"),  # a prefix of every UUID names none
+        ("GPU-3f9c6a1e,2", [0, 2], None),  # unique prefix
+        ("nonsense,0", [], "'nonsense' names no device"),
+    ],
+)
+def test_cuda_stops_at_the_first_entry_that_names_no_device(
+    cuda: str, expected: list[int], entry: str | None
+) -> None:
+    s = snap(visible(cuda))
+    assert s.identity["nvml_indexes"] == expected
+    reason = s.body["unknown"].get("visible_devices")
+    if entry is None:
+        assert reason is None
+    else:
+        assert entry in reason and "every entry after it" in reason
+
+
+def test_unset_means_every_device_and_unknown_env_says_so() -> None:
+    assert snap(visible()).identity["nvml_indexes"] == [0, 1, 2, 3]
+    s = snapshot_gpus(FakeNvml(devices=BOARD), None, unseen="no engine process")
+    assert s.identity["nvml_indexes"] == [0, 1, 2, 3]
+    assert s.body["unknown"]["visible_devices"].startswith("no engine process")
+    # without a GPU there is nothing to choose: the body is unchanged
+    none = snapshot_gpus(FakeNvml(devices=0), None, unseen="no engine process")
+    assert "visible_devices" not in none.body["unknown"]
+
+
+def test_the_same_model_of_gpu_gives_the_same_body_whichever_slot() -> None:
+    """Two pools on two slots of one board share an environment (and a fingerprint ID);
+    only the identity tells the slots apart."""
+    a, b = snap(visible("0")), snap(visible("3"))
+    assert a.body == b.body
+    assert uuids(a) != uuids(b) and a.identity["pci_bus_ids"] != b.identity["pci_bus_ids"]
+    assert snap(visible("0,1")).body != a.body  # two GPUs are another environment
+
+
+def test_mig_instances_by_uuid_with_their_profile() -> None:
+    parent = h200(
+        0,
+        mig_mode=MIG_ON,
+        mig_instances=(
+            FakeMig(MIG_A),
+            None,  # an empty slot: NVML_ERROR_NOT_FOUND
+            FakeMig(MIG_B, 2, 2, 32768, 32),
+        ),
+    )
+    s = snap(visible(MIG_B), [parent, h200(1)])
+    assert uuids(s) == [MIG_B]
+    assert s.identity["nvml_indexes"] == [0]
+    (entry,) = s.body["gpus"]
+    assert entry["name"] == "NVIDIA H200" and entry["mig_mode"] == "enabled"
+    assert entry["memory_total_mib"] == 32768 and entry["multiprocessor_count"] == 32
+    assert entry["mig_instance"] == {
+        "gpu_instance_slices": 2,
+        "compute_instance_slices": 2,
+        "memory_mib": 32768,
+    }
+    small = snap(visible(MIG_A[:10]), [parent]).body["gpus"][0]
+    assert small["mig_instance"]["gpu_instance_slices"] == 1
+    assert small["memory_total_mib"] == 16384
+    # a whole GPU is described without an instance
+    assert "mig_instance" not in snap(visible("1"), [parent, h200(1)]).body["gpus"][0]
+    # a MIG UUID that the board does not hold names no device
+    gone = snap(visible("MIG-00000000"), [parent])
+    assert gone.body["gpus"] == [] and "names no device" in gone.body["unknown"]["visible_devices"]
+
+
+@pytest.mark.parametrize(
+    "container, own, cuda, expected",
+    [
+        ("1,3", None, None, [1, 3]),  # another container's devices, by host index
+        ("1,3", None, "1", [3]),  # CUDA_VISIBLE_DEVICES counts within them
+        (BOARD[2].uuid, None, None, [2]),
+        ("none", None, None, []),
+        ("void", None, None, []),
+        ("all", None, "2", [2]),
+        ("2", "2", None, [0, 1, 2, 3]),  # the collector's own container: NVML already agrees
+    ],
+)
+def test_the_engines_container_devices(
+    container: str, own: str | None, cuda: str | None, expected: list[int]
+) -> None:
+    s = snap(visible(cuda, container, own))
+    assert s.identity["nvml_indexes"] == expected
+
+
+def test_an_unreadable_environment_is_not_a_visibility() -> None:
+    assert Visibility.of_engine(None) is None
+    v = visible("0", "1")
+    assert v is not None and v.describe() == {
+        "CUDA_VISIBLE_DEVICES": "0",
+        "NVIDIA_VISIBLE_DEVICES": "1",
+    }
