@@ -65,22 +65,113 @@ def test_services(config: dict[str, Any]) -> None:
     assert "ledger db upgrade" in services["ledger-setup"]["command"][0]
 
 
-@pytest.mark.parametrize("pool", ["throughput", "strict"])
+POOLS = ("throughput", "strict")
+
+
+def gpus_of(service: dict[str, Any]) -> list[str]:
+    (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    assert "count" not in device  # a count gives every container GPU 0
+    return list(device["device_ids"])
+
+
+def mounts_of(service: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(source, target, read-only) per mount, from the long or the short syntax."""
+    out = []
+    for v in service.get("volumes", []):
+        if isinstance(v, dict):
+            out.append((v["source"], v["target"], bool(v.get("read_only"))))
+        else:
+            source, target, *mode = v.split(":")
+            out.append((source, target, mode == ["ro"]))
+    return out
+
+
+def volumes_of(service: dict[str, Any]) -> dict[str, str]:
+    """Named volumes a service mounts: source -> target."""
+    return {src: dst for src, dst, _ in mounts_of(service) if not src.startswith("/")}
+
+
+@pytest.mark.parametrize("pool", POOLS)
 def test_each_pool_is_a_gpu_worker_with_a_collector_beside_it(
     config: dict[str, Any], pool: str
 ) -> None:
     services = config["services"]
     engine, collector = services[f"vllm-{pool}"], services[f"collector-{pool}"]
-    for svc in (engine, collector):
-        (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
-        assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    # the collector is a sidecar: the engine's network and processes are its own
     assert collector["pid"] == f"service:vllm-{pool}"
+    assert collector["network_mode"] == f"service:vllm-{pool}"
+    assert "ports" not in collector and any(p["target"] == 8100 for p in engine["ports"])
     args = collector["command"]
     assert args[0] == "collect"
-    assert args[args.index("--engine-url") + 1] == f"http://vllm-{pool}:8000"
+    assert args[args.index("--engine-url") + 1] == "http://127.0.0.1:8000"  # found by port
     assert args[args.index("--pool") + 1] == pool
-    assert args[args.index("--advertise-url") + 1] == f"http://collector-{pool}:8100"
+    assert args[args.index("--advertise-url") + 1] == f"http://vllm-{pool}:8100"
     assert collector["depends_on"][f"vllm-{pool}"]["condition"] == "service_healthy"
+    # built on the engine's image, so the engine's interpreter and libraries are there
+    assert collector["build"]["dockerfile"] == "Dockerfile.collector"
+    assert collector["build"]["args"]["VLLM_IMAGE"] == engine["image"]
+    assert collector["cap_add"] == ["SYS_PTRACE"] and collector["cap_drop"] == ["ALL"]
+
+
+def test_one_gpu_per_pool_and_the_collector_sees_its_engines(config: dict[str, Any]) -> None:
+    services = config["services"]
+    pinned = {pool: gpus_of(services[f"vllm-{pool}"]) for pool in POOLS}
+    assert all(len(ids) == 1 for ids in pinned.values())
+    assert len({ids[0] for ids in pinned.values()}) == len(POOLS)  # no two pools share a GPU
+    for pool in POOLS:
+        assert gpus_of(services[f"collector-{pool}"]) == pinned[pool]
+
+
+def test_secrets_per_role(config: dict[str, Any]) -> None:
+    """The log key and the admin token only where the ledger runs; one key and one token
+    per collector, in a volume no other collector mounts."""
+    services = config["services"]
+    ledger_env = services["ledger"]["environment"]
+    secrets_dir = ledger_env["LEDGER_LOG_KEY_FILE"].rsplit("/", 1)[0]
+    assert volumes_of(services["ledger"])["ledger-secrets"] == secrets_dir
+    holders = {name for name, svc in services.items() if "ledger-secrets" in volumes_of(svc)}
+    assert holders == {"ledger", "ledger-setup", "collector-keys"}  # no collector, no engine
+    assert all(ro for _, _, ro in mounts_of(services["collector-keys"]))
+    own = {pool: f"collector-{pool}-secrets" for pool in POOLS}
+    for pool in POOLS:
+        collector = services[f"collector-{pool}"]
+        mounted = volumes_of(collector)
+        assert own[pool] in mounted
+        assert not set(mounted) & (
+            {"ledger-secrets", "ledger-data"} | set(own.values()) - {own[pool]}
+        )
+        assert all(ro for src, _, ro in mounts_of(collector) if src == own[pool])
+        assert "LEDGER_LOG_KEY_FILE" not in (collector.get("environment") or {})
+        args = collector["command"]
+        assert args[args.index("--key") + 1].startswith(mounted[own[pool]] + "/")
+        assert args[args.index("--token-file") + 1].startswith(mounted[own[pool]] + "/")
+        assert not any(f"vllm-{p}" in str(services[f"vllm-{pool}"].get("volumes")) for p in POOLS)
+    setup = services["ledger-setup"]["command"][0]
+    assert (
+        "--name collector-$$pool" in setup and "keys new collector --dir /collector-$$pool" in setup
+    )
+    assert "--scope admin" in setup and "records:write" in setup
+
+
+@pytest.mark.parametrize(
+    "name", ["ledger", "vllm-throughput", "vllm-strict", "collector-throughput", "collector-strict"]
+)
+def test_long_running_services_have_health_checks_with_start_periods(
+    config: dict[str, Any], name: str
+) -> None:
+    check = config["services"][name]["healthcheck"]
+    assert check["test"] and check.get("start_period")
+    assert config["services"][name]["restart"] == "unless-stopped"
+
+
+def test_images_hold_no_secrets_or_local_state() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    for pattern in (".venv*", "*.pem", "*.token", "*.sqlite", ".git"):
+        assert pattern in ignored
+    for dockerfile in ("Dockerfile", "Dockerfile.collector"):
+        text = (ROOT / dockerfile).read_text()
+        assert "HEALTHCHECK" in text and "start-period" in text
 
 
 def test_only_the_strict_pool_runs_batch_invariant_kernels(config: dict[str, Any]) -> None:
