@@ -16,6 +16,7 @@ ID-bearing body; variables whose names contain KEY, TOKEN, SECRET or PASSWORD ar
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from collectors.overrides import config_args, tokenizer
 from collectors.procinfo import EngineProcess
 from ledger.errors import Unreachable
 
@@ -59,8 +61,15 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--max-logprobs": ("max_logprobs", "int"),
     "--served-model-name": ("served_model_name", "str"),
     "--tokenizer-mode": ("tokenizer_mode", "str"),
+    # overrides of what the model directory says, and how kernels are compiled and captured
+    "--override-generation-config": ("override_generation_config", "json"),
+    "--hf-overrides": ("hf_overrides", "json"),
+    "--compilation-config": ("compilation_config", "json"),
+    "-O": ("compilation_config", "json"),
+    "--cuda-graph-sizes": ("cuda_graph_sizes", "list"),
+    "--max-seq-len-to-capture": ("max_seq_len_to_capture", "int"),
 }
-FIELDS = tuple(dict.fromkeys(field for field, _ in FLAGS.values()))
+FIELDS = (*dict.fromkeys(field for field, _ in FLAGS.values()), "tokenizer")
 # Flags whose values are per-machine or secret: they stay out of the body.
 IDENTITY_FLAGS = frozenset({"--host", "--port", "--model", "--tokenizer", "--download-dir"})
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -78,6 +87,13 @@ def _is_secret(name: str) -> bool:
 
 
 def _convert(value: str, kind: str, flag: str, unknown: dict[str, str]) -> Any:
+    if kind == "json":  # a JSON value; vLLM also takes a bare level for -O: kept as text
+        try:
+            return json.loads(value)
+        except ValueError:
+            if flag not in ("-O", "--compilation-config"):
+                unknown[flag] = f"{flag} {value!r} is not JSON"
+            return value
     if kind == "int":
         try:
             return int(value)
@@ -101,8 +117,8 @@ def parse_engine_args(argv: tuple[str, ...] | list[str]) -> tuple[dict[str, Any]
         name = name.replace("_", "-") if name.startswith("--") else name
         negated = name.startswith("--no-")
         key = "--" + name[5:] if negated else name
-        if key == "--config":
-            unknown["config_file"] = "flags given in a --config file are not read"
+        if key.startswith("-O") and key[2:].isdigit():
+            key, eq, inline = "-O", "=", key[2:]  # -O3: the level attached
         spec = FLAGS.get(key)
         if spec is None:
             i += 1
@@ -116,6 +132,14 @@ def parse_engine_args(argv: tuple[str, ...] | list[str]) -> tuple[dict[str, Any]
             else:
                 given[field] = True
             i += 1
+            continue
+        if kind == "list":  # nargs="+": the values up to the next flag
+            values = [inline] if eq else []
+            i += 1
+            while not eq and i < len(args) and not args[i].startswith("-"):
+                values.append(args[i])
+                i += 1
+            given[field] = values
             continue
         if eq:
             value = inline
@@ -269,9 +293,15 @@ def snapshot_engine(
     fields: dict[str, Any] = dict.fromkeys(FIELDS, DEFAULT)
     env_body: dict[str, str] | None = None
     if process is not None:
-        given, problems = parse_engine_args(process.argv)
+        from_file, file_problems = config_args(process)
+        argv = (*from_file, *process.argv)  # the command line's own flags win
+        given, problems = parse_engine_args(argv)
         fields.update(given)
+        unknown.update(file_problems)
         unknown.update(problems)
+        fields["tokenizer"], tokenizer_identity, tokenizer_problems = tokenizer(process, argv)
+        identity.update(tokenizer_identity)
+        unknown.update(tokenizer_problems)
         env_body, env_identity = split_env(process.env)
         identity.update(pid=process.pid, argv=redact_argv(process.argv), env=env_identity)
     else:

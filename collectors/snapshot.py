@@ -18,6 +18,7 @@ from collectors.digest_cache import DigestCache
 from collectors.engine import engine_port, server_info, snapshot_engine
 from collectors.gpu import snapshot_gpus
 from collectors.gpu_visibility import Visibility
+from collectors.overrides import chat_template, config_args
 from collectors.procinfo import EngineProcess, ProcessUnreadable, find_pid_by_port, read_process
 from collectors.runtime import snapshot_runtime
 from ledger.fingerprint import (
@@ -108,9 +109,16 @@ def take_snapshot(
         unseen=f"the engine's environment is unknown ({process_reason})",
     )
     engine = snapshot_engine(engine_url, process, process_reason, info=info)
+    model = artifacts.body
+    template_identity: dict[str, Any] = {}
+    if process is not None:
+        argv = (*config_args(process)[0], *process.argv)
+        template, template_identity = chat_template(process, argv)
+        if template is not None:  # what the engine applies, not the directory's own
+            model = {**model, "chat_template": template}
     body: dict[str, Any] = {
         "schema_version": FINGERPRINT_SCHEMA_VERSION,
-        "model": artifacts.body,
+        "model": model,
         "runtime": runtime.body,
         "gpu": gpu.body,
         "engine": engine.body,
@@ -120,6 +128,7 @@ def take_snapshot(
         "model_dir": str(model_dir.resolve()),
         "engine_python": runtime.interpreter,
         "engine": engine.identity,
+        **template_identity,
         "gpu": gpu.identity,
     }
     return Snapshot(body, identity, artifacts, validate_fingerprint_body(body))

@@ -32,6 +32,7 @@ _SCHEDULER = frozenset(
 )
 _NUMERICS = frozenset({"dtype", "quantization", "kv_cache_dtype", "speculative_config"})
 _PARALLEL = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"})
+_COMPILATION = frozenset({"compilation_config", "cuda_graph_sizes", "max_seq_len_to_capture"})
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,20 @@ def impact(path: str, a: dict[str, Any], b: dict[str, Any]) -> str:
             return lost or "scheduling changed: batched outputs may differ, invariance unchanged"
         if field in _NUMERICS:
             return f"numerics changed: {NOT_COMPARABLE}"
+        if field in _COMPILATION or field == "enforce_eager":
+            return (
+                "compilation or CUDA graph capture changed: kernels may differ, "
+                "bitwise reproduction not expected"
+            )
+        if field == "hf_overrides":
+            return f"model configuration overridden differently: {NOT_COMPARABLE}"
+        if field == "override_generation_config":
+            return (
+                "generation defaults overridden differently: requests relying on defaults may "
+                "sample differently"
+            )
+        if field == "tokenizer":
+            return "tokenizer override differs: prompts may tokenize differently (prompt_mismatch)"
         if field in _PARALLEL:
             return "parallelism changed: reduction order differs, bitwise reproduction not expected"
         if field in ("version", "system_fingerprint"):

@@ -1,0 +1,172 @@
+"""Server-side overrides in the engine's fingerprint: the JSON-valued and compilation flags,
+a --config YAML, --chat-template and --tokenizer, read through the engine's /proc entries (the
+test's own process stands in for the engine: its /proc/PID/root is this filesystem)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from collectors.artifacts import model_section
+from collectors.engine import parse_engine_args, snapshot_engine
+from collectors.overrides import chat_template, config_args, engine_path, last_value, tokenizer
+from collectors.procinfo import EngineProcess
+from ledger.fingerprint_diff import diff
+
+
+def engine(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None):
+    return EngineProcess(
+        os.getpid(), ("vllm", "serve", "/model", *argv), env or {}, None, str(cwd) if cwd else None
+    )
+
+
+def test_json_and_compilation_flags_are_values_in_the_body() -> None:
+    given, unknown = parse_engine_args(
+        [
+            "--override-generation-config",
+            '{"temperature": 0.5, "top_p": 0.9}',
+            '--hf-overrides={"rope_scaling": {"factor": 2}}',
+            "-O3",
+            "--cuda-graph-sizes",
+            "1",
+            "2",
+            "4",
+            "--max-seq-len-to-capture",
+            "4096",
+            "--enforce-eager",
+        ]
+    )
+    assert given["override_generation_config"] == {"temperature": 0.5, "top_p": 0.9}
+    assert given["hf_overrides"] == {"rope_scaling": {"factor": 2}}
+    assert given["compilation_config"] == 3
+    assert given["cuda_graph_sizes"] == ["1", "2", "4"]
+    assert given["max_seq_len_to_capture"] == 4096 and given["enforce_eager"] is True
+    assert unknown == {}
+    given, unknown = parse_engine_args(["--hf-overrides", "{not json"])
+    assert given["hf_overrides"] == "{not json"
+    assert "is not JSON" in unknown["--hf-overrides"]
+    given, _ = parse_engine_args(
+        ["--compilation-config", '{"level": 3, "cudagraph_capture_sizes": [1, 2]}']
+    )
+    assert given["compilation_config"] == {"level": 3, "cudagraph_capture_sizes": [1, 2]}
+
+
+def test_last_value_and_where_a_path_is_read(tmp_path: Path) -> None:
+    assert last_value(["--x", "1", "--x=2"], "--x") == "2"
+    assert last_value(["--chat_template", "t"], "--chat-template") == "t"
+    assert last_value(["--x"], "--x") is None
+    proc = engine([], cwd=tmp_path)
+    pid = str(os.getpid())
+    assert engine_path(proc, "/etc/t.jinja")[0] == Path("/proc", pid, "root", "etc/t.jinja")
+    assert engine_path(proc, "t.jinja")[0] == Path("/proc", pid, "cwd", "t.jinja")
+
+
+def test_a_config_file_sets_flags_the_command_line_overrides(tmp_path: Path) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text(
+        "max_num_seqs: 1\nenable-prefix-caching: false\nenable_chunked_prefill: false\n"
+        "hf_overrides: {max_position_embeddings: 2048}\ndtype: float16\n"
+    )
+    serial = snapshot_engine(None, engine(["--config", str(config)])).body
+    assert serial["max_num_seqs"] == 1 and serial["enable_prefix_caching"] is False
+    assert serial["hf_overrides"] == {"max_position_embeddings": 2048}
+    assert serial["dtype"] == "float16"
+    assert serial["batch_invariance"] == "serial"
+    assert "config_file" not in serial["unknown"]
+    # the command line's own flags win over the file's, wherever they stand
+    overridden = snapshot_engine(
+        None, engine(["--max-num-seqs", "8", "--config", str(config)])
+    ).body
+    assert overridden["max_num_seqs"] == 8 and overridden["batch_invariance"] == "none"
+    # relative to the engine's working directory
+    relative = snapshot_engine(None, engine(["--config", "serve.yaml"], cwd=tmp_path)).body
+    assert relative["max_num_seqs"] == 1
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (None, "cannot be read"),
+        ("[1, 2]", "not a mapping"),
+        ("a: [unclosed", "not YAML"),
+    ],
+)
+def test_a_config_file_that_cannot_be_read_is_reported(
+    tmp_path: Path, content: str | None, reason: str
+) -> None:
+    path = tmp_path / "serve.yaml"
+    if content is not None:
+        path.write_text(content)
+    args, unknown = config_args(engine(["--config", str(path)]))
+    assert args == [] and reason in unknown["config_file"]
+    body = snapshot_engine(None, engine(["--config", str(path)])).body
+    assert reason in body["unknown"]["config_file"]
+
+
+def test_a_chat_template_override_replaces_the_directorys(tmp_path: Path) -> None:
+    template = tmp_path / "tool_chat.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    found, identity = chat_template(engine([]), ["--chat-template", str(template)])
+    assert found == {
+        "source": "--chat-template",
+        "digest": "sha256:" + hashlib.sha256(template.read_bytes()).hexdigest(),
+    }
+    assert identity == {"chat_template_path": str(template)}
+    inline = "{{ messages[0].content }}"
+    found, identity = chat_template(engine([]), ["--chat-template", inline])
+    assert found is not None and found["source"] == "--chat-template (inline)"
+    assert found["digest"] == "sha256:" + hashlib.sha256(inline.encode()).hexdigest()
+    assert chat_template(engine([]), []) == (None, {})
+
+
+def test_a_tokenizer_override_is_digested_like_the_models_own(tmp_path: Path) -> None:
+    directory = tmp_path / "tok"
+    directory.mkdir()
+    (directory / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    (directory / "tokenizer_config.json").write_text("{}")
+    (directory / "README.md").write_text("not a tokenizer file")
+    value, identity, unknown = tokenizer(engine([]), ["--tokenizer", str(directory)])
+    digests = {
+        name: hashlib.sha256((directory / name).read_bytes()).hexdigest()
+        for name in ("tokenizer.json", "tokenizer_config.json")
+    }
+    sizes = {name: (directory / name).stat().st_size for name in digests}
+    same_files = model_section(directory, digests, sizes)["tokenizer_digest"]
+    assert value == {"digest": same_files}
+    assert identity == {"tokenizer_path": str(directory)} and unknown == {}
+    assert tokenizer(engine([]), ["--tokenizer", "org/tokenizer"])[0] == {
+        "repository": "org/tokenizer"
+    }
+    assert tokenizer(engine([]), [])[0] == "default"
+    missing = tokenizer(engine([]), ["--tokenizer", str(tmp_path / "gone")])
+    assert missing[0] is None and "cannot be read" in missing[2]["tokenizer"]
+    body = snapshot_engine(None, engine(["--tokenizer", str(directory)])).body
+    assert body["tokenizer"] == {"digest": same_files}
+
+
+def test_each_override_has_its_replay_impact() -> None:
+    base = snapshot_engine(None, engine([])).body
+    changed = snapshot_engine(
+        None,
+        engine(
+            [
+                "--hf-overrides",
+                json.dumps({"num_hidden_layers": 2}),
+                "--override-generation-config",
+                '{"temperature": 0}',
+                "-O",
+                "0",
+                "--tokenizer",
+                "org/other",
+            ]
+        ),
+    ).body
+    impacts = {d.path: d.impact for d in diff({"engine": base}, {"engine": changed})}
+    assert "not comparable" in impacts["engine.hf_overrides"]
+    assert "generation defaults" in impacts["engine.override_generation_config"]
+    assert "CUDA graph" in impacts["engine.compilation_config"]
+    assert "tokenize" in impacts["engine.tokenizer"]
