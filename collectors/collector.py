@@ -17,7 +17,7 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from collectors.digest_cache import DigestCache
-from collectors.engine import engine_port
+from collectors.engine import CUSTOM_FINGERPRINT, engine_port
 from collectors.ledger_client import LedgerClient
 from collectors.metrics import CollectorMetrics
 from collectors.procinfo import ProcessUnreadable, find_pid_by_port
@@ -57,6 +57,16 @@ class CollectorConfig:
     log_public_key: Ed25519PublicKey | None = None
 
 
+def expected_system_fingerprint(snapshot: Snapshot) -> str | None:
+    """What the engine's responses should carry: the fingerprint ID when the engine runs with
+    ``--fingerprint-mode custom`` (operators set ``--fingerprint-value`` to it), else what it
+    answered when it was fingerprinted; None when that is unknown."""
+    answered = snapshot.body["engine"].get("system_fingerprint")
+    if answered == CUSTOM_FINGERPRINT:
+        return snapshot.fingerprint_id
+    return answered if isinstance(answered, str) else None
+
+
 class Collector:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
@@ -76,6 +86,7 @@ class Collector:
             spool=self.spool,
             fingerprint_id=self.snapshot.fingerprint_id,
             batch_invariance=self.snapshot.body["engine"]["batch_invariance"],
+            expected_system_fingerprint=expected_system_fingerprint(self.snapshot),
             log_public_key=config.log_public_key,
             metrics=self.metrics,
             renderer=TokenRenderer.from_model_dir(config.model_dir),
@@ -208,6 +219,7 @@ class Collector:
             self.state.batch_invariance = snapshot.body["engine"]["batch_invariance"]
             self.metrics.fingerprint_changes.inc()
             self.registered.clear()  # the next heartbeat re-registers under the new ID
+        self.state.expected_system_fingerprint = expected_system_fingerprint(snapshot)
         self.snapshot = snapshot
 
     def close(self, drain_timeout: float = 5.0) -> None:

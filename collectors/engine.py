@@ -24,11 +24,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from collectors.overrides import config_args, tokenizer
+from collectors.overrides import config_args, last_value, tokenizer
 from collectors.procinfo import EngineProcess
 from ledger.errors import Unreachable
 
 DEFAULT = "default"
+# engine.system_fingerprint when the engine runs with --fingerprint-mode custom
+CUSTOM_FINGERPRINT = "custom"
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 # VLLM_* variables that say where this machine keeps things, not how it computes.
 IDENTITY_ENV = frozenset({"VLLM_HOST_IP", "VLLM_PORT", "VLLM_RPC_BASE_PATH"})
@@ -292,6 +294,7 @@ def snapshot_engine(
     identity: dict[str, Any] = {"url": engine_url}
     fields: dict[str, Any] = dict.fromkeys(FIELDS, DEFAULT)
     env_body: dict[str, str] | None = None
+    from_file: list[str] = []
     if process is not None:
         from_file, file_problems = config_args(process)
         argv = (*from_file, *process.argv)  # the command line's own flags win
@@ -310,6 +313,15 @@ def snapshot_engine(
             fields[field] = None
         unknown["flags"] = reason
         unknown["env"] = reason
+    mode = (
+        last_value((*from_file, *process.argv), "--fingerprint-mode")
+        if process is not None
+        else None
+    )
+    if mode == "custom":  # the engine answers a label the operator chose (the ledger's ID)
+        identity["system_fingerprint_value"] = (
+            info.get("system_fingerprint") if info is not None else None
+        )
     if info is None:
         unknown["server"] = (
             "no engine URL given; nothing was asked of the server"
@@ -341,7 +353,9 @@ def snapshot_engine(
         **fields,
         "env": env_body,
         "batch_invariance": batch_invariance(fields, env_body),
-        "system_fingerprint": system_fingerprint,
+        # in custom mode the answer is a label, not a description: kept out of the ID, which
+        # the label names (CUSTOM_FINGERPRINT)
+        "system_fingerprint": CUSTOM_FINGERPRINT if mode == "custom" else system_fingerprint,
         "unknown": unknown,
     }
     if process is None:

@@ -59,6 +59,13 @@ class CollectorMetrics:
         self.heartbeat_failures = Counter(
             "collector_heartbeat_failures", "Failed worker registrations", ["code"], registry=r
         )
+        self.system_fingerprint_mismatches = Counter(
+            "collector_system_fingerprint_mismatches",
+            "Responses whose system_fingerprint differs from the one expected of the engine (the "
+            "ledger fingerprint ID under --fingerprint-mode custom, else what the engine "
+            "answered when it was fingerprinted): the engine changed since",
+            registry=r,
+        )
         self.render_mismatches = Counter(
             "collector_token_render_mismatches",
             "Sampled tokens whose string, rendered from its ID, differed from vLLM's own (the "

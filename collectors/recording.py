@@ -92,6 +92,7 @@ class Exchange:
     def record(self, *, aborted: bool) -> bytes:
         """The signed record envelope's canonical bytes (InvalidInput: nothing to record)."""
         total = time.perf_counter_ns() - self.started_ns
+        self._check_system_fingerprint()
         body = build_record_body(
             request_id=self.request_id,
             fingerprint_id=self.fingerprint_id,
@@ -111,6 +112,21 @@ class Exchange:
             aborted=True if aborted else None,
         )
         return sign_envelope(RECORD_KIND, body, self.state.key).canonical
+
+    def _check_system_fingerprint(self) -> None:
+        """Count (and log) a response whose system_fingerprint is not the engine's expected
+        one; the record keeps what the engine answered."""
+        expected = self.state.expected_system_fingerprint
+        answered = self.acc.system_fingerprint
+        if expected is not None and answered is not None and answered != expected:
+            self.state.metrics.system_fingerprint_mismatches.inc()
+            logger.warning(
+                "request %s: the engine answered system_fingerprint %r, expected %r (%s)",
+                self.request_id,
+                answered,
+                expected,
+                self.fingerprint_id,
+            )
 
     def spool(self, *, aborted: bool) -> None:
         self.state.spool.put(self.request_id, self.record(aborted=aborted))

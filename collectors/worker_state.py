@@ -31,6 +31,8 @@ class WorkerState:
     spool: Spool
     fingerprint_id: str
     batch_invariance: str
+    # What the engine's responses should carry as system_fingerprint (None: not checked).
+    expected_system_fingerprint: str | None = None
     # The ledger's log key: replay orders must be signed by it (None: no replays taken).
     log_public_key: Ed25519PublicKey | None = None
     seen_orders: dict[str, float] = field(default_factory=dict)  # replay IDs already run

@@ -416,3 +416,36 @@ def test_a_client_that_leaves_mid_stream_still_leaves_an_aborted_record(
     generated = len(ints(record["choices"][0]["token_ids"]))
     assert 0 < generated < 200
     assert len(float_bits(record["choices"][0]["logprobs"])) == 4 * generated
+
+
+def _mismatches(proxy: RunningCollector) -> float:
+    for line in httpx.get(f"{proxy.url}/metrics").text.splitlines():
+        if line.startswith("collector_system_fingerprint_mismatches_total "):
+            return float(line.split()[1])
+    raise AssertionError("no collector_system_fingerprint_mismatches_total metric")
+
+
+def test_each_responses_system_fingerprint_is_checked_against_the_engines(
+    proxy: RunningCollector,
+):
+    """The engine answers what it answered when fingerprinted: no mismatch. An engine that
+    answers something else (here: the expectation changed under it, as when the engine was
+    reconfigured behind the collector's back) is counted on every response, and still
+    recorded with what it answered."""
+    state = proxy.collector.state
+    expected = state.expected_system_fingerprint
+    assert expected is not None and expected.startswith("vllm-")
+    assert expected == proxy.collector.snapshot.body["engine"]["system_fingerprint"]
+    body = {"model": "fixture", "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+    before = _mismatches(proxy)
+    status, _, answer = call(proxy.url, "/v1/completions", body)
+    assert status == 200 and answer["system_fingerprint"] == expected
+    assert _mismatches(proxy) == before
+    state.expected_system_fingerprint = proxy.collector.snapshot.fingerprint_id
+    try:
+        for stream in (False, True):
+            status, _, _ = call(proxy.url, "/v1/completions", {**body, "stream": stream})
+            assert status == 200
+    finally:
+        state.expected_system_fingerprint = expected
+    assert _mismatches(proxy) == before + 2

@@ -112,6 +112,25 @@ def test_each_pool_is_a_gpu_worker_with_a_collector_beside_it(
     assert collector["build"]["dockerfile"] == "Dockerfile.collector"
     assert collector["build"]["args"]["VLLM_IMAGE"] == engine["image"]
     assert collector["cap_add"] == ["SYS_PTRACE"] and collector["cap_drop"] == ["ALL"]
+    # every response names the ledger fingerprint once the operator sets it
+    flags = engine["command"]
+    assert flags[flags.index("--fingerprint-mode") + 1] == "custom"
+    assert flags[flags.index("--fingerprint-value") + 1] == "unset"
+
+
+def test_the_fingerprint_value_comes_from_the_environment(tmp_path: Path) -> None:
+    ids = {
+        "THROUGHPUT_FINGERPRINT_ID": "sha256:" + "a" * 64,
+        "STRICT_FINGERPRINT_ID": "sha256:" + "b" * 64,
+    }
+    proc = compose_config({"POSTGRES_PASSWORD": "s", "MODEL_DIR": str(tmp_path), **ids})
+    assert proc.returncode == 0, proc.stderr
+    services = yaml.safe_load(proc.stdout)["services"]
+    for pool in POOLS:
+        flags = services[f"vllm-{pool}"]["command"]
+        assert (
+            flags[flags.index("--fingerprint-value") + 1] == ids[f"{pool.upper()}_FINGERPRINT_ID"]
+        )
 
 
 def test_one_gpu_per_pool_and_the_collector_sees_its_engines(config: dict[str, Any]) -> None:

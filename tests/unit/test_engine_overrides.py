@@ -170,3 +170,39 @@ def test_each_override_has_its_replay_impact() -> None:
     assert "generation defaults" in impacts["engine.override_generation_config"]
     assert "CUDA graph" in impacts["engine.compilation_config"]
     assert "tokenize" in impacts["engine.tokenizer"]
+
+
+def _info(system_fingerprint: str) -> dict:
+    return {
+        "unknown": {},
+        "model": {"id": "fixture", "max_model_len": 64},
+        "version": "0.32.0",
+        "cache_config": None,
+        "system_fingerprint": system_fingerprint,
+    }
+
+
+def test_a_custom_system_fingerprint_is_a_label_kept_out_of_the_id() -> None:
+    """Under --fingerprint-mode custom the engine answers the value it was given (the ledger's
+    fingerprint ID): the body says "custom", so the ID does not depend on the label naming it,
+    and the collector expects the ID itself on every response."""
+    from collectors.collector import expected_system_fingerprint
+    from collectors.snapshot import Snapshot
+
+    bodies = []
+    for value in ("sha256:" + "1" * 64, "sha256:" + "2" * 64):
+        argv = ["--fingerprint-mode", "custom", "--fingerprint-value", value]
+        snap = snapshot_engine("http://127.0.0.1:8000", engine(argv), info=_info(value))
+        assert snap.body["system_fingerprint"] == "custom"
+        assert snap.identity["system_fingerprint_value"] == value
+        bodies.append(snap.body)
+    assert bodies[0] == bodies[1]
+    full = snapshot_engine("http://127.0.0.1:8000", engine([]), info=_info("vllm-0.32.0-ab12cd34"))
+    assert full.body["system_fingerprint"] == "vllm-0.32.0-ab12cd34"
+
+    def snapshot_of(engine_body: dict) -> Snapshot:
+        return Snapshot({"engine": engine_body}, {}, None, "sha256:" + "f" * 64)  # type: ignore[arg-type]
+
+    assert expected_system_fingerprint(snapshot_of(bodies[0])) == "sha256:" + "f" * 64
+    assert expected_system_fingerprint(snapshot_of(full.body)) == "vllm-0.32.0-ab12cd34"
+    assert expected_system_fingerprint(snapshot_of({"system_fingerprint": None})) is None
