@@ -12,7 +12,7 @@ ENGINE_STAMP := $(ENGINE_VENV)/.installed
 PIP_QUIET := --quiet --disable-pip-version-check
 DEMO_ARGS ?=
 
-.PHONY: demo test venv engine tools lint format typecheck bench-ingest bench-hash bench-replay clean
+.PHONY: demo test venv engine tools lint format typecheck gpu-check bench-ingest bench-hash bench-replay clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ engine: $(ENGINE_STAMP)
 
 demo: $(STAMP) $(ENGINE_STAMP)
 	$(VENV)/bin/ledger demo --engine-python $(ENGINE_PY) $(DEMO_ARGS)
+
+# The whole loop on this host's GPU, measured (cli/gpu_check.py): needs an NVIDIA GPU and a
+# Python with vLLM's CUDA build, e.g. `make gpu-check GPU_ENGINE_PYTHON=/opt/vllm/bin/python`.
+# Writes gpu-check.json and prints the table. Its CPU mode runs in `make test`.
+GPU_ENGINE_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
+gpu-check: $(STAMP)
+	$(VENV)/bin/ledger gpu-check --device cuda --engine-python "$$(command -v $(GPU_ENGINE_PYTHON))" $(GPU_CHECK_ARGS)
 
 # Debian's docker-compose validates docker-compose.yml (no Docker engine needed). Installed when
 # missing and this is a root shell with apt; otherwise that one test is skipped (fails in CI).

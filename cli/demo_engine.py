@@ -21,7 +21,9 @@ from fixture_model import build
 from fixture_model.engine import STRICT_ARGS, EngineServer, start_engines
 from ledger.signing import SigningKey, public_key_pem
 
-POOLS: dict[str, tuple[str, ...]] = {"throughput": (), "strict": STRICT_ARGS}
+# pool -> (engine flags, engine environment)
+Pools = dict[str, tuple[tuple[str, ...], dict[str, str]]]
+POOLS: Pools = {"throughput": ((), {}), "strict": (STRICT_ARGS, {})}
 
 
 @dataclass
@@ -39,23 +41,32 @@ class Worker:
 class EngineDemo:
     """Owns the engines, collectors and proxies for the demo's lifetime."""
 
-    def __init__(self, engine_python: str, data_dir: Path, ledger_url: str, token: str) -> None:
+    def __init__(
+        self,
+        engine_python: str,
+        data_dir: Path,
+        ledger_url: str,
+        token: str,
+        pools: Pools | None = None,
+        worker_prefix: str = "demo",
+    ) -> None:
         self.data_dir = data_dir
         self.ledger_url = ledger_url
         self.token = token
+        self.worker_prefix = worker_prefix
         model = data_dir / "fixture-model"
         if not (model / "model.safetensors").exists():
             build(model, size="small")
         self.engines = {
-            pool: EngineServer(model, args, data_dir / f"vllm-{pool}.log", engine_python)
-            for pool, args in POOLS.items()
+            pool: EngineServer(model, args, data_dir / f"vllm-{pool}.log", engine_python, env)
+            for pool, (args, env) in (pools or POOLS).items()
         }
         self.workers: dict[str, Worker] = {}
 
     def start(self, key: SigningKey) -> None:
         console.print(
-            "starting two vLLM CPU pools on the fixture model, throughput and strict "
-            "(a few minutes on 2 cores) ..."
+            f"starting {len(self.engines)} vLLM pools on the fixture model, "
+            f"{' and '.join(self.engines)} (a few minutes on 2 CPU cores) ..."
         )
         started = time.perf_counter()
         try:
@@ -72,7 +83,7 @@ class EngineDemo:
                     ledger_token=self.token,
                     key=key,
                     pool=pool,
-                    worker_id=f"demo-{pool}",
+                    worker_id=f"{self.worker_prefix}-{pool}",
                     model_dir=engine.model_dir,
                     spool_path=self.data_dir / f"spool-{pool}.sqlite",
                     digest_cache=self.data_dir / "digests.sqlite",

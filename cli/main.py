@@ -14,6 +14,7 @@ from cli import (
     evidence,
     fingerprint,
     fixture_model,
+    gpu_check,
     keys,
     replay,
     serve,
@@ -39,6 +40,7 @@ app.command("diff")(diff.diff_command)
 app.command("collect")(collect.collect)
 app.command("replay")(replay.replay)
 app.command("certify")(certify.certify)
+app.command("gpu-check")(gpu_check.gpu_check)
 app.add_typer(db.app, name="db")
 app.add_typer(keys.app, name="keys")
 app.add_typer(tokens.app, name="tokens")
