@@ -9,8 +9,8 @@ What cannot be read is reported, never guessed.
 - ``--config FILE``: vLLM reads the YAML mapping as flags placed before the command line's own,
   which win; :func:`config_args` gives them as argv (``key: true`` is ``--key``, ``false``
   ``--no-key``, a mapping or list its JSON).
-- ``--chat-template``: a file's content, or else (vLLM treats a value that is not a readable
-  file as the template itself) the value's; the digest replaces the model directory's template
+- ``--chat-template``: a file's content, or else the value's when it holds a Jinja character
+  (vLLM then takes the value as the template); the digest replaces the model directory's template
   in the fingerprint (:func:`chat_template`), so cache keys of chat requests follow the
   template the engine really applies.
 - ``--tokenizer``: a directory's tokenizer files, digested as the model section digests the
@@ -33,6 +33,7 @@ from collectors.procinfo import PROC, EngineProcess
 from ledger.canonical import digest_of, sha256_digest
 
 _MAX_FILE = 16 * 2**20  # a config or template file larger than this is not read
+_JINJA_CHARS = "{}\n"  # vLLM takes a --chat-template value holding one as the template
 
 
 def last_value(argv: Sequence[str], flag: str) -> str | None:
@@ -112,19 +113,29 @@ def config_args(process: EngineProcess, proc: Path = PROC) -> tuple[list[str], d
 
 def chat_template(
     process: EngineProcess, argv: Sequence[str], proc: Path = PROC
-) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+) -> tuple[dict[str, Any] | None, dict[str, Any], str | None]:
     """The fingerprint's ``model.chat_template`` for a ``--chat-template`` override (None when
-    there is none), and its identity (the path as given)."""
+    there is none), its identity (the path as given), and why its digest is unknown."""
     value = last_value(argv, "--chat-template")
     if value is None:
-        return None, {}
-    data, _ = _read(process, value, proc)
+        return None, {}, None
+    data, reason = _read(process, value, proc)
     if data is not None:
-        return {"source": "--chat-template", "digest": sha256_digest(data)}, {
-            "chat_template_path": value
-        }
-    # vLLM: a value that is not a readable file is the template itself
-    return {"source": "--chat-template (inline)", "digest": sha256_digest(value.encode())}, {}
+        found = {"source": "--chat-template", "digest": sha256_digest(data)}
+        return found, {"chat_template_path": value}, None
+    if any(c in value for c in _JINJA_CHARS):  # vLLM: then the value is the template itself
+        return (
+            {"source": "--chat-template (inline)", "digest": sha256_digest(value.encode())},
+            {},
+            None,
+        )
+    # vLLM refuses to start with a path it cannot open; this engine runs, so the collector
+    # cannot read what the engine did
+    return (
+        {"source": "--chat-template", "digest": None},
+        {"chat_template_path": value},
+        f"--chat-template {reason}",
+    )
 
 
 def tokenizer(

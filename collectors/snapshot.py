@@ -113,9 +113,11 @@ def take_snapshot(
     template_identity: dict[str, Any] = {}
     if process is not None:
         argv = (*config_args(process)[0], *process.argv)
-        template, template_identity = chat_template(process, argv)
+        template, template_identity, reason = chat_template(process, argv)
         if template is not None:  # what the engine applies, not the directory's own
             model = {**model, "chat_template": template}
+        if reason is not None:
+            model["unknown"] = {**model["unknown"], "chat_template": reason}
     body: dict[str, Any] = {
         "schema_version": FINGERPRINT_SCHEMA_VERSION,
         "model": model,

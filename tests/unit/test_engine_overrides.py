@@ -110,17 +110,23 @@ def test_a_config_file_that_cannot_be_read_is_reported(
 def test_a_chat_template_override_replaces_the_directorys(tmp_path: Path) -> None:
     template = tmp_path / "tool_chat.jinja"
     template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
-    found, identity = chat_template(engine([]), ["--chat-template", str(template)])
+    found, identity, reason = chat_template(engine([]), ["--chat-template", str(template)])
+    assert reason is None
     assert found == {
         "source": "--chat-template",
         "digest": "sha256:" + hashlib.sha256(template.read_bytes()).hexdigest(),
     }
     assert identity == {"chat_template_path": str(template)}
     inline = "{{ messages[0].content }}"
-    found, identity = chat_template(engine([]), ["--chat-template", inline])
+    found, identity, reason = chat_template(engine([]), ["--chat-template", inline])
     assert found is not None and found["source"] == "--chat-template (inline)"
     assert found["digest"] == "sha256:" + hashlib.sha256(inline.encode()).hexdigest()
-    assert chat_template(engine([]), []) == (None, {})
+    assert chat_template(engine([]), []) == (None, {}, None)
+    # a path the collector cannot read: the digest is unknown, never the path's own
+    gone = str(tmp_path / "missing.jinja")
+    found, identity, reason = chat_template(engine([]), ["--chat-template", gone])
+    assert found == {"source": "--chat-template", "digest": None}
+    assert identity == {"chat_template_path": gone} and "cannot be read" in reason
 
 
 def test_a_tokenizer_override_is_digested_like_the_models_own(tmp_path: Path) -> None:
