@@ -180,6 +180,7 @@ def replays(client: LedgerClient, ids: dict[str, list[str]], sample: int) -> dic
     out: dict[str, Any] = {}
     for pool, wanted in (("strict", None), ("throughput", sample)):
         verdicts: dict[str, int] = {}
+        observed: dict[str, int] = {}  # a forced replay's comparison, whatever its verdict
         skipped = 0
         started = time.perf_counter()
         done = 0
@@ -193,14 +194,17 @@ def replays(client: LedgerClient, ids: dict[str, list[str]], sample: int) -> dic
             try:
                 body = client.replay(request_id, pool, pool != "strict")["envelope"]["body"]
                 verdict = body["verdict"]
+                seen = (body.get("comparison") or {}).get("verdict", verdict)
             except LedgerError as exc:
-                verdict = f"refused: {exc.code}"
+                verdict = seen = f"refused: {exc.code}"
             verdicts[verdict] = verdicts.get(verdict, 0) + 1
+            observed[seen] = observed.get(seen, 0) + 1
             done += 1
         seconds = time.perf_counter() - started
         out[pool] = {
             "replayed": done,
             "verdicts": verdicts,
+            "observed": observed,
             "bitwise_rate": round(verdicts.get("bitwise", 0) / done, 4) if done else None,
             "not_deterministic": skipped,
             "seconds": round(seconds, 3),
@@ -262,7 +266,8 @@ def _table(report: dict[str, Any]) -> Table:
     for pool, r in report["replays"].items():
         table.add_row(
             f"replay {pool}",
-            f"{r['replayed']} replayed: {r['verdicts']} (bitwise rate {r['bitwise_rate']})",
+            f"{r['replayed']} replayed: {r['verdicts']} (bitwise rate {r['bitwise_rate']}; "
+            f"observed {r['observed']})",
             str(r["seconds"]),
         )
     for pool, c in report["certification"].items():

@@ -49,7 +49,9 @@ def test_gpu_check_cpu_mode_reports_the_loop(tmp_path: Path):
     strict = report["replays"]["strict"]
     assert strict["replayed"] >= 4 and strict["bitwise_rate"] == 1.0
     assert strict["verdicts"] == {"bitwise": strict["replayed"]}
-    assert report["replays"]["throughput"]["replayed"] == 2
+    sample = report["replays"]["throughput"]
+    assert sample["replayed"] == 2 and sum(sample["observed"].values()) == 2
+    assert strict["observed"] == strict["verdicts"]
     assert report["certification"]["strict"]["invariant"] is True
     assert [c["concurrency"] for c in report["certification"]["strict"]["cells"]] == [1, 2]
     for pool, facts in report["pools"].items():
