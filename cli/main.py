@@ -1,49 +1,128 @@
-"""``ledger``: one Typer app; each sub-command lives in its own module."""
+"""``ledger``: one Typer app; each sub-command lives in its own module, imported on first use.
+
+``ledger --help`` lists the commands from :data:`COMMANDS` without importing them (the API,
+the database layer and the engine harness take seconds to import); a command's module is
+imported when it runs or its own help is asked for. ``tests/unit/test_cli_lazy.py`` holds each
+summary equal to the first paragraph of the loaded command's own help.
+"""
 
 from __future__ import annotations
 
-import typer
+import importlib
+from importlib import metadata
+from typing import Any
 
-from cli import (
-    audit,
-    certify,
-    collect,
-    db,
-    demo,
-    diff,
-    evidence,
-    fingerprint,
-    fixture_model,
-    gpu_check,
-    keys,
-    replay,
-    serve,
-    tokens,
-    verify,
-)
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+# name -> (module, attribute, "command" (a function) or "group" (a Typer app), and a group's
+# summary; a command's is the first paragraph of its function's docstring, read by ``ast``)
+COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "serve": ("cli.serve", "serve", "command", ""),
+    "demo": ("cli.demo", "demo", "command", ""),
+    "verify": ("cli.verify", "verify", "command", ""),
+    "audit": ("cli.audit", "run_audit", "command", ""),
+    "evidence": ("cli.evidence", "evidence", "command", ""),
+    "fixture-model": ("cli.fixture_model", "fixture_model", "command", ""),
+    "fingerprint": ("cli.fingerprint", "fingerprint", "command", ""),
+    "diff": ("cli.diff", "diff_command", "command", ""),
+    "collect": ("cli.collect", "collect", "command", ""),
+    "replay": ("cli.replay", "replay", "command", ""),
+    "certify": ("cli.certify", "certify", "command", ""),
+    "gpu-check": ("cli.gpu_check", "gpu_check", "command", ""),
+    "db": ("cli.db", "app", "group", "Database schema (Alembic migrations)."),
+    "keys": ("cli.keys", "app", "group", "Signing keys (Ed25519)."),
+    "tokens": ("cli.tokens", "app", "group", "API bearer tokens (stored hashed)."),
+}
+
+
+def load_command(name: str) -> Any:
+    """The real command ``name`` (its module imported now)."""
+    module_name, attribute, kind, _ = COMMANDS[name]
+    target = getattr(importlib.import_module(module_name), attribute)
+    if kind == "group":
+        target._add_completion = False  # as when it was added to this app: no shell setup
+        command = typer.main.get_command(target)
+    else:
+        single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        single.command(name)(target)
+        command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+def summary(name: str) -> str:
+    """What ``ledger --help`` shows for ``name``: the table's summary, else the first
+    paragraph of the command's docstring, read without importing its module's imports."""
+    text = COMMANDS[name][3]
+    if text:
+        return text
+    return _docstring_summary(name)
+
+
+def _docstring_summary(name: str) -> str:
+    import ast
+    from importlib.util import find_spec
+
+    module_name, attribute, _, _ = COMMANDS[name]
+    spec = find_spec(module_name)
+    assert spec is not None and spec.origin is not None
+    with open(spec.origin, encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == attribute:
+            doc = ast.get_docstring(node) or ""
+            return " ".join(doc.split("\n\n")[0].split())
+    return ""
+
+
+class LazyGroup(TyperGroup):
+    """Lists every command from the table; imports one only to run it or show its help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loaded: dict[str, Any] = {}
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in COMMANDS:
+            return None
+        if cmd_name in self._loaded:
+            return self._loaded[cmd_name]
+        # for the listing: the name and its summary, nothing imported
+        return TyperCommand(cmd_name, help=summary(cmd_name))
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        if args and args[0] in COMMANDS and args[0] not in self._loaded:
+            self._loaded[args[0]] = load_command(args[0])
+        return super().resolve_command(ctx, args)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ledger {metadata.version('inference-ledger')}")
+        raise typer.Exit()
+
 
 app = typer.Typer(
     name="ledger",
+    cls=LazyGroup,
     help="Fingerprint and audit-trail ledger for self-hosted LLM inference.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("serve")(serve.serve)
-app.command("demo")(demo.demo)
-app.command("verify")(verify.verify)
-app.command("audit")(audit.run_audit)
-app.command("evidence")(evidence.evidence)
-app.command("fixture-model")(fixture_model.fixture_model)
-app.command("fingerprint")(fingerprint.fingerprint)
-app.command("diff")(diff.diff_command)
-app.command("collect")(collect.collect)
-app.command("replay")(replay.replay)
-app.command("certify")(certify.certify)
-app.command("gpu-check")(gpu_check.gpu_check)
-app.add_typer(db.app, name="db")
-app.add_typer(keys.app, name="keys")
-app.add_typer(tokens.app, name="tokens")
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print the version and exit"
+    ),
+) -> None:
+    """Fingerprint and audit-trail ledger for self-hosted LLM inference."""
 
 
 def main() -> None:
