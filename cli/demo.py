@@ -23,12 +23,10 @@ from typing import Any
 import typer
 from rich.table import Table
 
-import migrations
 from api.app import create_app
-from api.bootstrap import bootstrap
 from cli import demo_traffic
 from cli.common import console, fail, ledger_errors, load_settings
-from cli.demo_engine import EngineDemo, register_demo_key
+from cli.demo_engine import EngineDemo, open_embedded_ledger, register_demo_key
 from cli.server_thread import ServerThread, free_port
 from collectors.ledger_client import LedgerClient
 from ledger.evidence import verify_bundle
@@ -36,7 +34,6 @@ from ledger.fingerprint import FINGERPRINT_KIND, fingerprint_id
 from ledger.packing import unpack_float32
 from ledger.records import RECORD_KIND, Choice, build_record_body
 from ledger.signing import Envelope, SigningKey, public_key_pem, sign_envelope, verify_envelope
-from ledger.storage import tokenstore
 from ledger.storage.audit import audit
 from ledger.storage.database import Database
 
@@ -91,12 +88,7 @@ def demo(
     signal.signal(signal.SIGTERM, _interrupt)
     settings = load_settings(data_dir=data_dir)
     with ledger_errors():
-        db = Database(settings.resolved_database_url)
-        migrations.upgrade(db)
-        boot = bootstrap(settings, db)
-        token, _ = tokenstore.create_token(
-            db, "demo", ["records:write", "records:read", "replay", "admin"]
-        )
+        db, boot, token = open_embedded_ledger(settings, "demo")
     app = create_app(settings, db, boot.log_key)
     server = ServerThread(app, settings.host, port or free_port(settings.host))
     try:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import migrations
+from api.bootstrap import bootstrap
 from cli.common import console, fail
 from cli.server_thread import ServerThread, free_port
 from collectors.collector import Collector, CollectorConfig
@@ -20,6 +23,8 @@ from collectors.proxy import create_proxy
 from fixture_model import build
 from fixture_model.engine import STRICT_ARGS, EngineServer, start_engines
 from ledger.signing import SigningKey, public_key_pem
+from ledger.storage import tokenstore
+from ledger.storage.database import Database
 
 # pool -> (engine flags, engine environment)
 Pools = dict[str, tuple[tuple[str, ...], dict[str, str]]]
@@ -103,6 +108,18 @@ class EngineDemo:
             worker.collector.close()
         for engine in self.engines.values():
             engine.stop()
+
+
+def open_embedded_ledger(settings: Any, token_name: str) -> tuple[Database, Any, str]:
+    """The ledger's database migrated, its keys bootstrapped, and a token for every scope the
+    demo and the GPU check use."""
+    db = Database(settings.resolved_database_url)
+    migrations.upgrade(db)
+    boot = bootstrap(settings, db)
+    token, _ = tokenstore.create_token(
+        db, token_name, ["records:write", "records:read", "replay", "admin"]
+    )
+    return db, boot, token
 
 
 def register_demo_key(client: LedgerClient, data_dir: Path) -> SigningKey:

@@ -186,15 +186,21 @@ def cache_lookup(client: LedgerClient, request_id: str) -> Rows:
     return [("cache lookup", f"{key[:27]}… -> {request_id} (tier {body['tier']}, greedy)")]
 
 
-def certify(client: LedgerClient, pool: str) -> tuple[str, str]:
-    params = {"pool": pool, "prompts": 6, "concurrency": [1, 6], "max_tokens": [16]}
+def run_certification(client: LedgerClient, params: dict[str, Any]) -> dict[str, Any]:
+    """Start a certification and poll it to its end; the finished job (fails otherwise)."""
     job = client.certify(params)
-    console.print(f"certifying pool {pool} ({job['total']} probes) ...")
+    console.print(f"certifying pool {params['pool']} ({job['total']} probes) ...")
     while job["status"] == "running":
         time.sleep(0.5)
         job = client.certification(job["certification_id"])
     if job["status"] != "done":
-        fail(f"certifying {pool} failed: {job['error']}")
+        fail(f"certifying {params['pool']} failed: {job['error']}")
+    return job
+
+
+def certify(client: LedgerClient, pool: str) -> tuple[str, str]:
+    params = {"pool": pool, "prompts": 6, "concurrency": [1, 6], "max_tokens": [16]}
+    job = run_certification(client, params)
     body = job["envelope"]["body"]
     cells = ", ".join(
         f"c={r['concurrency']}: {r['bitwise']}/{r['requests']} bitwise" for r in body["results"]

@@ -34,19 +34,15 @@ import httpx
 import typer
 from rich.table import Table
 
-import migrations
 from api.app import create_app
-from api.bootstrap import bootstrap
 from cli.common import console, fail, ledger_errors, load_settings
-from cli.demo_engine import EngineDemo, Pools, register_demo_key
-from cli.demo_traffic import _request, wait_record
+from cli.demo_engine import EngineDemo, Pools, open_embedded_ledger, register_demo_key
+from cli.demo_traffic import _request, run_certification, wait_record
 from cli.server_thread import ServerThread, free_port
 from collectors.ledger_client import LedgerClient
 from fixture_model.engine import STRICT_ARGS
 from ledger.cachekey import is_deterministic
 from ledger.errors import LedgerError
-from ledger.storage import tokenstore
-from ledger.storage.database import Database
 
 GPU_POOLS: Pools = {
     "throughput": (("--gpu-memory-utilization", "0.35"), {}),
@@ -217,15 +213,8 @@ def certify(
     client: LedgerClient, pool: str, concurrency: list[int], prompts: int
 ) -> dict[str, Any]:
     started = time.perf_counter()
-    job = client.certify(
-        {"pool": pool, "prompts": prompts, "concurrency": concurrency, "max_tokens": [16]}
-    )
-    console.print(f"certifying pool {pool} ({job['total']} probes) ...")
-    while job["status"] == "running":
-        time.sleep(0.5)
-        job = client.certification(job["certification_id"])
-    if job["status"] != "done":
-        fail(f"certifying {pool} failed: {job['error']}")
+    params = {"pool": pool, "prompts": prompts, "concurrency": concurrency, "max_tokens": [16]}
+    job = run_certification(client, params)
     body = job["envelope"]["body"]
     return {
         "invariant": body["invariant_observed"],
@@ -310,12 +299,7 @@ def gpu_check(
     data_dir.mkdir(parents=True, exist_ok=True)
     settings = load_settings(data_dir=data_dir)
     with ledger_errors():
-        db = Database(settings.resolved_database_url)
-        migrations.upgrade(db)
-        boot = bootstrap(settings, db)
-        token, _ = tokenstore.create_token(
-            db, "gpu-check", ["records:write", "records:read", "replay", "admin"]
-        )
+        db, boot, token = open_embedded_ledger(settings, "gpu-check")
     server = ServerThread(create_app(settings, db, boot.log_key), "127.0.0.1", free_port())
     server.start()
     engine: EngineDemo | None = None
