@@ -2,7 +2,7 @@
 # The inference engine runs in its own image (vllm/vllm-openai); see docker-compose.yml.
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml constraints.txt README.md LICENSE ./
 COPY ledger ledger
 COPY collectors collectors
 COPY api api

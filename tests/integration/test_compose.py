@@ -191,6 +191,8 @@ def test_images_hold_no_secrets_or_local_state() -> None:
     for dockerfile in ("Dockerfile", "Dockerfile.collector"):
         text = (ROOT / dockerfile).read_text()
         assert "HEALTHCHECK" in text and "start-period" in text
+        # what `pip install .` reads is copied in: the metadata names the license file
+        assert "LICENSE" in next(line for line in text.splitlines() if "pyproject.toml" in line)
 
 
 def test_only_the_strict_pool_runs_batch_invariant_kernels(config: dict[str, Any]) -> None:
