@@ -166,7 +166,12 @@ def test_secrets_per_role(config: dict[str, Any]) -> None:
         assert args[args.index("--key") + 1].startswith(mounted[own[pool]] + "/")
         assert args[args.index("--token-file") + 1].startswith(mounted[own[pool]] + "/")
         assert not any(f"vllm-{p}" in str(services[f"vllm-{pool}"].get("volumes")) for p in POOLS)
+    # the setup writes the collectors' root-owned mount points as root, then hands the
+    # ledger's secrets to the ledger's user (who must own a production log key's directory)
+    assert services["ledger-setup"]["user"] == "0:0"
+    assert services["ledger"].get("user") in (None, "10001", "10001:10001")
     setup = services["ledger-setup"]["command"][0]
+    assert setup.rstrip().endswith("chown -R 10001:10001 /secrets")
     assert (
         "--name collector-$$pool" in setup and "keys new collector --dir /collector-$$pool" in setup
     )
