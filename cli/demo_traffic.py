@@ -36,7 +36,7 @@ PROMPTS = [
 ]
 
 
-def _request(pool: str, i: int) -> tuple[str, dict[str, Any], int]:
+def mixed_request(pool: str, i: int) -> tuple[str, dict[str, Any], int]:
     """(endpoint, body, tier): chat and completions, streamed or not, tiers 0-2, mixed."""
     prompt = PROMPTS[i % len(PROMPTS)]
     kind = i % 4
@@ -51,7 +51,7 @@ def _request(pool: str, i: int) -> tuple[str, dict[str, Any], int]:
     return "/v1/chat/completions", {**chat, "logprobs": True}, 2 if pool == "strict" else 0
 
 
-def _send(url: str, endpoint: str, body: dict[str, Any], tier: int) -> httpx.Response:
+def send(url: str, endpoint: str, body: dict[str, Any], tier: int) -> httpx.Response:
     with httpx.Client(timeout=300) as http:
         return http.post(
             url + endpoint,
@@ -86,7 +86,7 @@ def traffic(
         )
         for w in workers.values()
     ]
-    checked = _send(
+    checked = send(
         strict.url,
         "/v1/completions",
         {"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "logprobs": 1},
@@ -95,15 +95,15 @@ def traffic(
     if checked.status_code != 200:
         fail(f"the strict collector answered {checked.status_code}: {checked.text[:300]}")
     checked_id = checked.headers["x-request-id"]
-    jobs = [(w, *_request(w.pool, i)) for w in (strict, throughput) for i in range(12)]
+    jobs = [(w, *mixed_request(w.pool, i)) for w in (strict, throughput) for i in range(12)]
     with ThreadPoolExecutor(len(jobs)) as pool:
-        answers = list(pool.map(lambda j: _send(j[0].url, j[1], j[2], j[3]), jobs))
+        answers = list(pool.map(lambda j: send(j[0].url, j[1], j[2], j[3]), jobs))
     ids: dict[str, list[str]] = {"strict": [checked_id], "throughput": []}
     for (worker, _, _, _), answer in zip(jobs, answers, strict=True):
         if answer.status_code != 200:
             fail(f"{worker.pool} answered {answer.status_code}: {answer.text[:300]}")
         ids[worker.pool].append(answer.headers["x-request-id"])
-    refused = _send(throughput.url, "/v1/completions", {"prompt": "x", "temperature": 0}, 2)
+    refused = send(throughput.url, "/v1/completions", {"prompt": "x", "temperature": 0}, 2)
     rows.append(
         (
             "traffic",

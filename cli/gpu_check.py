@@ -37,7 +37,7 @@ from rich.table import Table
 from api.app import create_app
 from cli.common import console, fail, ledger_errors, load_settings
 from cli.demo_engine import EngineDemo, Pools, open_embedded_ledger, register_demo_key
-from cli.demo_traffic import _request, run_certification, wait_record
+from cli.demo_traffic import mixed_request, run_certification, send, wait_record
 from cli.server_thread import ServerThread, free_port
 from collectors.ledger_client import LedgerClient
 from fixture_model.engine import STRICT_ARGS
@@ -79,14 +79,10 @@ def _has_cuda_gpu() -> bool:
         return False
 
 
-def _post(url: str, body: dict[str, Any], tier: int = 0) -> tuple[float, httpx.Response]:
+def _post(url: str, body: dict[str, Any]) -> tuple[float, httpx.Response]:
+    """A completion and its wall time."""
     started = time.perf_counter()
-    with httpx.Client(timeout=600) as http:
-        answer = http.post(
-            url + "/v1/completions",
-            json={"model": "fixture", **body},
-            headers={"X-Reproducibility-Tier": str(tier)},
-        )
+    answer = send(url, "/v1/completions", body, 0)
     return time.perf_counter() - started, answer
 
 
@@ -138,20 +134,12 @@ def traffic(
 ) -> tuple[dict[str, list[str]], dict[str, Any]]:
     """Mixed requests across the pools at ``concurrency``; every answer's record awaited."""
     pools = list(workers)
-    jobs = [(pools[i % len(pools)], *_request(pools[i % len(pools)], i)) for i in range(requests)]
-
-    def send(job: tuple[str, str, dict[str, Any], int]) -> httpx.Response:
-        pool, endpoint, body, tier = job
-        with httpx.Client(timeout=600) as http:
-            return http.post(
-                workers[pool].url + endpoint,
-                json={"model": "fixture", **body},
-                headers={"X-Reproducibility-Tier": str(tier)},
-            )
-
+    jobs = [
+        (pools[i % len(pools)], *mixed_request(pools[i % len(pools)], i)) for i in range(requests)
+    ]
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        answers = list(pool.map(send, jobs))
+        answers = list(pool.map(lambda j: send(workers[j[0]].url, j[1], j[2], j[3]), jobs))
     seconds = time.perf_counter() - started
     ids: dict[str, list[str]] = {p: [] for p in pools}
     for (pool_name, *_), answer in zip(jobs, answers, strict=True):

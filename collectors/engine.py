@@ -72,8 +72,6 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--max-seq-len-to-capture": ("max_seq_len_to_capture", "int"),
 }
 FIELDS = (*dict.fromkeys(field for field, _ in FLAGS.values()), "tokenizer")
-# Flags whose values are per-machine or secret: they stay out of the body.
-IDENTITY_FLAGS = frozenset({"--host", "--port", "--model", "--tokenizer", "--download-dir"})
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -81,6 +79,8 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 class EngineSnapshot:
     body: dict[str, Any]
     identity: dict[str, Any]
+    # the flags the engine runs with: its --config file's, then its command line's (which win)
+    argv: tuple[str, ...] = ()
 
 
 def _is_secret(name: str) -> bool:
@@ -294,7 +294,7 @@ def snapshot_engine(
     identity: dict[str, Any] = {"url": engine_url}
     fields: dict[str, Any] = dict.fromkeys(FIELDS, DEFAULT)
     env_body: dict[str, str] | None = None
-    from_file: list[str] = []
+    argv: tuple[str, ...] = ()
     if process is not None:
         from_file, file_problems = config_args(process)
         argv = (*from_file, *process.argv)  # the command line's own flags win
@@ -313,11 +313,7 @@ def snapshot_engine(
             fields[field] = None
         unknown["flags"] = reason
         unknown["env"] = reason
-    mode = (
-        last_value((*from_file, *process.argv), "--fingerprint-mode")
-        if process is not None
-        else None
-    )
+    mode = last_value(argv, "--fingerprint-mode")
     if mode == "custom":  # the engine answers a label the operator chose (the ledger's ID)
         identity["system_fingerprint_value"] = (
             info.get("system_fingerprint") if info is not None else None
@@ -360,7 +356,7 @@ def snapshot_engine(
     }
     if process is None:
         body["unknown"]["batch_invariance"] = "engine flags unknown; assumed none"
-    return EngineSnapshot(body, identity)
+    return EngineSnapshot(body, identity, argv)
 
 
 def engine_port(engine_url: str) -> tuple[str, int]:

@@ -18,7 +18,7 @@ from collectors.digest_cache import DigestCache
 from collectors.engine import engine_port, server_info, snapshot_engine
 from collectors.gpu import snapshot_gpus
 from collectors.gpu_visibility import Visibility
-from collectors.overrides import chat_template, config_args
+from collectors.overrides import chat_template
 from collectors.procinfo import EngineProcess, ProcessUnreadable, find_pid_by_port, read_process
 from collectors.runtime import snapshot_runtime
 from ledger.fingerprint import (
@@ -112,8 +112,7 @@ def take_snapshot(
     model = artifacts.body
     template_identity: dict[str, Any] = {}
     if process is not None:
-        argv = (*config_args(process)[0], *process.argv)
-        template, template_identity, reason = chat_template(process, argv)
+        template, template_identity, reason = chat_template(process, engine.argv)
         if template is not None:  # what the engine applies, not the directory's own
             model = {**model, "chat_template": template}
         if reason is not None:
