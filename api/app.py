@@ -12,8 +12,9 @@ from starlette.concurrency import run_in_threadpool
 
 from api import certifier, errors
 from api.gate import Gate
-from api.metrics import Metrics, MetricsMiddleware
+from api.metrics import LogGauges, Metrics, MetricsMiddleware, utc_now
 from api.openapi_doc import install as document_openapi
+from api.request_ids import RequestIds
 from api.routes import (
     cache,
     certifications,
@@ -54,7 +55,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         settings=settings,
         db=db,
         log_key=log_key,
-        metrics=Metrics(),
+        metrics=Metrics(LogGauges(db, log_key, settings.worker_ttl, utc_now)),
         origin=settings.log_origin or checkpoints.default_origin(log_key),
         token_cache=TokenCache(settings.token_cache_seconds),
         ingest_limit=InflightLimit(settings.max_inflight_batches),
@@ -89,6 +90,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
     # metrics around it count its refusals too.
     app.add_middleware(Gate, routes=app.router.routes, state=state)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    app.add_middleware(RequestIds)  # outermost: every log line of a request names it
     errors.install(app)
     for module in (
         health,

@@ -1,18 +1,91 @@
-"""Prometheus metrics, one registry per app (so tests and several apps never collide)."""
+"""Prometheus metrics: the API's own counters, and gauges of the log read at each scrape.
+
+One registry per app, so tests and several apps in one process never collide. Under
+``ledger serve --workers N`` the parent sets ``PROMETHEUS_MULTIPROC_DIR`` (a fresh directory)
+before the workers start: each process writes its counters there and a scrape, whichever
+process answers it, sums them all (prometheus_client's multiprocess mode), so counts never
+jump back between scrapes. The log gauges are read from the database when scraped
+(:class:`LogGauges`), so every process answers the same.
+"""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 
 from fastapi import Response
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ledger.checkpoint import verify_checkpoint
+from ledger.errors import LedgerError
+from ledger.signing import SigningKey
+from ledger.storage import checkpoints, log, workers
+from ledger.storage.database import Database
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class LogGauges(Collector):
+    """The log as it stands at the scrape: tree size, the latest checkpoint (its size, and the
+    age of its signed time, from a note verified under the log key), live workers per pool and
+    the records each live collector's spool holds unacknowledged (from its signed heartbeat)."""
+
+    def __init__(
+        self, db: Database, log_key: SigningKey, worker_ttl: float, now: Callable[[], datetime]
+    ) -> None:
+        self.db, self.log_key, self.worker_ttl, self.now = db, log_key, worker_ttl, now
+
+    def collect(self) -> Iterator[Metric]:
+        with self.db.read() as s:
+            size = log.log_size(s)
+            latest = checkpoints.latest_in(s)
+        yield GaugeMetricFamily("ledger_log_tree_size", "Leaves in the log", value=size)
+        if latest is not None:
+            try:
+                cp = verify_checkpoint(latest.note, self.log_key.public_key)
+            except LedgerError:
+                cp = None  # a checkpoint that does not verify gives no figure (audit names it)
+            if cp is not None:
+                yield GaugeMetricFamily(
+                    "ledger_log_checkpoint_tree_size",
+                    "Tree size of the latest signed checkpoint",
+                    value=cp.tree_size,
+                )
+            if cp is not None and cp.signed_at is not None:
+                yield GaugeMetricFamily(
+                    "ledger_log_checkpoint_age_seconds",
+                    "Seconds since the log signed its latest checkpoint (its signed time)",
+                    value=(self.now() - cp.signed_at).total_seconds(),
+                )
+        live = GaugeMetricFamily("ledger_workers_live", "Live workers by pool", labels=["pool"])
+        pending = GaugeMetricFamily(
+            "ledger_collector_spool_pending",
+            "Records a live collector's spool holds that the ledger has not acknowledged, as "
+            "its last signed heartbeat said",
+            labels=["pool", "worker_id"],
+        )
+        for pool in workers.pools(self.db, self.worker_ttl):
+            live.add_metric([pool.name], len(pool.live))
+            for w in pool.live:
+                if w.spool_pending is not None:
+                    pending.add_metric([w.pool, w.worker_id], w.spool_pending)
+        yield live
+        yield pending
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, log_gauges: Collector | None = None) -> None:
         self.registry = CollectorRegistry()
+        self.log_gauges = log_gauges
+        self._render = threading.Lock()  # the gauges join the registry for one scrape at a time
         self.requests = Counter(
             "ledger_http_requests_total",
             "HTTP requests by route, method and status",
@@ -51,7 +124,27 @@ class Metrics:
         )
 
     def render(self) -> Response:
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+        """The exposition (call it off the event loop: the log gauges read the database)."""
+        with self._render:
+            return self._exposition()
+
+    def _exposition(self) -> Response:
+        if os.environ.get(MULTIPROC_ENV):
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)  # every process's counters, summed
+        else:
+            registry = self.registry
+        if self.log_gauges is not None:
+            registry.register(self.log_gauges)
+        try:
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        finally:
+            if self.log_gauges is not None:
+                registry.unregister(self.log_gauges)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 class MetricsMiddleware:

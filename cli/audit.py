@@ -9,17 +9,18 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from cli.common import (
     DbOption,
     JsonOption,
     console,
+    err_console,
     fail,
     ledger_errors,
     open_existing_database,
     print_json,
     read_public_key,
+    table,
 )
 from ledger.audit import DEFAULT_CLOCK_TOLERANCE, AuditReport
 from ledger.storage.audit import audit
@@ -83,7 +84,7 @@ def run_audit(
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeRemainingColumn(),
-                console=console,
+                console=err_console,
                 transient=True,
             ) as bar:
                 task = bar.add_task("leaves", total=None)
@@ -117,10 +118,15 @@ def _read_checkpoint(path: Path) -> str:
     return text
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
+
+
 def _print(report: AuditReport) -> None:
     rate = report.leaves / report.seconds if report.seconds else 0
     summary = (
-        f"{report.leaves} leaves, {report.checkpoints} checkpoints in {report.seconds:.2f} s "
+        f"{_count(report.leaves, 'leaf', 'leaves')}, "
+        f"{_count(report.checkpoints, 'checkpoint', 'checkpoints')} in {report.seconds:.2f} s "
         f"({rate:,.0f} leaves/s)"
     )
     if report.ok:
@@ -130,10 +136,10 @@ def _print(report: AuditReport) -> None:
         f"[bold red]FAILED[/] {summary}: {len(report.findings)} finding(s); "
         f"first bad leaf index: {report.first_bad_index}"
     )
-    table = Table("check", "leaf", "table.column", "what differs")
+    out = table("check", "leaf", "table.column", "what differs")
     for f in report.findings[:50]:
         where = ".".join(part for part in (f.table, f.column) if part)
-        table.add_row(f.check, "" if f.index is None else str(f.index), where, escape(f.message))
-    console.print(table)
+        out.add_row(f.check, "" if f.index is None else str(f.index), where, escape(f.message))
+    console.print(out)
     if len(report.findings) > 50:
         console.print(f"... and {len(report.findings) - 50} more (--json lists them all)")

@@ -8,7 +8,6 @@ from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from cli.common import (
     ApiOption,
@@ -19,6 +18,7 @@ from cli.common import (
     fail,
     ledger_errors,
     print_json,
+    table,
     token_file_or_default,
 )
 from collectors.ledger_client import LedgerClient, read_token_file
@@ -104,7 +104,7 @@ def _follow(client: LedgerClient, job: dict[str, Any], *, show: bool) -> dict[st
 
 
 def print_certificate(body: dict[str, Any], log_index: int) -> None:
-    table = Table(
+    out = table(
         "max_tokens",
         "concurrency",
         "requests",
@@ -118,7 +118,7 @@ def print_certificate(body: dict[str, Any], log_index: int) -> None:
     )
     for r in body["results"]:
         firsts = r["first_divergences"]
-        table.add_row(
+        out.add_row(
             str(r["max_tokens"]),
             str(r["concurrency"]),
             str(r["requests"]),
@@ -128,7 +128,7 @@ def print_certificate(body: dict[str, Any], log_index: int) -> None:
             _fmt(r["min_margin"]),
             _fmt(r["min_margin_at_divergence"]),
         )
-    console.print(table)
+    console.print(out)
     verdict = (
         "[bold green]invariant: every result bitwise equal to its run alone[/]"
         if body["invariant_observed"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import logging.config
 import socket
 import sys
 from pathlib import Path
@@ -9,13 +11,14 @@ from pathlib import Path
 import typer
 import uvicorn
 
-from cli.common import console, fail, ledger_errors, read_public_key
+from cli.common import LogFormatOption, console, fail, ledger_errors, read_public_key
 from collectors.collector import Collector, CollectorConfig
 from collectors.digest_cache import default_cache_path
 from collectors.ledger_client import read_token_file
 from collectors.proxy import create_proxy
 from collectors.shipper import LINGER
 from collectors.tiers import TIERS
+from ledger.logs import LogFormat, logging_config
 from ledger.signing import SigningKey
 
 
@@ -47,8 +50,16 @@ def collect(
     spool: Path = typer.Option(
         Path("collector-data/spool.sqlite"), "--spool", help="durable spool file"
     ),
-    engine_python: str | None = typer.Option(None, "--engine-python"),
-    engine_pid: int | None = typer.Option(None, "--engine-pid"),
+    engine_python: str | None = typer.Option(
+        None,
+        "--engine-python",
+        help="the engine's Python, to read its library versions (default: the server process's)",
+    ),
+    engine_pid: int | None = typer.Option(
+        None,
+        "--engine-pid",
+        help="the engine server's process ID (default: found by the --engine-url port)",
+    ),
     advertise_url: str | None = typer.Option(
         None,
         "--advertise-url",
@@ -66,8 +77,14 @@ def collect(
         "--ship-linger",
         help="seconds to wait for more records before shipping a partial batch (0-10)",
     ),
+    log_level: str = typer.Option(
+        "warning", help="log level: critical, error, warning, info, debug, trace"
+    ),
+    log_format: LogFormat = LogFormatOption,
 ) -> None:
     """Record every request to the engine, signed, through a durable spool into the ledger."""
+    log_config = logging_config(log_format, log_level)
+    logging.config.dictConfig(log_config)
     if tier not in TIERS:
         fail("--tier must be 0, 1 or 2")
     if not 0 <= ship_linger <= 10:
@@ -96,16 +113,22 @@ def collect(
         )
         collector = Collector(config).start()
     state = collector.state
-    console.print(
+    started = (
         f"collector on http://{host}:{port} -> {engine_url}; pool {pool}, worker {worker_id}\n"
         f"fingerprint {state.fingerprint_id} (batch invariance {state.batch_invariance})\n"
         f"spool {spool} ({collector.spool.pending()} records pending) -> {ledger_url}\n"
         + (f"registers as a worker at {advertise_url}" if not no_register else "not registered")
     )
+    if log_format == "json":
+        logging.getLogger("ledger.collector").warning("%s", started.replace("\n", "; "))
+    else:
+        console.print(started)
     # The proxy's event loop shares the GIL with the spool writer and the shipper: hand it back
     # sooner than the default 5 ms, so a request never waits behind a batch being shipped.
     sys.setswitchinterval(0.002)
     try:
-        uvicorn.run(create_proxy(state), host=host, port=port, log_level="warning")
+        uvicorn.run(
+            create_proxy(state), host=host, port=port, log_level=log_level, log_config=log_config
+        )
     finally:
         collector.close()

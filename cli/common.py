@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 import migrations
 from api.settings import Settings
@@ -29,6 +32,13 @@ DbOption = typer.Option(
     None, "--db", help="database URL (default: LEDGER_DATABASE_URL, else the embedded SQLite)"
 )
 JsonOption = typer.Option(False, "--json", help="print JSON for scripts")
+LogFormatOption = typer.Option(
+    "text",
+    "--log-format",
+    envvar="LEDGER_LOG_FORMAT",
+    help="log lines on stderr: text, or json (one object per line, with the request ID)",
+    case_sensitive=False,
+)
 ApiOption = typer.Option(
     "http://127.0.0.1:8700", "--api", envvar="LEDGER_API_URL", help="ledger API base URL"
 )
@@ -78,14 +88,16 @@ def token_file_or_default(path: Path | None) -> Path:
     return path or load_settings().resolved_admin_token_file
 
 
-def fail(message: str, code: int = 1) -> Any:
+def fail(message: str, code: int = 2) -> Any:
+    """One line on stderr, then exit: 2 for usage or trouble (the default), 1 for a negative
+    result (an invalid bundle, a finding, a verdict other than the one asked for)."""
     # Messages carry codes in brackets ("[engine_unreachable]"): print them, not as markup.
     err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 
 @contextmanager
-def ledger_errors(code: int = 1) -> Iterator[None]:
+def ledger_errors(code: int = 2) -> Iterator[None]:
     """Print a LedgerError as a one-line message and exit with ``code``."""
     try:
         yield
@@ -97,6 +109,47 @@ def run(fn: Callable[[], T]) -> T:
     with ledger_errors():
         return fn()
     raise AssertionError("unreachable")
+
+
+def when(value: datetime | str | None) -> str:
+    """A time for people, in the CLI's one format: RFC 3339 in UTC to the second, with ``Z``
+    (``2026-12-02T08:05:10Z``); "" for none. ``--json`` keeps every digit (:func:`when_json`)."""
+    at = _utc(value)
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ") if at is not None else ""
+
+
+def when_json(value: datetime | str | None) -> str | None:
+    """A time for scripts: RFC 3339 in UTC with ``Z`` and microseconds; None for none."""
+    at = _utc(value)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if at is not None else None
+
+
+def _utc(value: datetime | str | None) -> datetime | None:
+    if value is None or value == "":
+        return None
+    at = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return (at if at.tzinfo is not None else at.replace(tzinfo=UTC)).astimezone(UTC)
+
+
+def table(*headers: str, title: str | None = None, **options: Any) -> Table:
+    """A table whose cells wrap and are never cut: IDs are shown whole, whatever the width."""
+    out = Table(title=title, **options)
+    for header in headers:
+        out.add_column(header, overflow="fold")
+    return out
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: a temporary file beside it, renamed into place."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def print_json(value: Any) -> None:

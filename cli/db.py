@@ -5,26 +5,51 @@ from __future__ import annotations
 import typer
 
 import migrations
-from cli.common import DbOption, console, ledger_errors, open_database
+from cli.common import (
+    DbOption,
+    JsonOption,
+    console,
+    fail,
+    ledger_errors,
+    load_settings,
+    open_database,
+    print_json,
+)
+from ledger.storage.database import Database, sqlite_file
 
 app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
 
 
 @app.command("upgrade")
-def upgrade(db_url: str | None = DbOption, revision: str = "head") -> None:
+def upgrade(
+    db_url: str | None = DbOption,
+    revision: str = typer.Option(
+        "head", "--revision", help="the Alembic revision to reach (default: the latest)"
+    ),
+    as_json: bool = JsonOption,
+) -> None:
     """Apply migrations up to REVISION (default: the latest)."""
     with ledger_errors():
         _, db = open_database(db_url)
         migrations.upgrade(db, revision)
-        console.print(f"{db.describe()}: at revision {migrations.current_revision(db)}")
+        _show(db, as_json)
 
 
 @app.command("current")
-def current(db_url: str | None = DbOption) -> None:
-    """Show the database's revision and the latest one."""
+def current(db_url: str | None = DbOption, as_json: bool = JsonOption) -> None:
+    """Show the database's revision and the latest one (creates nothing)."""
     with ledger_errors():
-        _, db = open_database(db_url)
-        console.print(
-            f"{db.describe()}: at {migrations.current_revision(db)}, "
-            f"latest {migrations.head_revision(db)}"
-        )
+        settings = load_settings(database_url=db_url)
+        path = sqlite_file(settings.resolved_database_url)
+        if path is not None and not path.is_file():
+            fail(f"no ledger database at {path}: create one with `ledger db upgrade` or use --db")
+        _show(Database(settings.resolved_database_url), as_json)
+
+
+def _show(db: Database, as_json: bool) -> None:
+    at, head = migrations.current_revision(db), migrations.head_revision(db)
+    if as_json:
+        print_json({"database": db.describe(), "revision": at, "head": head})
+        return
+    shown = at or "no ledger schema (run `ledger db upgrade`)"
+    console.print(f"{db.describe()}: at revision {shown}, latest {head}")

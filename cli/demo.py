@@ -21,11 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from api.app import create_app
 from cli import demo_traffic
-from cli.common import console, fail, ledger_errors, load_settings
+from cli.common import (
+    console,
+    fail,
+    ledger_errors,
+    load_settings,
+    table,
+    write_atomically,
+)
 from cli.demo_engine import EngineDemo, open_embedded_ledger, register_demo_key
 from cli.server_thread import ServerThread, free_port
 from collectors.ledger_client import LedgerClient
@@ -120,10 +126,10 @@ def demo(
         server.stop()
         raise
     try:  # from here on, Ctrl-C or SIGTERM at any point stops everything and exits 0
-        table = Table("step", "result", title=f"demo ({time.perf_counter() - t0:.2f} s)")
+        out = table("step", "result", title=f"demo ({time.perf_counter() - t0:.2f} s)")
         for step, result in rows:
-            table.add_row(step, result)
-        console.print(table)
+            out.add_row(step, result)
+        console.print(out)
         if once:
             return
         console.print(
@@ -163,7 +169,7 @@ def _walkthrough(client: LedgerClient, data_dir: Path) -> tuple[list[tuple[str, 
     fp_body = sample_fingerprint()
     fp = client.register_fingerprint(sign_envelope(FINGERPRINT_KIND, fp_body, key))
     if fp["fingerprint_id"] != fingerprint_id(fp_body):
-        fail("the ledger computed a different fingerprint ID")
+        fail("the ledger computed a different fingerprint ID", 1)
     rows.append(("fingerprint registered", f"{fp['fingerprint_id'][:23]}… ({fp['status']})"))
 
     body = sample_record(fp["fingerprint_id"], random.Random())
@@ -178,7 +184,7 @@ def _walkthrough(client: LedgerClient, data_dir: Path) -> tuple[list[tuple[str, 
     sent_lp = base64.b64decode(body["choices"][0]["logprobs"])
     back_lp = base64.b64decode(back.body["choices"][0]["logprobs"])
     if sent_lp != back_lp or back.canonical != sent.canonical:
-        fail("the record read back differs from the one sent")
+        fail("the record read back differs from the one sent", 1)
     rows.append(("logprobs bit-exact", f"{len(sent_lp) // 4} float32 values, identical bytes"))
     rows.append(("first logprob", repr(unpack_float32(back.body["choices"][0]["logprobs"])[0])))
     page = client.search_records(model="demo-sample", fields="meta", limit=1000)
@@ -195,7 +201,7 @@ def _evidence_and_audit(
     rows.append(("checkpoint signed", f"tree size {cp['tree_size']}, origin {cp['origin']}"))
     bundle = client.evidence(request_id)
     path = data_dir / f"evidence-{request_id}.json"
-    path.write_text(json.dumps(bundle, indent=2) + "\n")
+    write_atomically(path, (json.dumps(bundle, indent=2) + "\n").encode())
     pinned = SigningKey.load(data_dir / "log-key.pem").public_key
     result = verify_bundle(json.loads(path.read_text()), pinned)
     rows.append(
@@ -211,7 +217,7 @@ def _evidence_and_audit(
     )
     report = audit(db, pinned)
     if not report.ok:
-        fail(f"audit failed: {report.findings[0].message}")
+        fail(f"audit failed: {report.findings[0].message}", 1)
     rows.append(
         (
             "ledger audited",

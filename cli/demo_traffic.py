@@ -124,7 +124,7 @@ def traffic(
     raw = base64.b64decode(record["envelope"]["body"]["choices"][0]["logprobs"])
     answered = checked.json()["choices"][0]["logprobs"]["token_logprobs"]
     if struct.pack(f"<{len(answered)}f", *answered) != raw:
-        fail("the recorded logprobs differ from the ones the client was answered")
+        fail("the recorded logprobs differ from the ones the client was answered", 1)
     rows.append(
         (
             "records in the ledger",
@@ -147,7 +147,7 @@ def replays(client: LedgerClient, ids: dict[str, list[str]]) -> Rows:
     for request_id in strict:
         verdict = client.replay(request_id, None, False)["envelope"]["body"]
         if verdict["verdict"] != "bitwise":
-            fail(f"strict record {request_id} replayed {verdict['verdict']}: {verdict}")
+            fail(f"strict record {request_id} replayed {verdict['verdict']}: {verdict}", 1)
     rows.append(
         (
             f"replay {len(strict)} strict records",
@@ -156,7 +156,7 @@ def replays(client: LedgerClient, ids: dict[str, list[str]]) -> Rows:
     )
     try:
         client.replay(ids["throughput"][0], None, False)
-        fail("a record of the batch-variant pool found a matching pool")
+        fail("a record of the batch-variant pool found a matching pool", 1)
     except Conflict as exc:
         nearest = exc.details.get("nearest_pools") or []
         named = ", ".join(f"{p['pool']} ({p['differences']} differences)" for p in nearest)
@@ -182,7 +182,7 @@ def cache_lookup(client: LedgerClient, request_id: str) -> Rows:
     )["key"]
     hit = client.cache_lookup(key)
     if hit["request_id"] != request_id:
-        fail(f"cache key {key} answered {hit['request_id']}, not {request_id}")
+        fail(f"cache key {key} answered {hit['request_id']}, not {request_id}", 1)
     return [("cache lookup", f"{key[:27]}… -> {request_id} (tier {body['tier']}, greedy)")]
 
 
@@ -207,6 +207,6 @@ def certify(client: LedgerClient, pool: str) -> tuple[str, str]:
     )
     invariant = body["invariant_observed"]
     if pool == "strict" and not invariant:
-        fail(f"the strict pool did not certify as invariant: {cells}")
+        fail(f"the strict pool did not certify as invariant: {cells}", 1)
     label = "invariant" if invariant else "NOT invariant"
     return f"certify {pool}", f"{label} ({cells}); certificate at log leaf {job['log_index']}"

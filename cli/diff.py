@@ -23,6 +23,7 @@ from cli.common import (
     console,
     fail,
     print_json,
+    table,
     token_file_or_default,
 )
 from collectors.ledger_client import LedgerClient, read_token_file
@@ -74,17 +75,14 @@ def _show(value: Any) -> str:
 
 
 def _table(a: str, b: str, changes: list[Difference]) -> Table:
-    table = Table(title=f"{a}\n-> {b}")
-    table.add_column("field")
-    table.add_column("change", overflow="fold")
-    table.add_column("replay impact", overflow="fold")
+    out = table("field", "change", "replay impact", title=f"{a}\n-> {b}")
     ordered = [c for c in changes if not c.derived] + [c for c in changes if c.derived]
     for c in ordered:
         style = "dim" if c.derived else ""
         label = f"{c.path} (derived)" if c.derived else c.path
         change = f"{_show(c.before)} -> {_show(c.after)}"
-        table.add_row(escape(label), escape(change), escape(c.impact), style=style)
-    return table
+        out.add_row(escape(label), escape(change), escape(c.impact), style=style)
+    return out
 
 
 def diff_command(

@@ -9,20 +9,24 @@ import typer
 
 from cli.common import (
     ApiOption,
+    JsonOption,
     TokenFileOption,
     console,
     fail,
     ledger_errors,
+    print_json,
     token_file_or_default,
+    write_atomically,
 )
 from collectors.ledger_client import LedgerClient, read_token_file
 
 
 def evidence(
-    request_id: str = typer.Argument(...),
+    request_id: str = typer.Argument(..., help="the record's request ID (its X-Request-ID)"),
     out: Path = typer.Option(..., "--out", "-o", help="where to write the bundle"),
     api: str = ApiOption,
     token_file: Path | None = TokenFileOption,
+    as_json: bool = JsonOption,
 ) -> None:
     """Download the evidence bundle of a record (verify it with `ledger verify`)."""
     with (
@@ -31,10 +35,21 @@ def evidence(
     ):
         bundle = c.evidence(request_id)
     try:
-        out.write_text(json.dumps(bundle, indent=2) + "\n")
+        write_atomically(out, (json.dumps(bundle, indent=2) + "\n").encode())
     except OSError as exc:
         fail(f"cannot write {out}: {exc.strerror}")
     fingerprint = bundle.get("fingerprint") or {}
+    if as_json:
+        print_json(
+            {
+                "path": str(out),
+                "request_id": request_id,
+                "leaf_index": bundle["leaf_index"],
+                "tree_size": bundle["inclusion_proof"]["tree_size"],
+                "fingerprint_leaf_index": fingerprint.get("leaf_index"),
+            }
+        )
+        return
     with_fp = f", its fingerprint at leaf {fingerprint['leaf_index']}" if fingerprint else ""
     console.print(
         f"wrote {out}: leaf {bundle['leaf_index']} of {bundle['inclusion_proof']['tree_size']}"

@@ -19,7 +19,9 @@ from cli.common import (
     fail,
     ledger_errors,
     print_json,
+    table,
     token_file_or_default,
+    write_atomically,
 )
 from cli.progress import DelayedByteProgress
 from collectors.digest_cache import DigestCache, default_cache_path
@@ -44,26 +46,24 @@ RUNTIME_ROWS = ("python", "vllm", "torch", "transformers", "tokenizers", "cpu_ca
 
 def _table(snapshot: Snapshot) -> Table:
     body = snapshot.body
-    table = Table(title=f"fingerprint {snapshot.fingerprint_id}", show_lines=False)
-    table.add_column("field")
-    table.add_column("value", overflow="fold")
+    out = table("field", "value", title=f"fingerprint {snapshot.fingerprint_id}")
     model = body["model"]
     art = snapshot.artifacts
-    table.add_row("model.digest", model["digest"])
-    table.add_row("model.files", f"{art.files} files, {art.total_bytes / 1e6:.1f} MB")
+    out.add_row("model.digest", model["digest"])
+    out.add_row("model.files", f"{art.files} files, {art.total_bytes / 1e6:.1f} MB")
     for field in ("weights_digest", "tokenizer_digest", "generation_config_digest"):
-        table.add_row(f"model.{field}", str(model[field]))
+        out.add_row(f"model.{field}", str(model[field]))
     template = model["chat_template"]
-    table.add_row("model.chat_template", f"{template['source']} {template['digest']}")
+    out.add_row("model.chat_template", f"{template['source']} {template['digest']}")
     for field in RUNTIME_ROWS:
-        table.add_row(f"runtime.{field}", escape(str(body["runtime"].get(field))))
+        out.add_row(f"runtime.{field}", escape(str(body["runtime"].get(field))))
     gpu = body["gpu"]
     names = escape(", ".join(g["name"] or "?" for g in gpu["gpus"]) or "none")
-    table.add_row("gpu.gpus", names)
-    table.add_row("gpu.driver_version", str(gpu["driver_version"]))
+    out.add_row("gpu.gpus", names)
+    out.add_row("gpu.driver_version", str(gpu["driver_version"]))
     for field in ENGINE_ROWS:
-        table.add_row(f"engine.{field}", escape(str(body["engine"].get(field))))
-    return table
+        out.add_row(f"engine.{field}", escape(str(body["engine"].get(field))))
+    return out
 
 
 def fingerprint(
@@ -131,7 +131,7 @@ def fingerprint(
                 )
     if out is not None:
         try:
-            out.write_text(_dumps(document))
+            write_atomically(out, _dumps(document).encode())
         except OSError as exc:
             fail(f"cannot write {out}: {exc.strerror}")
     if as_json:

@@ -35,7 +35,14 @@ import typer
 from rich.table import Table
 
 from api.app import create_app
-from cli.common import console, fail, ledger_errors, load_settings
+from cli.common import (
+    console,
+    fail,
+    ledger_errors,
+    load_settings,
+    table,
+    write_atomically,
+)
 from cli.demo_engine import EngineDemo, Pools, open_embedded_ledger, register_demo_key
 from cli.demo_traffic import mixed_request, run_certification, send, wait_record
 from cli.server_thread import ServerThread, free_port
@@ -215,33 +222,33 @@ def certify(
 
 
 def _table(report: dict[str, Any]) -> Table:
-    table = Table("step", "result", "s", title=f"gpu-check ({report['device']})")
+    out = table("step", "result", "s", title=f"gpu-check ({report['device']})")
     steps = report["timings"]
     for pool, facts in report["pools"].items():
         gpu = facts["gpu"]
         names = ", ".join(str(g.get("name")) for g in gpu["gpus"]) or "none"
-        table.add_row(
+        out.add_row(
             f"pool {pool}",
             f"batch invariance {facts['batch_invariance']}; GPUs: {names} "
             f"(driver {gpu['driver_version']}, every field filled: {gpu['every_field_filled']})",
             "",
         )
         cost = facts["overhead"]
-        table.add_row(
+        out.add_row(
             f"collector cost, {pool}",
             f"added p50 {cost['added_p50_ms']} ms; throughput ratio {cost['throughput_ratio']} "
             f"at concurrency {cost['concurrency']}",
             str(steps.get(f"overhead {pool}", "")),
         )
     t = report["traffic"]
-    table.add_row(
+    out.add_row(
         "traffic",
         f"{t['requests']} requests at concurrency {t['concurrency']}: {t['requests_per_s']}/s, "
         f"{t['recorded']} recorded",
         str(steps.get("traffic", "")),
     )
     for pool, r in report["replays"].items():
-        table.add_row(
+        out.add_row(
             f"replay {pool}",
             f"{r['replayed']} replayed: {r['verdicts']} (bitwise rate {r['bitwise_rate']}; "
             f"observed {r['observed']})",
@@ -252,9 +259,9 @@ def _table(report: dict[str, Any]) -> Table:
             f"c={x['concurrency']}: {x['bitwise']}/{x['requests']}" for x in c["cells"]
         )
         label = "invariant" if c["invariant"] else "NOT invariant"
-        table.add_row(f"certify {pool}", f"{label} ({cells})", str(c["seconds"]))
-    table.add_row("passed", str(report["passed"]), str(round(sum(steps.values()), 1)))
-    return table
+        out.add_row(f"certify {pool}", f"{label} ({cells})", str(c["seconds"]))
+    out.add_row("passed", str(report["passed"]), str(round(sum(steps.values()), 1)))
+    return out
 
 
 def gpu_check(
@@ -340,7 +347,7 @@ def gpu_check(
         and report["certification"]["strict"]["invariant"]
     )
     report["timings"] = clock.steps
-    out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    write_atomically(out, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())
     console.print(_table(report))
     console.print(f"report: {out}")
     if not report["passed"]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from cli.common import (
     ApiOption,
@@ -17,7 +16,9 @@ from cli.common import (
     load_settings,
     print_json,
     read_public_key,
+    table,
     token_file_or_default,
+    when,
 )
 from collectors.ledger_client import LedgerClient, read_token_file
 from ledger.errors import LedgerError
@@ -57,12 +58,18 @@ def new(
 
 
 @app.command("show")
-def show(path: Path = typer.Argument(..., help="a private or public key PEM")) -> None:
+def show(
+    path: Path = typer.Argument(..., help="a private or public key PEM"),
+    as_json: bool = JsonOption,
+) -> None:
     """Print a key file's key ID and public key."""
     with ledger_errors():
         pub = read_public_key(path)
-        console.print(f"key ID  {key_id_for(pub)}")
-        console.print(public_key_pem(pub).strip())
+    if as_json:
+        print_json({"key_id": key_id_for(pub), "pem": public_key_pem(pub)})
+        return
+    console.print(f"key ID  {key_id_for(pub)}")
+    console.print(public_key_pem(pub).strip())
 
 
 def _client(api: str, token_file: Path | None) -> LedgerClient:
@@ -91,15 +98,21 @@ def register(
 
 @app.command("revoke")
 def revoke(
-    key_id: str = typer.Argument(...),
+    key_id: str = typer.Argument(
+        ..., help="the key's full ID (ed25519:<64 hex>), as `keys list` shows it"
+    ),
     reason: str = typer.Option(..., help="why (kept in the log)"),
     api: str = ApiOption,
     token_file: Path | None = TokenFileOption,
+    as_json: bool = JsonOption,
 ) -> None:
     """Revoke a key: envelopes it signs from now on are refused."""
     with ledger_errors(), _client(api, token_file) as client:
         info = client.revoke_key(key_id, reason)
-    console.print(f"revoked {info['key_id']} at {info['revoked_at']}")
+    if as_json:
+        print_json(info)
+        return
+    console.print(f"revoked {info['key_id']} at {when(info['revoked_at'])}")
 
 
 @app.command("list")
@@ -112,16 +125,12 @@ def list_keys(
     if as_json:
         print_json(items)
         return
-    table = Table("key ID", "name", "role", "registered", "revoked")
+    out = table("key ID", "name", "role", "registered", "revoked")
     for k in items:
-        table.add_row(
-            k["key_id"][:24] + "…",
-            k["name"],
-            k["role"],
-            k["registered_at"][:19],
-            k["revoked_at"] or "",
+        out.add_row(
+            k["key_id"], k["name"], k["role"], when(k["registered_at"]), when(k["revoked_at"])
         )
-    console.print(table)
+    console.print(out)
 
 
 @app.command("show-log")

@@ -9,11 +9,15 @@ summary equal to the first paragraph of the loaded command's own help.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from importlib import metadata
 from typing import Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+
+DEBUG_FLAG = "--debug"
 
 # name -> (module, attribute, "command" (a function) or "group" (a Typer app), and a group's
 # summary; a command's is the first paragraph of its function's docstring, read by ``ast``)
@@ -121,9 +125,30 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="print the version and exit"
     ),
+    debug: bool = typer.Option(
+        False,
+        DEBUG_FLAG,
+        help="show the traceback of an unexpected error (also LEDGER_DEBUG=1; any position)",
+    ),
 ) -> None:
     """Fingerprint and audit-trail ledger for self-hosted LLM inference."""
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI. An error the command did not turn into its one-line message is still one
+    line and exit status 2; ``--debug`` (anywhere before a ``--``) shows its traceback."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    end = args.index("--") if "--" in args else len(args)
+    debug = DEBUG_FLAG in args[:end] or os.environ.get("LEDGER_DEBUG", "") not in ("", "0")
+    args = [a for i, a in enumerate(args) if i >= end or a != DEBUG_FLAG]
+    try:
+        app(args, prog_name="ledger")
+    except Exception as exc:  # the CLI's last line of defence
+        if debug:
+            raise
+        message = " ".join(str(exc).split()) or "(no message)"
+        sys.stderr.write(
+            f"error: {type(exc).__name__}: {message} (this is a bug or an unexpected "
+            f"condition; run again with {DEBUG_FLAG} for the traceback)\n"
+        )
+        sys.exit(2)

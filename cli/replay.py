@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from cli.common import (
     ApiOption,
@@ -15,6 +14,7 @@ from cli.common import (
     console,
     ledger_errors,
     print_json,
+    table,
     token_file_or_default,
 )
 from collectors.ledger_client import LedgerClient, read_token_file
@@ -68,7 +68,7 @@ def print_verdict(replay_id: str, log_index: int, verdict: dict[str, Any]) -> No
         console.print(f"reason: {verdict['reason']}")
     comparison = verdict.get("comparison")
     if comparison:
-        table = Table(
+        out = table(
             "choice",
             "tokens rec/rep",
             "first divergence",
@@ -78,7 +78,7 @@ def print_verdict(replay_id: str, log_index: int, verdict: dict[str, Any]) -> No
             "verdict",
         )
         for c in comparison["choices"]:
-            table.add_row(
+            out.add_row(
                 str(c["index"]),
                 f"{c['recorded_tokens']}/{c['replayed_tokens']}",
                 _dash(c["first_divergence"]),
@@ -87,7 +87,7 @@ def print_verdict(replay_id: str, log_index: int, verdict: dict[str, Any]) -> No
                 _dash(c["top2_margin_at_divergence"]),
                 c["verdict"],
             )
-        console.print(table)
+        console.print(out)
         if not comparison["prompt_equal"]:
             console.print("[yellow]prompt token IDs differ: tokenizer or template drift[/]")
     for d in (verdict.get("fingerprint_diff") or [])[:15]:

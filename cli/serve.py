@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import logging.config
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import typer
@@ -11,9 +15,13 @@ import uvicorn
 import migrations
 from api.app import create_app
 from api.bootstrap import bootstrap
-from cli.common import console, ledger_errors, load_settings
+from api.metrics import MULTIPROC_ENV
+from cli.common import LogFormatOption, console, ledger_errors, load_settings
 from cli.server_protocol import HeaderTimeoutProtocol
+from ledger.logs import LogFormat, logging_config
 from ledger.storage.database import Database
+
+logger = logging.getLogger("ledger.serve")
 
 # uvicorn's own limits, set explicitly. Request bodies are bounded by the app's gate
 # (LEDGER_MAX_BODY_BYTES, LEDGER_BODY_TIMEOUT: api/gate.py); these bound the connection.
@@ -36,35 +44,53 @@ def serve(
     port: int | None = typer.Option(None, help="port (LEDGER_PORT, default 8700)"),
     db_url: str | None = typer.Option(None, "--db", help="database URL (LEDGER_DATABASE_URL)"),
     workers: int = typer.Option(1, min=1, help="worker processes (appends stay serialized)"),
-    log_level: str = typer.Option("info", help="uvicorn log level"),
+    log_level: str = typer.Option(
+        "info", help="log level: critical, error, warning, info, debug, trace"
+    ),
+    log_format: LogFormat = LogFormatOption,
 ) -> None:
     """Run the ledger API (SQLite in LEDGER_DATA_DIR unless LEDGER_DATABASE_URL is set)."""
     settings = load_settings(host=host, port=port, database_url=db_url)
+    log_config = logging_config(log_format, log_level)
+    logging.config.dictConfig(log_config)
     with ledger_errors():
         db = Database(settings.resolved_database_url)
         migrations.upgrade(db)
         boot = bootstrap(settings, db)
-    console.print(f"ledger: database {db.describe()}")
-    console.print(f"ledger: log key {boot.log_key.key_id}")
+    say = logger.info if log_format == "json" else console.print
+    say(f"ledger: database {db.describe()}")
+    say(f"ledger: log key {boot.log_key.key_id}")
     if boot.admin_token_file is not None:
-        console.print(f"ledger: first start: admin token written to {boot.admin_token_file}")
+        say(f"ledger: first start: admin token written to {boot.admin_token_file}")
     if workers == 1:
         app = create_app(settings, db, boot.log_key)
         uvicorn.run(
-            app, host=settings.host, port=settings.port, log_level=log_level, **SERVER_LIMITS
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=log_level,
+            log_config=log_config,
+            **SERVER_LIMITS,
         )
         return
     db.dispose()
-    # Worker processes rebuild the app from the environment (api.asgi).
+    # Worker processes rebuild the app from the environment (api.asgi), and write their
+    # metrics to one fresh directory, which any of them sums when scraped (api.metrics).
+    metrics_dir = tempfile.mkdtemp(prefix="ledger-metrics-")
+    os.environ[MULTIPROC_ENV] = metrics_dir
     os.environ["LEDGER_DATABASE_URL"] = settings.resolved_database_url
     os.environ["LEDGER_LOG_KEY_FILE"] = str(settings.resolved_log_key_file.resolve())
     os.environ["LEDGER_DATA_DIR"] = str(settings.data_dir.resolve())
-    uvicorn.run(
-        "api.asgi:app_from_env",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=workers,
-        log_level=log_level,
-        **SERVER_LIMITS,
-    )
+    try:
+        uvicorn.run(
+            "api.asgi:app_from_env",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=workers,
+            log_level=log_level,
+            log_config=log_config,
+            **SERVER_LIMITS,
+        )
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)

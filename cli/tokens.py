@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from cli.common import (
     DbOption,
@@ -17,16 +16,15 @@ from cli.common import (
     open_database,
     open_existing_database,
     print_json,
+    table,
+    when,
+    when_json,
 )
 from ledger import secretfile
 from ledger.storage import tokenstore
 from ledger.tokens import EXPIRY_FORMS, SCOPES, parse_expiry
 
 app = typer.Typer(help="API bearer tokens (stored hashed).", no_args_is_help=True)
-
-
-def _when(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
 
 
 @app.command("create")
@@ -81,11 +79,11 @@ def create(
             "token_id": info.token_id,
             "name": info.name,
             "scopes": list(info.scopes),
-            "expires_at": _when(info.expires_at),
+            "expires_at": when_json(info.expires_at),
         }
         print_json(payload if out else {**payload, "token": token.secret})
         return
-    until = f", expires {info.expires_at.isoformat()}" if info.expires_at else ""
+    until = f", expires {when(info.expires_at)}" if info.expires_at else ""
     console.print(f"token {info.token_id} ({info.name}) scopes: {', '.join(info.scopes)}{until}")
     console.print(f"written to {out}" if out else token.secret)
 
@@ -104,35 +102,42 @@ def list_tokens(db_url: str | None = DbOption, as_json: bool = JsonOption) -> No
                     "token_id": t.token_id,
                     "name": t.name,
                     "scopes": list(t.scopes),
-                    "created_at": t.created_at.isoformat(),
-                    "revoked_at": _when(t.revoked_at),
-                    "expires_at": _when(t.expires_at),
+                    "created_at": when_json(t.created_at),
+                    "revoked_at": when_json(t.revoked_at),
+                    "expires_at": when_json(t.expires_at),
                     "expired": t.expired(now),
                 }
                 for t in items
             ]
         )
         return
-    table = Table("token ID", "name", "scopes", "created", "expires", "revoked")
+    out = table("token ID", "name", "scopes", "created", "expires", "revoked")
     for t in items:
         expiry = ""
         if t.expires_at is not None:
-            expiry = t.expires_at.isoformat()[:19] + (" (expired)" if t.expired(now) else "")
-        table.add_row(
+            expiry = when(t.expires_at) + (" (expired)" if t.expired(now) else "")
+        out.add_row(
             t.token_id,
             t.name,
             ", ".join(t.scopes),
-            t.created_at.isoformat()[:19],
+            when(t.created_at),
             expiry,
-            t.revoked_at.isoformat()[:19] if t.revoked_at else "",
+            when(t.revoked_at),
         )
-    console.print(table)
+    console.print(out)
 
 
 @app.command("revoke")
-def revoke(token_id: str, db_url: str | None = DbOption) -> None:
+def revoke(
+    token_id: str = typer.Argument(..., help="the token's ID, as `tokens list` shows it"),
+    db_url: str | None = DbOption,
+    as_json: bool = JsonOption,
+) -> None:
     """Revoke a token by its ID."""
     with ledger_errors():
         _, db = open_existing_database(db_url)
         info = tokenstore.revoke_token(db, token_id)
-    console.print(f"token {info.token_id} revoked at {info.revoked_at}")
+    if as_json:
+        print_json({"token_id": info.token_id, "revoked_at": when_json(info.revoked_at)})
+        return
+    console.print(f"token {info.token_id} revoked at {when(info.revoked_at)}")

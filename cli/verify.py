@@ -10,7 +10,16 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from cli.common import JsonOption, console, err_console, fail, print_json, read_public_key
+from cli.common import (
+    JsonOption,
+    console,
+    err_console,
+    fail,
+    print_json,
+    read_public_key,
+    when,
+    when_json,
+)
 from ledger.errors import VerificationError
 from ledger.evidence import FINGERPRINT_CHECKS, FORMAT_V1, VerifiedBundle, verify_bundle
 from ledger.evidence_format import load_bundle
@@ -91,9 +100,7 @@ def _as_json(result: VerifiedBundle) -> dict[str, Any]:
         "leaf_index": result.leaf_index,
         "tree_size": result.tree_size,
         "origin": result.origin,
-        "checkpoint_signed_at": (
-            result.checkpoint_signed_at.isoformat() if result.checkpoint_signed_at else None
-        ),
+        "checkpoint_signed_at": when_json(result.checkpoint_signed_at),
         "collector_key_id": result.collector_key_id,
         "collector_key_name": result.collector_name,
         "collector_key_role": result.collector_role,
@@ -135,8 +142,8 @@ def _print(result: VerifiedBundle) -> None:
         f"({_shown(result.collector_name)}, {_shown(result.collector_role)})"
     )
     at = result.checkpoint_signed_at
-    when = f" at {at.isoformat().replace('+00:00', 'Z')}" if at else " (no signed timestamp)"
-    console.print(f"  checkpoint signed by log key {result.log_key_id}{when}")
+    signed = f" at {when(at)}" if at else " (no signed timestamp)"
+    console.print(f"  checkpoint signed by log key {result.log_key_id}{signed}")
     fp = result.fingerprint
     if fp is None:
         console.print(f"  fingerprint: [bold yellow]{escape(NO_FINGERPRINT)}[/]")

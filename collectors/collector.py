@@ -170,6 +170,7 @@ class Collector:
             pool=self.config.pool,
             url=self.config.advertise_url,
             fingerprint_id=self.state.fingerprint_id,
+            spool_pending=self.spool.pending(),
         )
         return sign_envelope(HEARTBEAT_KIND, body, self.config.key)
 

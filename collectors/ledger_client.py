@@ -23,6 +23,7 @@ from ledger.errors import (
     Pushback,
     TooLarge,
 )
+from ledger.records import is_request_id
 from ledger.signing import Envelope
 
 _BY_STATUS: dict[int, type[LedgerError]] = {
@@ -55,6 +56,17 @@ def segment(value: str) -> str:
     if value in ("", ".", ".."):
         raise InvalidInput(f"{value!r} is not an ID the ledger can have", code="invalid_id")
     return quote(value, safe="")
+
+
+def request_id_segment(value: str) -> str:
+    """A request ID as a path segment; what cannot name a record is refused here, before a
+    server could read it as another path."""
+    if not is_request_id(value):
+        raise InvalidInput(
+            f"{value!r} is not a request ID (1-200 of A-Za-z0-9 . _ : -)",
+            code="invalid_request_id",
+        )
+    return segment(value)
 
 
 class LedgerClient:
@@ -142,11 +154,15 @@ class LedgerClient:
         return result
 
     def get_record(self, request_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/records/{segment(request_id)}")
+        result: dict[str, Any] = self._request(
+            "GET", f"/v1/records/{request_id_segment(request_id)}"
+        )
         return result
 
     def evidence(self, request_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/records/{segment(request_id)}/evidence")
+        result: dict[str, Any] = self._request(
+            "GET", f"/v1/records/{request_id_segment(request_id)}/evidence"
+        )
         return result
 
     def sign_checkpoint(self) -> dict[str, Any]:

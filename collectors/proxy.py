@@ -53,6 +53,7 @@ from collectors.upstream import Upstream
 from collectors.vllm_request import Unsure, is_json_media_type
 from collectors.worker_state import WorkerState
 from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError, Unreachable
+from ledger.logs import REQUEST_ID
 
 _OTHER_METHODS = ["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
@@ -172,6 +173,7 @@ async def generate(request: Request) -> Response:
     request_id = None
     try:
         request_id = request_id_of(request)
+        REQUEST_ID.set(request_id)  # this request's task: its log lines name it (ledger.logs)
         read = await _read(request, state, request_id)
         if isinstance(read, _Unread):
             return await forward_unchanged(request, read)

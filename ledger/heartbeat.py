@@ -4,14 +4,18 @@ A collector registers its worker, and keeps it live, by posting a **worker heart
 envelope signed by its collector key (``POST /v1/workers``):
 
     kind "worker_heartbeat", signed by the collector key
-    body {"schema_version": 1, "worker_id", "pool", "url", "fingerprint_id", "issued_at"}
+    body {"schema_version": 1, "worker_id", "pool", "url", "fingerprint_id", "issued_at",
+          "spool_pending"?}
 
 The signature binds the worker to the key: a ``worker_id`` belongs to the first key that
 registered it, and a replay output only counts when that key signed it. ``issued_at``
 (RFC 3339, UTC) must lie within :data:`MAX_SKEW` of the ledger's clock and be later than the
 worker's last accepted heartbeat, so a captured heartbeat can neither be replayed nor roll a
-URL back. The body claims no batch invariance: the ledger derives it from the fingerprint
-(:func:`batch_invariance`), whose body the collector signed when it registered it.
+URL back. ``spool_pending``, optional, is how many records the collector's spool holds that
+the ledger has not acknowledged yet (a non-negative integer; the ledger's
+``ledger_collector_spool_pending`` gauge). The body claims no batch invariance: the ledger
+derives it from the fingerprint (:func:`batch_invariance`), whose body the collector signed
+when it registered it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ SCHEMA_VERSION = 1
 MAX_SKEW = timedelta(seconds=60)
 INVARIANCE_MODES = ("kernel", "serial", "none")
 FIELDS = ("schema_version", "worker_id", "pool", "url", "fingerprint_id", "issued_at")
+OPTIONAL = ("spool_pending",)
+MAX_PENDING = 2**53
 _NAME = re.compile(r"^[A-Za-z0-9._\-]{1,100}$")
 _FINGERPRINT_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
 _TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z$")
@@ -43,6 +49,7 @@ class Heartbeat:
     url: str
     fingerprint_id: str
     issued_at: datetime
+    spool_pending: int | None = None
 
 
 def _fail(message: str, code: str = "schema_violation") -> InvalidInput:
@@ -54,10 +61,18 @@ def format_time(at: datetime) -> str:
 
 
 def build_heartbeat(
-    *, worker_id: str, pool: str, url: str, fingerprint_id: str, issued_at: datetime | None = None
+    *,
+    worker_id: str,
+    pool: str,
+    url: str,
+    fingerprint_id: str,
+    issued_at: datetime | None = None,
+    spool_pending: int | None = None,
 ) -> dict[str, Any]:
     """The body a collector signs (``issued_at`` now unless given)."""
+    pending = {} if spool_pending is None else {"spool_pending": spool_pending}
     return {
+        **pending,
         "schema_version": SCHEMA_VERSION,
         "worker_id": worker_id,
         "pool": pool,
@@ -77,7 +92,7 @@ def check_heartbeat(body: Any, now: datetime) -> Heartbeat:
     missing = [f for f in FIELDS if f not in body]
     if missing:
         raise _fail(f"worker heartbeat lacks {missing}")
-    extra = sorted(set(body) - set(FIELDS))
+    extra = sorted(set(body) - set(FIELDS) - set(OPTIONAL))
     if extra:
         raise _fail(f"worker heartbeat has unknown members {extra} (it claims no invariance)")
     version = body["schema_version"]
@@ -105,7 +120,12 @@ def check_heartbeat(body: Any, now: datetime) -> Heartbeat:
             "right?)",
             code="stale_heartbeat",
         )
-    return Heartbeat(body["worker_id"], body["pool"], body["url"], body["fingerprint_id"], issued)
+    pending = body.get("spool_pending")
+    if pending is not None and (type(pending) is not int or not 0 <= pending <= MAX_PENDING):
+        raise _fail("spool_pending must be a non-negative integer")  # true is not 1
+    return Heartbeat(
+        body["worker_id"], body["pool"], body["url"], body["fingerprint_id"], issued, pending
+    )
 
 
 def parse_time(value: str) -> datetime:

@@ -55,7 +55,15 @@ RECORD_SCHEMA_VERSION = 1
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MAX_TOP_K = 64
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,200}$")
+# "." and ".." are refused: no URL path can name them (clients resolve them away).
+_REQUEST_ID = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._:\-]{1,200}$")
+
+
+def is_request_id(value: str) -> bool:
+    """Whether ``value`` can name a record: 1-200 of ``[A-Za-z0-9._:-]``, not ``.`` or ``..``."""
+    return _REQUEST_ID.fullmatch(value) is not None
+
+
 _FINGERPRINT_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9._\-]{1,100}$")
 _INT_STRING = re.compile(r"^(0|[1-9][0-9]{0,19})$")

@@ -16,4 +16,4 @@ async def healthz(state: StateDep) -> dict[str, str]:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(state: StateDep) -> Response:
-    return state.metrics.render()
+    return await run_in_threadpool(state.metrics.render)

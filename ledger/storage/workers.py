@@ -55,6 +55,7 @@ class WorkerInfo:
     heartbeat_issued_at: datetime  # when the collector signed it
     live: bool
     problem: str | None = None  # why the stored heartbeat cannot be trusted (then not live)
+    spool_pending: int | None = None  # records its spool holds unacknowledged (signed; if said)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +70,7 @@ class WorkerInfo:
             "heartbeat_issued_at": format_time(self.heartbeat_issued_at),
             "live": self.live,
             "problem": self.problem,
+            "spool_pending": self.spool_pending,
         }
 
 
@@ -178,23 +180,23 @@ def fingerprint_invariance(db: Database, fingerprint_id: str) -> str:
         return _invariances(s, [fingerprint_id])[fingerprint_id]
 
 
-def _problem(row: Worker, keys: dict[str, keystore.KeyInfo]) -> str | None:
-    """Why the row's stored heartbeat cannot be trusted now (None: it can)."""
+def _problem(row: Worker, keys: dict[str, keystore.KeyInfo]) -> tuple[str | None, Any]:
+    """Why the row's stored heartbeat cannot be trusted now (None: it can), and its body."""
     try:
         env = Envelope.from_dict(json.loads(row.heartbeat))
     except (LedgerError, ValueError):
-        return "the stored heartbeat is not an envelope"
+        return "the stored heartbeat is not an envelope", None
     body = env.body
     signed = (body.get("worker_id"), body.get("pool"), body.get("url"), body.get("fingerprint_id"))
     if signed != (row.worker_id, row.pool, row.url, row.fingerprint_id) or env.key_id != row.key_id:
-        return "the worker row disagrees with its signed heartbeat"
+        return "the worker row disagrees with its signed heartbeat", None
     if env.kind != HEARTBEAT_KIND:
-        return f"the stored heartbeat is a {env.kind!r}"
+        return f"the stored heartbeat is a {env.kind!r}", None
     try:
         keystore.check_signer(env, keys)
     except LedgerError as exc:
-        return f"{exc.code}: {exc.message}"
-    return None
+        return f"{exc.code}: {exc.message}", None
+    return None, body
 
 
 def _info(
@@ -205,7 +207,8 @@ def _info(
     ttl: timedelta,
 ) -> WorkerInfo:
     seen = as_utc(row.last_seen)
-    problem = _problem(row, keys)
+    problem, body = _problem(row, keys)
+    pending = body.get("spool_pending") if body is not None else None
     return WorkerInfo(
         worker_id=row.worker_id,
         pool=row.pool,
@@ -218,6 +221,7 @@ def _info(
         heartbeat_issued_at=as_utc(row.heartbeat_issued_at),
         live=problem is None and now - seen <= ttl,
         problem=problem,
+        spool_pending=pending if type(pending) is int else None,
     )
 
 

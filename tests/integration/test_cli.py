@@ -25,14 +25,14 @@ def test_keys_new_writes_a_pair_and_never_overwrites(tmp_path: Path):
     shown = ledger("keys", "show", str(tmp_path / "c1.pub.pem")).stdout
     assert out["key_id"] in shown
     again = ledger("keys", "new", "c1", "--dir", str(tmp_path), check=False)
-    assert again.returncode == 1 and "refusing to overwrite" in again.stderr
+    assert again.returncode == 2 and "refusing to overwrite" in again.stderr
 
 
 def test_db_and_tokens_commands(tmp_path: Path):
     url = f"sqlite:///{tmp_path / 'l.db'}"
     head = migrations.head_revision(Database(url))
     assert f"at revision {head}" in ledger("db", "upgrade", "--db", url).stdout
-    assert f"at {head}, latest {head}" in ledger("db", "current", "--db", url).stdout
+    assert f"at revision {head}, latest {head}" in ledger("db", "current", "--db", url).stdout
     created = json.loads(
         ledger(
             "tokens", "create", "--scope", "records:read", "--name", "r", "--db", url, "--json"
@@ -43,11 +43,11 @@ def test_db_and_tokens_commands(tmp_path: Path):
     assert [t["token_id"] for t in listed] == [created["token_id"]]
     assert created["token"] not in json.dumps(listed)
     nourl = ledger("audit", "--db", "not a url", check=False)
-    assert nourl.returncode == 1 and "not a database URL" in nourl.stderr
+    assert nourl.returncode == 2 and "not a database URL" in nourl.stderr
     bad_origin = ledger("db", "current", env={"LEDGER_LOG_ORIGIN": "a b"}, check=False)
-    assert bad_origin.returncode == 1 and "LEDGER_LOG_ORIGIN" in bad_origin.stderr
+    assert bad_origin.returncode == 2 and "LEDGER_LOG_ORIGIN" in bad_origin.stderr
     bad = ledger("tokens", "create", "--scope", "root", "--db", url, check=False)
-    assert bad.returncode == 1 and "unknown scope" in bad.stderr
+    assert bad.returncode == 2 and "unknown scope" in bad.stderr
     ledger("tokens", "revoke", created["token_id"], "--db", url)
     assert json.loads(ledger("tokens", "list", "--db", url, "--json").stdout)[0]["revoked_at"]
 
@@ -127,7 +127,7 @@ def test_serve_writes_an_admin_token_and_keys_register(tmp_path: Path, backend: 
         missing = ledger(
             "keys", "list", "--api", url, "--token-file", str(tmp_path / "nope"), check=False
         )
-        assert missing.returncode == 1 and "cannot read token file" in missing.stderr
+        assert missing.returncode == 2 and "cannot read token file" in missing.stderr
         down = ledger(
             "keys",
             "list",
@@ -137,7 +137,7 @@ def test_serve_writes_an_admin_token_and_keys_register(tmp_path: Path, backend: 
             str(token_file),
             check=False,
         )
-        assert down.returncode == 1 and "cannot reach the ledger" in down.stderr
+        assert down.returncode == 2 and "cannot reach the ledger" in down.stderr
     finally:
         proc.terminate()
         proc.wait(timeout=20)

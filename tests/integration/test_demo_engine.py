@@ -67,4 +67,4 @@ def test_demo_records_replays_and_certifies_two_pools(tmp_path: Path):
         str(tmp_path / "nope"),
         check=False,
     )
-    assert missing.returncode == 1 and "make engine" in missing.stderr
+    assert missing.returncode == 2 and "make engine" in missing.stderr

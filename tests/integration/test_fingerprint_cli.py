@@ -21,11 +21,11 @@ def test_fixture_model_cli(tmp_path: Path):
     )
     assert out["size"] == "tiny" and 0 < out["bytes"] < 1_000_000
     bad = ledger("fixture-model", str(tmp_path / "x"), "--size", "huge", check=False)
-    assert bad.returncode == 1 and "unknown size 'huge'" in bad.stderr
+    assert bad.returncode == 2 and "unknown size 'huge'" in bad.stderr
     blocked = tmp_path / "file"
     blocked.write_text("x")
     clash = ledger("fixture-model", str(blocked), "--size", "tiny", check=False)
-    assert clash.returncode == 1 and "not a directory" in clash.stderr
+    assert clash.returncode == 2 and "not a directory" in clash.stderr
 
 
 def test_fingerprint_without_an_engine_says_what_is_unknown(fixture_models, tmp_path: Path):
@@ -59,14 +59,14 @@ def test_unreachable_engine_and_missing_model_are_clear_errors(fixture_models, t
         env=env,
         check=False,
     )
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert "does not answer" in out.stderr and "[engine_unreachable]" in out.stderr
     missing = ledger("fingerprint", "--model-dir", str(tmp_path / "nope"), env=env, check=False)
-    assert missing.returncode == 1 and "does not exist" in missing.stderr
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
     register = ledger(
         "fingerprint", "--model-dir", str(fixture_models["tiny"]), "--register", check=False
     )
-    assert register.returncode == 1 and "--register needs --key" in register.stderr
+    assert register.returncode == 2 and "--register needs --key" in register.stderr
 
 
 def test_a_second_run_hashes_nothing(fixture_models, tmp_path: Path):

@@ -143,12 +143,12 @@ def test_tokens_cli_expires_and_lists_expiry(tmp_path: Path):
             "--json",
         ).stdout
     )  # fmt: skip
-    assert pinned["expires_at"] == "2099-01-01T00:00:00+00:00"
+    assert pinned["expires_at"] == "2099-01-01T00:00:00.000000Z"
     plain = json.loads(ledger("tokens", "create", "--scope", "admin", *db, "--json").stdout)
     assert plain["expires_at"] is None
     listed = {t["token_id"]: t for t in json.loads(ledger("tokens", "list", *db, "--json").stdout)}
     assert listed[made["token_id"]]["expires_at"] == made["expires_at"]
-    assert listed[pinned["token_id"]]["expires_at"] == "2099-01-01T00:00:00+00:00"
+    assert listed[pinned["token_id"]]["expires_at"] == "2099-01-01T00:00:00.000000Z"
     assert listed[plain["token_id"]]["expires_at"] is None
     assert not any(t["expired"] for t in listed.values())
     table = ledger("tokens", "list", *db, env={"COLUMNS": "200"}).stdout
@@ -158,5 +158,5 @@ def test_tokens_cli_expires_and_lists_expiry(tmp_path: Path):
         ("2020-01-01T00:00:00Z", "not in the future"),
     ]:
         proc = ledger("tokens", "create", "--scope", "admin", "--expires", bad, *db, check=False)
-        assert proc.returncode == 1 and words in proc.stderr and "Traceback" not in proc.stderr
+        assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
     assert len(json.loads(ledger("tokens", "list", *db, "--json").stdout)) == 3

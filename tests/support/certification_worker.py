@@ -61,6 +61,7 @@ class Worker:
     server: ServerThread | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
     beats: threading.Thread | None = None
+    spool_pending: int | None = None  # what its heartbeats say of its collector's spool
 
     async def replay(self, request: Request) -> Response:
         env = Envelope.from_dict(json.loads(await request.body()))
@@ -103,6 +104,7 @@ class Worker:
             pool=self.pool,
             url=self.server.url,
             fingerprint_id=self.fingerprint_id,
+            spool_pending=self.spool_pending,
         )
         api.heartbeat(sign_envelope(HEARTBEAT_KIND, beat, self.key))
 

@@ -5,7 +5,7 @@ import pytest
 
 from ledger.errors import InvalidInput
 from ledger.packing import pack_float32, pack_int32, unpack_float32
-from ledger.records import validate_record_body
+from ledger.records import is_request_id, validate_record_body
 from tests.support.documents import record_body
 
 FP = "sha256:" + "ab" * 32
@@ -98,3 +98,15 @@ def test_a_trailing_newline_is_not_part_of_a_valid_name(field):
     body[field] = body[field] + "\n"
     with pytest.raises(InvalidInput):
         validate_record_body(body)
+
+
+@pytest.mark.parametrize("request_id", [".", "..", "", "a/b", "a b", "x" * 201])
+def test_a_request_id_no_url_path_can_name_is_refused(request_id: str):
+    assert not is_request_id(request_id)
+    body = {**valid(), "request_id": request_id}
+    with pytest.raises(InvalidInput):
+        validate_record_body(body)
+
+
+def test_dots_inside_a_request_id_are_fine():
+    assert is_request_id("...") and is_request_id("a..b") and is_request_id(".x")

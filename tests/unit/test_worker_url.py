@@ -141,3 +141,30 @@ def test_the_setting_is_checked_at_start() -> None:
     assert Settings(worker_networks="10.0.0.0/8, ::1/128").worker_networks
     with pytest.raises(ValidationError, match="LEDGER_WORKER_NETWORKS"):
         Settings(worker_networks="10.0.0.0/8,not-a-network")
+
+
+def _beat(**extra: object) -> dict[str, object]:
+    body = build_heartbeat(
+        worker_id="w-1",
+        pool="p",
+        url="http://worker:8100",
+        fingerprint_id="sha256:" + "0" * 64,
+    )
+    return {**body, **extra}
+
+
+def test_a_heartbeat_may_say_what_its_spool_holds():
+    now = datetime.now(UTC)
+    assert check_heartbeat(_beat(), now).spool_pending is None
+    assert check_heartbeat(_beat(spool_pending=0), now).spool_pending == 0
+    assert check_heartbeat(_beat(spool_pending=12_345), now).spool_pending == 12_345
+
+
+@pytest.mark.parametrize("value", [True, -1, "3", 3.0, 2**60, None])
+def test_a_spool_count_that_is_not_a_count_is_refused(value: object):
+    body = _beat(spool_pending=value)
+    if value is None:  # absent and null are the same: nothing said
+        assert check_heartbeat(body, datetime.now(UTC)).spool_pending is None
+        return
+    with pytest.raises(InvalidInput, match="spool_pending"):
+        check_heartbeat(body, datetime.now(UTC))

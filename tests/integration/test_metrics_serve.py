@@ -1,0 +1,107 @@
+"""``/metrics`` under ``ledger serve --workers 2``: one consistent view whichever process
+answers a scrape (counters summed across processes, never jumping back), and the log gauges
+read from the database (tree size, the latest checkpoint's signed age, live workers and their
+collectors' unacknowledged records, from signed heartbeats)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli.server_thread import free_port
+from collectors.ledger_client import LedgerClient
+from tests.support.certification_worker import add_worker
+from tests.support.served import serve
+
+_SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$", re.M)
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    """``labels -> value`` of every sample of metric ``name`` in an exposition."""
+    return {
+        m["labels"] or "": float(m["value"]) for m in _SAMPLE.finditer(text) if m["name"] == name
+    }
+
+
+def fresh_get(url: str, path: str) -> httpx.Response:
+    """One request on its own connection, so the kernel hands it to either process."""
+    with httpx.Client(headers={"Connection": "close"}, timeout=30) as c:
+        return c.get(url + path)
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_counts_add_up_across_processes_and_the_log_gauges_are_the_logs(
+    tmp_path: Path, backend: str, request
+):
+    if backend == "postgres":
+        db_url = request.getfixturevalue("postgres_databases").create()
+    else:
+        db_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    served = serve(tmp_path, db_url, free_port(), 2)
+    worker = None
+    try:
+        url = served.url
+        healthz = 'method="GET",route="/healthz",status="200"'
+        seen: list[float] = []
+        for round_ in range(1, 6):
+            for _ in range(8):
+                assert fresh_get(url, "/healthz").status_code == 200
+            for _ in range(3):  # whichever process answers, all 8 x round_ are counted
+                text = fresh_get(url, "/metrics").text
+                count = samples(text, "ledger_http_requests_total").get(healthz, 0.0)
+                seen.append(count)
+                assert count == 8 * round_, (round_, seen)
+        assert seen == sorted(seen)
+
+        token = (tmp_path / "admin.token").read_text().strip()
+        worker = add_worker(url, token)
+        text = fresh_get(url, "/metrics").text
+        size = samples(text, "ledger_log_tree_size")[""]
+        assert size >= 3  # the log key, the worker's key and its fingerprint
+        assert samples(text, "ledger_workers_live") == {f'pool="{worker.pool}"': 1.0}
+        # a heartbeat saying 7 records wait in the collector's spool: the gauge says 7
+        worker.spool_pending = 7
+        with LedgerClient(url, token) as api:
+            worker.heartbeat(api)
+            (pool,) = [p for p in api.pools() if p["pool"] == worker.pool]
+            assert pool["workers"][0]["spool_pending"] == 7
+        pending = samples(fresh_get(url, "/metrics").text, "ledger_collector_spool_pending")
+        assert pending == {f'pool="{worker.pool}",worker_id="{worker.worker_id}"': 7.0}
+        with LedgerClient(url, token) as api:
+            api.sign_checkpoint()
+        text = fresh_get(url, "/metrics").text
+        assert samples(text, "ledger_log_checkpoint_tree_size")[""] == size
+        assert 0 <= samples(text, "ledger_log_checkpoint_age_seconds")[""] < 60
+    finally:
+        if worker is not None:
+            worker.close()
+        served.stop(signal.SIGTERM)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_json_log_lines_name_the_request(tmp_path: Path, workers: int):
+    served = serve(
+        tmp_path, f"sqlite:///{tmp_path / 'l.db'}", free_port(), workers, "--log-format", "json"
+    )
+    try:
+        with httpx.Client(timeout=30) as c:
+            named = c.get(served.url + "/v1/keys", headers={"X-Request-ID": "audit-42"})
+            unnamed = c.get(served.url + "/healthz", headers={"X-Request-ID": "bad id/.."})
+        assert named.status_code == 401 and named.headers["x-request-id"] == "audit-42"
+        made = unnamed.headers["x-request-id"]
+        assert made.startswith("api-") and made != "bad id/.."
+    finally:
+        served.stop(signal.SIGTERM)
+    lines = [json.loads(line) for line in served.output().splitlines() if line.strip()]
+    assert all({"time", "level", "logger", "message", "request_id"} <= set(x) for x in lines)
+    access = {x["request_id"]: x for x in lines if x["logger"] == "uvicorn.access"}
+    assert access["audit-42"]["path"] == "/v1/keys" and access["audit-42"]["status"] == 401
+    assert access[made]["path"] == "/healthz" and access[made]["status"] == 200
+    assert any("log key" in x["message"] for x in lines)

@@ -1,0 +1,73 @@
+"""The shell blocks of the project's Markdown docs, and how each is marked for the docs test.
+
+Every fenced ``sh`` (or ``bash``) block in README.md and docs/*.md is preceded by a marker line:
+
+- ``<!-- docs-test -->``: ``tests/integration/test_docs.py`` runs the block;
+- ``<!-- docs-test: skip REASON -->``: it does not, and the reason says why (an engine, a GPU,
+  Docker or Postgres roles it cannot have), so an unrun command is a decision, never an
+  oversight.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHELL_LANGUAGES = {"sh", "bash", "shell"}
+_FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<info>[^`\s]*)")
+# README's first lines are its two commands, so no marker can precede them; `make test` is this
+# suite and `make demo` is run by tests/integration/test_demo_engine.py.
+README_OPENING = "the two make targets: the suite itself, and test_demo_engine.py"
+_MARK = re.compile(r"^<!--\s*docs-test(?::\s*skip\b\s*(?P<reason>.*?))?\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int  # 1-based line of the opening fence
+    code: str
+    marked: bool
+    run: bool
+    skip_reason: str  # for a skipped block: why ("" when the marker gives no reason)
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def shell_blocks(path: Path) -> list[Block]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    blocks: list[Block] = []
+    pos = 0
+    while pos < len(lines):
+        opened = _FENCE.match(lines[pos])
+        if opened is None:
+            pos += 1
+            continue
+        fence, start = opened["fence"], pos
+        end = start + 1
+        while end < len(lines) and not lines[end].strip().startswith(fence):
+            end += 1
+        if opened["info"].lower() in SHELL_LANGUAGES:
+            before = next((ln for ln in reversed(lines[:start]) if ln.strip()), "")
+            mark = _MARK.match(before.strip())
+            if mark is None and path.name == "README.md" and start == 0:
+                mark = _MARK.match(f"<!-- docs-test: skip {README_OPENING} -->")
+            blocks.append(
+                Block(
+                    path=path,
+                    line=start + 1,
+                    code="\n".join(lines[start + 1 : end]) + "\n",
+                    marked=mark is not None,
+                    run=mark is not None and mark["reason"] is None,
+                    skip_reason="" if mark is None else (mark["reason"] or "").strip(),
+                )
+            )
+        pos = end + 1
+    return blocks
