@@ -5,6 +5,8 @@ WORKDIR /app
 COPY pyproject.toml constraints.txt README.md LICENSE ./
 COPY ledger ledger
 COPY collectors collectors
+COPY client client
+COPY demo demo
 COPY api api
 COPY migrations migrations
 COPY cli cli

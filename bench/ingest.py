@@ -30,7 +30,7 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cli.server_thread import free_port  # noqa: E402
+from demo.server_thread import free_port  # noqa: E402
 from ledger.merkle import leaf_hash  # noqa: E402
 from ledger.signing import Envelope, SigningKey, public_key_pem  # noqa: E402
 from tests.support.documents import fingerprint_envelope, record_envelope  # noqa: E402

@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.ingest import machine  # noqa: E402
-from cli.server_thread import free_port  # noqa: E402
-from collectors.ledger_client import LedgerClient  # noqa: E402
+from client.ledger_client import LedgerClient  # noqa: E402
+from demo.server_thread import free_port  # noqa: E402
 from fixture_model import build  # noqa: E402
 from fixture_model.engine import DEFAULT_ENGINE_PYTHON, EngineServer, start_engines  # noqa: E402
 from ledger.signing import SigningKey, public_key_pem  # noqa: E402

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.ingest import machine  # noqa: E402
 from bench.proxy import LEDGER, pct, prompts, wait_http  # noqa: E402
-from cli.server_thread import free_port  # noqa: E402
-from collectors.ledger_client import LedgerClient  # noqa: E402
+from client.ledger_client import LedgerClient  # noqa: E402
+from demo.server_thread import free_port  # noqa: E402
 from fixture_model import build  # noqa: E402
 from fixture_model.engine import (  # noqa: E402
     DEFAULT_ENGINE_PYTHON,

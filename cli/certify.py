@@ -21,7 +21,7 @@ from cli.common import (
     table,
     token_file_or_default,
 )
-from collectors.ledger_client import LedgerClient, read_token_file
+from client.ledger_client import LedgerClient, read_token_file
 from ledger.errors import Pushback
 
 # How long a poll may keep failing transiently (the ledger restarting, its database briefly

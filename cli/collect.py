@@ -12,9 +12,9 @@ import typer
 import uvicorn
 
 from cli.common import LogFormatOption, console, fail, ledger_errors, read_public_key
+from client.ledger_client import read_token_file
 from collectors.collector import Collector, CollectorConfig
 from collectors.digest_cache import default_cache_path
-from collectors.ledger_client import read_token_file
 from collectors.proxy import create_proxy
 from collectors.shipper import LINGER
 from collectors.tiers import TIERS

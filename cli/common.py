@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +20,7 @@ from rich.table import Table
 
 import migrations
 from api.settings import Settings
+from demo.errors import CheckFailed
 from ledger.errors import LedgerError
 from ledger.signing import SigningKey, load_public_key
 from ledger.storage.database import Database, sqlite_file
@@ -101,6 +102,8 @@ def ledger_errors(code: int = 2) -> Iterator[None]:
     """Print a LedgerError as a one-line message and exit with ``code``."""
     try:
         yield
+    except CheckFailed as exc:  # something the demo or the GPU check shows did not hold
+        fail(f"{exc.message} [{exc.code}]", 1)
     except LedgerError as exc:
         fail(f"{exc.message} [{exc.code}]", code)
 
@@ -139,17 +142,15 @@ def table(*headers: str, title: str | None = None, **options: Any) -> Table:
     return out
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all: a temporary file beside it, renamed into place."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+def show_progress(logger: str = "ledger.demo") -> None:
+    """Print what a long scenario logs as it goes (``demo``, ``gpu-check``) on stderr."""
+    target = logging.getLogger(logger)
+    if not target.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        target.addHandler(handler)
+    target.setLevel(logging.INFO)
+    target.propagate = False
 
 
 def print_json(value: Any) -> None:

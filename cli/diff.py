@@ -26,7 +26,7 @@ from cli.common import (
     table,
     token_file_or_default,
 )
-from collectors.ledger_client import LedgerClient, read_token_file
+from client.ledger_client import LedgerClient, read_token_file
 from ledger.errors import LedgerError
 from ledger.fingerprint import fingerprint_id
 from ledger.fingerprint_diff import Difference, diff

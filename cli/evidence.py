@@ -16,9 +16,9 @@ from cli.common import (
     ledger_errors,
     print_json,
     token_file_or_default,
-    write_atomically,
 )
-from collectors.ledger_client import LedgerClient, read_token_file
+from client.ledger_client import LedgerClient, read_token_file
+from ledger.atomic_file import write_atomically
 
 
 def evidence(

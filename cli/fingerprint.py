@@ -21,12 +21,12 @@ from cli.common import (
     print_json,
     table,
     token_file_or_default,
-    write_atomically,
 )
 from cli.progress import DelayedByteProgress
+from client.ledger_client import LedgerClient, read_token_file
 from collectors.digest_cache import DigestCache, default_cache_path
-from collectors.ledger_client import LedgerClient, read_token_file
 from collectors.snapshot import Snapshot, take_snapshot
+from ledger.atomic_file import write_atomically
 from ledger.signing import SigningKey
 
 ENGINE_ROWS = (

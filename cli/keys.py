@@ -20,7 +20,7 @@ from cli.common import (
     token_file_or_default,
     when,
 )
-from collectors.ledger_client import LedgerClient, read_token_file
+from client.ledger_client import LedgerClient, read_token_file
 from ledger.errors import LedgerError
 from ledger.secretfile import SecretFileExists
 from ledger.signing import SigningKey, key_id_for, public_key_pem

@@ -17,7 +17,7 @@ from cli.common import (
     table,
     token_file_or_default,
 )
-from collectors.ledger_client import LedgerClient, read_token_file
+from client.ledger_client import LedgerClient, read_token_file
 from ledger.errors import Conflict
 
 # Exit status: 0 bitwise, 1 any other verdict (the figures say what differed), 2 trouble.

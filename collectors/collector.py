@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from client.ledger_client import LedgerClient
 from collectors.digest_cache import DigestCache
 from collectors.engine import CUSTOM_FINGERPRINT, engine_port
-from collectors.ledger_client import LedgerClient
 from collectors.metrics import CollectorMetrics
 from collectors.procinfo import ProcessUnreadable, find_pid_by_port
 from collectors.shipper import LINGER, Shipper

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from collectors.ledger_client import LedgerClient
+from client.ledger_client import LedgerClient
 from collectors.spool import REQUEST_ID_RETENTION, Spool, Spooled
 from ledger.errors import Conflict, InvalidInput, LedgerError, Pushback, TooLarge
 

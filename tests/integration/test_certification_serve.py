@@ -24,7 +24,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from cli.server_thread import free_port
+from demo.server_thread import free_port
 from ledger.signing import Envelope, load_public_key, verify_envelope
 from ledger.storage.database import Database
 from tests.conftest import fresh_url

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import migrations
-from collectors.ledger_client import LedgerClient
+from client.ledger_client import LedgerClient
 from ledger.signing import SigningKey
 from ledger.storage.database import Database
 from tests.support.cli import LEDGER, ledger, serve

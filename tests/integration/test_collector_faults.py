@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.server_thread import ServerThread, free_port
+from client.ledger_client import LedgerClient
 from collectors.collector import Collector, CollectorConfig
-from collectors.ledger_client import LedgerClient
 from collectors.proxy import create_proxy
+from demo.server_thread import ServerThread, free_port
 from ledger.signing import SigningKey, public_key_pem
 from tests.support.cli import LEDGER, serve
 from tests.support.engine import EngineServer

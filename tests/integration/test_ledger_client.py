@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from collectors.ledger_client import LedgerClient, segment
+from client.ledger_client import LedgerClient, segment
 from ledger.errors import InvalidInput, NotFound
 from tests.support.harness import Harness
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.server_thread import free_port
-from collectors.ledger_client import LedgerClient
+from client.ledger_client import LedgerClient
+from demo.server_thread import free_port
 from tests.support.certification_worker import add_worker
 from tests.support.served import serve
 

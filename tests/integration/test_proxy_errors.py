@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from cli.server_thread import ServerThread, free_port
 from collectors.proxy import create_proxy
 from collectors.spool import Spool
 from collectors.worker_state import WorkerState
+from demo.server_thread import ServerThread, free_port
 from ledger.signing import SigningKey
 
 AWAY = "http://127.0.0.1:{port}"  # an engine URL nothing listens on

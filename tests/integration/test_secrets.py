@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.server_thread import free_port
+from demo.server_thread import free_port
 from ledger.storage import tokenstore
 from ledger.storage.database import Database
 from tests.support.cli import ledger, serve

@@ -18,7 +18,7 @@ import uvicorn
 
 from cli.serve import SERVER_LIMITS
 from cli.server_protocol import MAX_HEADER_BYTES, HeaderTimeoutProtocol
-from cli.server_thread import free_port
+from demo.server_thread import free_port
 from tests.support.harness import Harness
 
 DEADLINE = 0.5

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from collectors.ledger_client import LedgerClient
+from client.ledger_client import LedgerClient
 from collectors.shipper import MAX_BYTES, Shipper
 from collectors.spool import Spool
 from ledger.fingerprint import fingerprint_id

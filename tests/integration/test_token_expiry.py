@@ -16,7 +16,7 @@ from api.app import create_app
 from api.bootstrap import bootstrap
 from api.settings import Settings
 from api.state import TokenCache
-from cli.server_thread import ServerThread, free_port
+from demo.server_thread import ServerThread, free_port
 from ledger.errors import AuthenticationError, InvalidInput
 from ledger.storage import tokenstore
 from ledger.storage.database import Database

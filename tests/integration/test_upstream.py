@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from cli.server_thread import ServerThread, free_port
 from collectors.upstream import Upstream
+from demo.server_thread import ServerThread, free_port
 from ledger.errors import Unreachable
 
 # Server-sent events cut at awkward places: mid-line, mid-"\r\n", mid-UTF-8 character.

@@ -26,8 +26,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from cli.server_thread import ServerThread, free_port
-from collectors.ledger_client import LedgerClient
+from client.ledger_client import LedgerClient
+from demo.server_thread import ServerThread, free_port
 from ledger.heartbeat import HEARTBEAT_KIND, build_heartbeat
 from ledger.records import Choice
 from ledger.replay import OUTPUT_KIND, ReplayedChoice, build_output, check_order

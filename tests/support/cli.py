@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from cli.server_thread import free_port
+from demo.server_thread import free_port
 
 LEDGER = [sys.executable, "-m", "cli"]
 

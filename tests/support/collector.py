@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cli.server_thread import ServerThread, free_port
 from collectors.collector import Collector, CollectorConfig
 from collectors.proxy import create_proxy
+from demo.server_thread import ServerThread, free_port
 from tests.support.engine import EngineServer
 from tests.support.harness import Harness
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import httpx
 
-from cli.server_thread import ServerThread, free_port
 from collectors.proxy import create_proxy
 from collectors.spool import Spool
 from collectors.tokens import TokenRenderer
 from collectors.worker_state import WorkerState
+from demo.server_thread import ServerThread, free_port
 from ledger.signing import SigningKey
 
 # Members vLLM sets afresh for every request (and the collector passes on as they came).

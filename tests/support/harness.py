@@ -12,7 +12,7 @@ import migrations
 from api.app import create_app
 from api.bootstrap import bootstrap
 from api.settings import Settings
-from cli.server_thread import ServerThread, free_port
+from demo.server_thread import ServerThread, free_port
 from ledger.signing import Envelope, SigningKey, public_key_pem
 from ledger.storage import tokenstore
 from ledger.storage.database import Database

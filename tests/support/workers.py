@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from cli.server_thread import ServerThread, free_port
+from demo.server_thread import ServerThread, free_port
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.heartbeat import HEARTBEAT_KIND, build_heartbeat
 from ledger.packing import unpack_float32, unpack_int32

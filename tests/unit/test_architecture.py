@@ -18,11 +18,30 @@ FORBIDDEN = {
         "requests",
         "api",
         "collectors",
+        "client",
+        "demo",
         "cli",
         "migrations",
     },
-    "api": {"collectors", "cli", "typer", "migrations"},
-    "collectors": {"api", "cli", "fastapi", "migrations"},
+    "api": {"collectors", "client", "demo", "cli", "typer", "migrations"},
+    "collectors": {"api", "demo", "cli", "fastapi", "migrations"},
+    # the API client: the core and httpx, nothing of the servers or the CLI
+    "client": {
+        "api",
+        "collectors",
+        "demo",
+        "cli",
+        "migrations",
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "typer",
+        "click",
+        "rich",
+        "sqlalchemy",
+    },
+    # the demo's scenarios: everything but the CLI, which parses and prints for them
+    "demo": {"cli", "typer", "click", "rich"},
 }
 
 
@@ -95,7 +114,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("package", ["ledger", "collectors", "api"])
+@pytest.mark.parametrize("package", ["ledger", "collectors", "api", "client", "demo", "cli"])
 def test_no_import_cycles_within_a_package(package: str):
     """Modules of one package import each other in one direction only (no cycle hidden behind
     TYPE_CHECKING either): the collector's state has its own module, so the replay endpoint
@@ -111,3 +130,44 @@ def test_no_import_cycles_within_a_package(package: str):
 def test_the_cycle_finder_sees_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, by its full dotted name."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+# (files, imports they may not make, unless the file is under an allowed folder)
+LAYERS = [
+    # the database drivers stay in the storage layer
+    ("ledger", ("sqlalchemy", "psycopg", "sqlite3", "alembic"), ("ledger/storage",)),
+    # the auditor is a pure core over a reader: storage supplies the reader, never the reverse
+    ("ledger/audit", ("ledger.storage",), ()),
+    # collectors reach the ledger over HTTP only
+    ("collectors", ("ledger.storage", "sqlalchemy"), ()),
+    ("client", ("ledger.storage",), ()),
+]
+
+
+@pytest.mark.parametrize("folder, banned, allowed", LAYERS, ids=[x[0] for x in LAYERS])
+def test_layers_within_the_core(folder: str, banned: tuple[str, ...], allowed: tuple[str, ...]):
+    violations = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if any(rel.startswith(a + "/") for a in allowed):
+            continue
+        bad = sorted(m for m in imported_modules(path) if any(_under(m, b) for b in banned))
+        if bad:
+            violations.append(f"{rel} imports {bad}")
+    assert not violations, "\n".join(violations)

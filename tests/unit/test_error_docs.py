@@ -1,7 +1,7 @@
 """docs/ERRORS.md documents every stable error code, and only codes that exist: neither drifts.
 
-The codes are read with ``ast`` from every module of ledger/, api/, collectors/ and cli/
-(nothing is imported), wherever the code base sets one:
+The codes are read with ``ast`` from every module of ledger/, api/, collectors/, client/,
+demo/ and cli/ (nothing is imported), wherever the code base sets one:
 
 - an exception class's ``code = "..."`` (``ledger/errors.py`` and subclasses elsewhere);
 - a ``code="..."`` keyword in a call (``InvalidInput("...", code="invalid_json")``);
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("ledger", "api", "collectors", "cli")
+SOURCES = ("ledger", "api", "collectors", "client", "demo", "cli")
 DOC = ROOT / "docs" / "ERRORS.md"
 CODE = re.compile(r"[a-z][a-z0-9_]*")
 CONSTANT = re.compile(r"[A-Z][A-Z0-9_]*")

@@ -9,6 +9,7 @@ that does not replay bitwise, a default pool certified invariant) stops the demo
 from __future__ import annotations
 
 import base64
+import logging
 import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,12 +17,14 @@ from typing import Any
 
 import httpx
 
-from cli.common import console, fail
-from cli.demo_engine import Worker
-from collectors.ledger_client import LedgerClient
+from client.ledger_client import LedgerClient
+from demo.engine import Worker
+from demo.errors import CheckFailed, DemoTrouble
 from ledger.cachekey import is_deterministic
 from ledger.errors import Conflict, NotFound
 from ledger.signing import Envelope, SigningKey, verify_envelope
+
+log = logging.getLogger("ledger.demo")
 
 Rows = list[tuple[str, str]]
 PROMPTS = [
@@ -67,7 +70,9 @@ def wait_record(client: LedgerClient, request_id: str, timeout: float = 60.0) ->
             return client.get_record(request_id)
         except NotFound:
             if time.monotonic() > deadline:
-                fail(f"record {request_id} did not reach the ledger within {timeout:.0f} s")
+                raise DemoTrouble(
+                    f"record {request_id} did not reach the ledger within {timeout:.0f} s"
+                ) from None
             time.sleep(0.1)
 
 
@@ -93,7 +98,9 @@ def traffic(
         2,
     )
     if checked.status_code != 200:
-        fail(f"the strict collector answered {checked.status_code}: {checked.text[:300]}")
+        raise DemoTrouble(
+            f"the strict collector answered {checked.status_code}: {checked.text[:300]}"
+        )
     checked_id = checked.headers["x-request-id"]
     jobs = [(w, *mixed_request(w.pool, i)) for w in (strict, throughput) for i in range(12)]
     with ThreadPoolExecutor(len(jobs)) as pool:
@@ -101,7 +108,7 @@ def traffic(
     ids: dict[str, list[str]] = {"strict": [checked_id], "throughput": []}
     for (worker, _, _, _), answer in zip(jobs, answers, strict=True):
         if answer.status_code != 200:
-            fail(f"{worker.pool} answered {answer.status_code}: {answer.text[:300]}")
+            raise DemoTrouble(f"{worker.pool} answered {answer.status_code}: {answer.text[:300]}")
         ids[worker.pool].append(answer.headers["x-request-id"])
     refused = send(throughput.url, "/v1/completions", {"prompt": "x", "temperature": 0}, 2)
     rows.append(
@@ -124,7 +131,7 @@ def traffic(
     raw = base64.b64decode(record["envelope"]["body"]["choices"][0]["logprobs"])
     answered = checked.json()["choices"][0]["logprobs"]["token_logprobs"]
     if struct.pack(f"<{len(answered)}f", *answered) != raw:
-        fail("the recorded logprobs differ from the ones the client was answered", 1)
+        raise CheckFailed("the recorded logprobs differ from the ones the client was answered")
     rows.append(
         (
             "records in the ledger",
@@ -147,7 +154,9 @@ def replays(client: LedgerClient, ids: dict[str, list[str]]) -> Rows:
     for request_id in strict:
         verdict = client.replay(request_id, None, False)["envelope"]["body"]
         if verdict["verdict"] != "bitwise":
-            fail(f"strict record {request_id} replayed {verdict['verdict']}: {verdict}", 1)
+            raise CheckFailed(
+                f"strict record {request_id} replayed {verdict['verdict']}: {verdict}"
+            )
     rows.append(
         (
             f"replay {len(strict)} strict records",
@@ -156,7 +165,7 @@ def replays(client: LedgerClient, ids: dict[str, list[str]]) -> Rows:
     )
     try:
         client.replay(ids["throughput"][0], None, False)
-        fail("a record of the batch-variant pool found a matching pool", 1)
+        raise CheckFailed("a record of the batch-variant pool found a matching pool")
     except Conflict as exc:
         nearest = exc.details.get("nearest_pools") or []
         named = ", ".join(f"{p['pool']} ({p['differences']} differences)" for p in nearest)
@@ -182,19 +191,19 @@ def cache_lookup(client: LedgerClient, request_id: str) -> Rows:
     )["key"]
     hit = client.cache_lookup(key)
     if hit["request_id"] != request_id:
-        fail(f"cache key {key} answered {hit['request_id']}, not {request_id}", 1)
+        raise CheckFailed(f"cache key {key} answered {hit['request_id']}, not {request_id}")
     return [("cache lookup", f"{key[:27]}… -> {request_id} (tier {body['tier']}, greedy)")]
 
 
 def run_certification(client: LedgerClient, params: dict[str, Any]) -> dict[str, Any]:
     """Start a certification and poll it to its end; the finished job (fails otherwise)."""
     job = client.certify(params)
-    console.print(f"certifying pool {params['pool']} ({job['total']} probes) ...")
+    log.info(f"certifying pool {params['pool']} ({job['total']} probes) ...")
     while job["status"] == "running":
         time.sleep(0.5)
         job = client.certification(job["certification_id"])
     if job["status"] != "done":
-        fail(f"certifying {params['pool']} failed: {job['error']}")
+        raise DemoTrouble(f"certifying {params['pool']} failed: {job['error']}")
     return job
 
 
@@ -207,6 +216,6 @@ def certify(client: LedgerClient, pool: str) -> tuple[str, str]:
     )
     invariant = body["invariant_observed"]
     if pool == "strict" and not invariant:
-        fail(f"the strict pool did not certify as invariant: {cells}", 1)
+        raise CheckFailed(f"the strict pool did not certify as invariant: {cells}")
     label = "invariant" if invariant else "NOT invariant"
     return f"certify {pool}", f"{label} ({cells}); certificate at log leaf {job['log_index']}"

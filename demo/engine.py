@@ -8,6 +8,7 @@ ledger can replay records and certify the pools. ``demo_traffic`` drives them.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,16 +16,18 @@ from typing import Any
 
 import migrations
 from api.bootstrap import bootstrap
-from cli.common import console, fail
-from cli.server_thread import ServerThread, free_port
+from client.ledger_client import LedgerClient
 from collectors.collector import Collector, CollectorConfig
-from collectors.ledger_client import LedgerClient
 from collectors.proxy import create_proxy
+from demo.errors import DemoTrouble
+from demo.server_thread import ServerThread, free_port
 from fixture_model import build
 from fixture_model.engine import STRICT_ARGS, EngineServer, start_engines
 from ledger.signing import SigningKey, public_key_pem
 from ledger.storage import tokenstore
 from ledger.storage.database import Database
+
+log = logging.getLogger("ledger.demo")
 
 # pool -> (engine flags, engine environment)
 Pools = dict[str, tuple[tuple[str, ...], dict[str, str]]]
@@ -69,7 +72,7 @@ class EngineDemo:
         self.workers: dict[str, Worker] = {}
 
     def start(self, key: SigningKey) -> None:
-        console.print(
+        log.info(
             f"starting {len(self.engines)} vLLM pools on the fixture model, "
             f"{' and '.join(self.engines)} (a few minutes on 2 CPU cores) ..."
         )
@@ -77,8 +80,8 @@ class EngineDemo:
         try:
             start_engines(list(self.engines.values()))
         except RuntimeError as exc:
-            fail(f"an engine did not start: {exc}")
-        console.print(f"vLLM answered in {time.perf_counter() - started:.0f} s")
+            raise DemoTrouble(f"an engine did not start: {exc}") from exc
+        log.info(f"vLLM answered in {time.perf_counter() - started:.0f} s")
         for pool, engine in self.engines.items():
             port = free_port()
             collector = Collector(
@@ -100,7 +103,7 @@ class EngineDemo:
             self.workers[pool] = Worker(pool, engine, collector, proxy.start())
         for worker in self.workers.values():
             if not worker.collector.registered.wait(60):
-                fail(f"the {worker.pool} collector did not register with the ledger")
+                raise DemoTrouble(f"the {worker.pool} collector did not register with the ledger")
 
     def close(self) -> None:
         for worker in self.workers.values():
