@@ -52,18 +52,24 @@ def _table(snapshot: Snapshot) -> Table:
     out.add_row("model.digest", model["digest"])
     out.add_row("model.files", f"{art.files} files, {art.total_bytes / 1e6:.1f} MB")
     for field in ("weights_digest", "tokenizer_digest", "generation_config_digest"):
-        out.add_row(f"model.{field}", str(model[field]))
+        out.add_row(f"model.{field}", _shown(model[field]))
     template = model["chat_template"]
-    out.add_row("model.chat_template", f"{template['source']} {template['digest']}")
+    out.add_row("model.chat_template", f"{_shown(template['source'])} {_shown(template['digest'])}")
     for field in RUNTIME_ROWS:
-        out.add_row(f"runtime.{field}", escape(str(body["runtime"].get(field))))
+        out.add_row(f"runtime.{field}", escape(_shown(body["runtime"].get(field))))
     gpu = body["gpu"]
     names = escape(", ".join(g["name"] or "?" for g in gpu["gpus"]) or "none")
     out.add_row("gpu.gpus", names)
-    out.add_row("gpu.driver_version", str(gpu["driver_version"]))
+    out.add_row("gpu.driver_version", _shown(gpu["driver_version"]))
     for field in ENGINE_ROWS:
-        out.add_row(f"engine.{field}", escape(str(body["engine"].get(field))))
+        out.add_row(f"engine.{field}", escape(_shown(body["engine"].get(field))))
     return out
+
+
+def _shown(value: object) -> str:
+    """A field's value for people: "unknown" where the fingerprint could not read it (its
+    section's ``unknown`` map says why; ``--json`` shows null)."""
+    return "unknown" if value is None else str(value)
 
 
 def fingerprint(
