@@ -94,7 +94,7 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
 class GuardedTransport(httpx.AsyncHTTPTransport):
     """httpx's transport over :class:`GuardedBackend` (httpx takes no backend argument, so
     the connection pool it builds is replaced by one with the same settings and the backend;
-    tests/integration/test_worker_binding.py fails if the guard is ever bypassed)."""
+    tests/api/test_worker_binding.py fails if the guard is ever bypassed)."""
 
     def __init__(self, policy: Callable[[], UrlPolicy], limits: httpx.Limits) -> None:
         super().__init__(limits=limits)

@@ -1,6 +1,6 @@
 """The collector's differential fuzz test, run longer than `make test` runs it.
 
-`make test` runs `tests/integration/test_collector_semantics_fuzz.py` with 200 derandomized
+`make test` runs `tests/collectors/test_collector_semantics_fuzz.py` with 200 derandomized
 examples (the same requests every run). This runs it with --examples examples, and with --seed
 a different sequence each seed (hypothesis' own seed), against a fresh strict vLLM CPU server on
 the tiny fixture model, and reports how many requests it tried and how long it took; a failing
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST = "tests/integration/test_collector_semantics_fuzz.py"
+TEST = "tests/collectors/test_collector_semantics_fuzz.py"
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
 ``ledger --help`` lists the commands from :data:`COMMANDS` without importing them (the API,
 the database layer and the engine harness take seconds to import); a command's module is
-imported when it runs or its own help is asked for. ``tests/unit/test_cli_lazy.py`` holds each
+imported when it runs or its own help is asked for. ``tests/cli/test_cli_lazy.py`` holds each
 summary equal to the first paragraph of the loaded command's own help.
 """
 

@@ -5,7 +5,7 @@ vLLM parses a body with ``json.loads`` and validates it with pydantic in lax mod
 is false, ``"logprobs": true`` is 1 on completions, ``"temperature": "0"`` is 0.0, a seed is an
 int64. The collector decides on the same values (whether to stream, what to hide from the
 client, the tier), never on Python truthiness. The rules here are pydantic-core's for the
-values listed in ``tests/unit/test_vllm_request.py``, which checks them against vLLM's own
+values listed in ``tests/collectors/test_vllm_request.py``, which checks them against vLLM's own
 models; any other value raises :class:`Unsure`, and the collector then sends the client's
 request to vLLM unchanged and passes its answer through (vLLM refuses almost all of them).
 

@@ -6,7 +6,7 @@ around its canonical body (``ledger.signing``) and a cache-key document around i
 (``ledger.cachekey``).
 
 Two paths give the same bytes, tested byte for byte against ``rfc8785.dumps``
-(tests/unit/test_canonical.py):
+(tests/ledger/test_canonical.py):
 
 - The common documents (ASCII member names, integers in the safe range, floats that are
   integral below 2**53 or non-integral with 1e-4 <= |x|) go to ``orjson`` with sorted keys,

@@ -9,7 +9,7 @@ Keys are generated, stored and used for signing with ``cryptography`` (OpenSSL).
 verified by libsodium (PyNaCl), in one place (:func:`verify_signature`): on a 23 KiB record it
 verifies in about 130 µs where OpenSSL takes 175 µs (docs/PERFORMANCE.md). A signature made
 by a real key verifies under both; libsodium also refuses small-order and non-canonical points,
-which OpenSSL accepts (tests/unit/test_signing.py).
+which OpenSSL accepts (tests/ledger/test_signing.py).
 """
 
 from __future__ import annotations

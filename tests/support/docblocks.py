@@ -2,7 +2,7 @@
 
 Every fenced ``sh`` (or ``bash``) block in README.md and docs/*.md is preceded by a marker line:
 
-- ``<!-- docs-test -->``: ``tests/integration/test_docs.py`` runs the block;
+- ``<!-- docs-test -->``: ``tests/docs/test_docs.py`` runs the block;
 - ``<!-- docs-test: skip REASON -->``: it does not, and the reason says why (an engine, a GPU,
   Docker or Postgres roles it cannot have), so an unrun command is a decision, never an
   oversight.
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHELL_LANGUAGES = {"sh", "bash", "shell"}
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<info>[^`\s]*)")
 # README's first lines are its two commands, so no marker can precede them; `make test` is this
-# suite and `make demo` is run by tests/integration/test_demo_engine.py.
+# suite and `make demo` is run by tests/demo/test_demo_engine.py.
 README_OPENING = "the two make targets: the suite itself, and test_demo_engine.py"
 _MARK = re.compile(r"^<!--\s*docs-test(?::\s*skip\b\s*(?P<reason>.*?))?\s*-->\s*$")
 

@@ -123,7 +123,7 @@ def test_the_verifier_refuses_what_openssl_refuses_and_more():
     assert not _verifies(KEY.public_key, flipped, message)
     # the identity point as public key and as R, with S = 0, "signs" every message for a
     # verifier that accepts small-order points (OpenSSL, through cryptography 50, does)
-    # (load_public_key refuses such a key: tests/unit/test_small_order_keys.py)
+    # (load_public_key refuses such a key: tests/ledger/test_small_order_keys.py)
     identity = (1).to_bytes(32, "little")
     weak_key = Ed25519PublicKey.from_public_bytes(identity)
     assert not _verifies(weak_key, identity + bytes(32), message)

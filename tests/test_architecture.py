@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "ledger": {
         "fastapi",
@@ -171,3 +171,13 @@ def test_layers_within_the_core(folder: str, banned: tuple[str, ...], allowed: t
         if bad:
             violations.append(f"{rel} imports {bad}")
     assert not violations, "\n".join(violations)
+
+
+def test_tests_mirror_the_packages():
+    """Each folder of tests is named after the package it tests (or says what else it is)."""
+    others = {"support", "assets", "docs", "deploy", "__pycache__"}
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir()} - others
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert folders <= packages, sorted(folders - packages)
+    for package in ("ledger", "api", "collectors", "client", "cli", "demo"):
+        assert any((ROOT / "tests" / package).glob("test_*.py")), package

@@ -56,7 +56,9 @@ def test_last_flag_wins_and_problems_are_reported():
     )
     assert given["max_num_seqs"] is None
     assert "not an integer" in unknown["--max-num-seqs"]
-    assert "config_file" not in unknown  # the file is read (tests/unit/test_engine_overrides.py)
+    assert (
+        "config_file" not in unknown
+    )  # the file is read (tests/collectors/test_engine_overrides.py)
     assert unknown["--dtype"] == "--dtype has no value"
 
 

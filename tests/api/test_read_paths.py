@@ -50,7 +50,7 @@ def h(
 
 def superuser(h: Harness, tables: tuple[str, ...], *statements: tuple[str, dict[str, Any]]) -> None:
     """Run statements as a database superuser with the append-only triggers out of the way
-    (Postgres: disabled for the transaction, as tests/integration/test_tamper.py does; SQLite:
+    (Postgres: disabled for the transaction, as tests/ledger/test_tamper.py does; SQLite:
     dropped and re-created), in one transaction."""
     with h.db.write() as s:
         if h.db.is_postgres:

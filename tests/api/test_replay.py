@@ -345,7 +345,7 @@ def test_certify_reports_what_the_default_scheduler_does(pools: Pools) -> None:
     bitwise); on an AVX2-only AMD EPYC, 16 of 16 probes came back bitwise, run after run.
     So this checks that the certificate agrees with its own figures whichever way the host
     goes; that a divergence is reported as not invariant is checked on fixed outputs
-    (tests/unit/test_replay_documents.py), and real engines that differ (bf16 against f32)
+    (tests/ledger/test_replay_documents.py), and real engines that differ (bf16 against f32)
     are compared in the forced-replay test."""
     job = certify(pools.api, "throughput", prompts=8, concurrency=[8], max_tokens=[32])
     body = job["envelope"]["body"]

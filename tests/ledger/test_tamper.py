@@ -33,7 +33,7 @@ pytestmark = pytest.mark.postgres
 ORIGIN = "test.example/log"
 # No leaf is due a checkpoint within an hour: findings that compare runs, or that expect no
 # leaf named, do not depend on how long the test took (leaves a tamper left uncovered are
-# tests/integration/test_audit_tables.py's subject).
+# tests/ledger/test_audit_tables.py's subject).
 NOT_DUE = {"checkpoint_interval": 3600}
 
 
