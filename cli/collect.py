@@ -18,7 +18,7 @@ from collectors.digest_cache import default_cache_path
 from collectors.proxy import create_proxy
 from collectors.shipper import LINGER
 from collectors.tiers import TIERS
-from ledger.logs import LogFormat, logging_config
+from ledger.logs import LogFormat, LogLevel, logging_config
 from ledger.signing import SigningKey
 
 
@@ -77,9 +77,7 @@ def collect(
         "--ship-linger",
         help="seconds to wait for more records before shipping a partial batch (0-10)",
     ),
-    log_level: str = typer.Option(
-        "warning", help="log level: critical, error, warning, info, debug, trace"
-    ),
+    log_level: LogLevel = typer.Option("warning", help="the lowest level logged"),
     log_format: LogFormat = LogFormatOption,
 ) -> None:
     """Record every request to the engine, signed, through a durable spool into the ledger."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 
@@ -80,7 +81,9 @@ def _client(api: str, token_file: Path | None) -> LedgerClient:
 def register(
     public_key: Path = typer.Argument(..., help="public (or private) key PEM to register"),
     name: str = typer.Option(..., help="a name for the key"),
-    role: str = typer.Option("collector", help="collector | replayer"),
+    role: Literal["collector", "replayer"] = typer.Option(
+        "collector", help="what the key may sign: records and fingerprints, or replay outputs"
+    ),
     api: str = ApiOption,
     token_file: Path | None = TokenFileOption,
     as_json: bool = JsonOption,

@@ -18,7 +18,7 @@ from api.bootstrap import bootstrap
 from api.metrics import MULTIPROC_ENV
 from cli.common import LogFormatOption, console, ledger_errors, load_settings
 from cli.server_protocol import HeaderTimeoutProtocol
-from ledger.logs import LogFormat, logging_config
+from ledger.logs import LogFormat, LogLevel, logging_config
 from ledger.storage.database import Database
 
 logger = logging.getLogger("ledger.serve")
@@ -44,9 +44,7 @@ def serve(
     port: int | None = typer.Option(None, help="port (LEDGER_PORT, default 8700)"),
     db_url: str | None = typer.Option(None, "--db", help="database URL (LEDGER_DATABASE_URL)"),
     workers: int = typer.Option(1, min=1, help="worker processes (appends stay serialized)"),
-    log_level: str = typer.Option(
-        "info", help="log level: critical, error, warning, info, debug, trace"
-    ),
+    log_level: LogLevel = typer.Option("info", help="the lowest level logged"),
     log_format: LogFormat = LogFormatOption,
 ) -> None:
     """Run the ledger API (SQLite in LEDGER_DATA_DIR unless LEDGER_DATABASE_URL is set)."""

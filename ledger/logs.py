@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 LogFormat = Literal["text", "json"]
+LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 FORMATS: tuple[LogFormat, ...] = ("text", "json")
 REQUEST_ID: ContextVar[str | None] = ContextVar("ledger_request_id", default=None)
 _TEXT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"

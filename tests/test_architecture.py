@@ -46,14 +46,7 @@ FORBIDDEN = {
 
 
 def imported_roots(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    roots = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            roots.add(node.module.split(".")[0])
-    return roots
+    return {name.split(".")[0] for name in imported_modules(path)}
 
 
 def test_import_rules():
