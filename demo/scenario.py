@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from client.ledger_client import LedgerClient
+from demo.engine import register_demo_key
 from demo.errors import CheckFailed
 from ledger.atomic_file import write_atomically
 from ledger.evidence import verify_bundle
 from ledger.fingerprint import FINGERPRINT_KIND, fingerprint_id
 from ledger.packing import unpack_float32
 from ledger.records import RECORD_KIND, Choice, build_record_body
-from ledger.signing import Envelope, SigningKey, public_key_pem, sign_envelope, verify_envelope
+from ledger.signing import Envelope, SigningKey, sign_envelope, verify_envelope
 from ledger.storage.audit import audit
 from ledger.storage.database import Database
 
@@ -67,12 +68,8 @@ def walkthrough(client: LedgerClient, data_dir: Path) -> tuple[Rows, str]:
     """Register a key and a fingerprint, ingest a signed record, read it back; return the
     summary rows and the record's request ID."""
     rows: list[tuple[str, str]] = []
-    key_path = data_dir / "demo-collector.pem"
-    key = SigningKey.load(key_path) if key_path.exists() else SigningKey.generate()
-    if not key_path.exists():
-        key.write(key_path, data_dir / "demo-collector.pub.pem")
-    info = client.register_key("demo-collector", "collector", public_key_pem(key.public_key))
-    rows.append(("collector key registered", info["key_id"]))
+    key = register_demo_key(client, data_dir)
+    rows.append(("collector key registered", key.key_id))
 
     fp_body = sample_fingerprint()
     fp = client.register_fingerprint(sign_envelope(FINGERPRINT_KIND, fp_body, key))
