@@ -18,6 +18,7 @@ from api.request_ids import RequestIds
 from api.routes import (
     cache,
     certifications,
+    erasure,
     fingerprints,
     health,
     keys,
@@ -31,7 +32,7 @@ from api.state import AppState, InflightLimit, TokenCache
 from ledger import __version__
 from ledger.errors import LedgerError
 from ledger.signing import SigningKey
-from ledger.storage import checkpoints
+from ledger.storage import checkpoints, erasures
 from ledger.storage.database import Database
 
 logger = logging.getLogger("ledger.api")
@@ -47,6 +48,35 @@ async def _checkpointer(state: AppState, interval: float) -> None:
             logger.warning("checkpoint not signed: %s", exc.message)
         except Exception:  # never let the signer die silently
             logger.exception("checkpoint signer failed; retrying next tick")
+
+
+async def _retention(state: AppState, days: int, interval: float) -> None:
+    """Erase content older than ``days`` now and every ``interval`` seconds (one purge per
+    tick; each purge erases 500 records per transaction, counted as it goes)."""
+    metrics = state.metrics
+    while True:
+        try:
+            result = await run_in_threadpool(
+                lambda: erasures.purge_expired(
+                    state.db,
+                    state.log_key,
+                    days,
+                    progress=metrics.erasures.labels("retention").inc,
+                )
+            )
+            metrics.retention_held.inc(len(result.held))
+            metrics.retention_runs.labels("done").inc()
+            if result.erased:
+                logger.info(
+                    "retention: erased the content of %d record(s) older than %d days (%d held)",
+                    len(result.erased),
+                    days,
+                    len(result.held),
+                )
+        except Exception:  # never let the purge die silently; try again next tick
+            metrics.retention_runs.labels("failed").inc()
+            logger.exception("retention purge failed; retrying next tick")
+        await asyncio.sleep(interval)
 
 
 def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI:
@@ -67,7 +97,16 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         task = None
         if settings.checkpoint_interval > 0:
             task = asyncio.create_task(_checkpointer(state, settings.checkpoint_interval))
+        purge = None
+        if settings.content_retention_days is not None:
+            purge = asyncio.create_task(
+                _retention(state, settings.content_retention_days, settings.retention_interval)
+            )
         yield
+        if purge is not None:
+            purge.cancel()
+            with suppress(asyncio.CancelledError):
+                await purge
         await certifier.shutdown(state)
         if state.http is not None:
             await state.http.aclose()
@@ -102,6 +141,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         replays,
         cache,
         certifications,
+        erasure,
     ):
         app.include_router(module.router)
     document_openapi(app, settings)

@@ -74,4 +74,6 @@ ReadRecords = Annotated[Principal, Depends(require("records:read"))]
 ReadCache = Annotated[Principal, Depends(require("cache:read"))]  # or records:read
 WriteRecords = Annotated[Principal, Depends(require("records:write"))]
 ReplayScope = Annotated[Principal, Depends(require("replay"))]
+EraseScope = Annotated[Principal, Depends(require("erasure"))]
+HoldsScope = Annotated[Principal, Depends(require("holds"))]
 Admin = Annotated[Principal, Depends(require("admin"))]

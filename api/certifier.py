@@ -31,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from api.state import AppState
 from api.workers_client import WorkerAnswer, run_order
 from ledger import certify
+from ledger.compact_json import compact_json
 from ledger.compare import Comparison, Generation, compare
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
 from ledger.replay import output_generation
@@ -289,7 +290,7 @@ async def _heartbeat(state: AppState, run: Run) -> None:
 
 
 async def _probe(state: AppState, run: Run, body: dict[str, Any], n: int) -> Generation:
-    raw = json.dumps(body, separators=(",", ":")).encode()
+    raw = compact_json(body)
     answer: WorkerAnswer = await run_order(
         state.workers_http,
         state.db,

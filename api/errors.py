@@ -15,6 +15,7 @@ from starlette.routing import Match
 from ledger.errors import (
     AuthenticationError,
     Conflict,
+    Gone,
     IndexMismatch,
     InvalidInput,
     LedgerError,
@@ -46,6 +47,7 @@ STATUS: list[tuple[type[LedgerError], int]] = [
     (PermissionDenied, 403),
     (NotFound, 404),
     (Conflict, 409),
+    (Gone, 410),
     (Pushback, 503),
     (StorageError, 503),
     (Unreachable, 502),

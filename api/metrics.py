@@ -116,6 +116,23 @@ class Metrics:
             ["verdict"],
             registry=self.registry,
         )
+        self.erasures = Counter(
+            "ledger_content_erased",
+            "Records whose content was erased, by reason (request, retention)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.retention_runs = Counter(
+            "ledger_retention_runs",
+            "Retention purges run, by outcome (done, failed)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.retention_held = Counter(
+            "ledger_retention_held",
+            "Records past the retention kept because a legal hold covers them (per purge run)",
+            registry=self.registry,
+        )
         self.batch_size = Histogram(
             "ledger_ingest_batch_size",
             "Envelopes per accepted ingest batch",

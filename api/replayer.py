@@ -12,15 +12,15 @@ bound to, yields a logged ``error`` verdict. Every verdict names the worker and 
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
 from api.state import AppState
 from api.workers_client import new_replay_id, run_order
-from ledger import compare
+from ledger import compare, disclosures
 from ledger.cachekey import is_deterministic
+from ledger.compact_json import compact_json
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
 from ledger.fingerprint_diff import diff
 from ledger.replay import build_verdict, output_generation, record_generation
@@ -104,7 +104,8 @@ async def replay(
 ) -> verdicts.Stored:
     db = state.db
     record = await run_in_threadpool(queries.get_record, db, request_id)
-    body = json.loads(record.envelope)["body"]
+    typed = record.record
+    body = typed.content_view()  # Gone (410 content_erased) once the content was erased
     worker = await run_in_threadpool(
         choose_worker, db, state.settings.worker_ttl, record.fingerprint_id, pool, force
     )
@@ -113,7 +114,7 @@ async def replay(
         base64.b64decode(body["request_raw"])
         if "request_raw" in body
         # a record without its raw bytes: the parsed request, compact (as vLLM's clients send)
-        else json.dumps(body["request"], ensure_ascii=False, separators=(",", ":")).encode()
+        else compact_json(body["request"])
     )
     verdict_args: dict[str, Any] = {
         "replay_id": replay_id,
@@ -170,8 +171,11 @@ async def replay(
             reason += " that the ledger does not hold yet (no field-level diff)"
     elif not comparable:
         reason = f"fingerprint {produced_under} is not batch-invariant ({invariance})"
-    elif not is_deterministic(body["request"]):
+    elif not is_deterministic(typed.sampling):
         reason = "the recorded request samples without a seed: a difference is expected"
+    # The output repeats the record's content: for an erasable record it is committed, not
+    # embedded, and stored apart so that an erasure removes it too.
+    kept = disclosures.make("replay_output", answer.output) if typed.erasable else None
     verdict = build_verdict(
         **verdict_args,
         worker_fingerprint_id=produced_under,
@@ -179,12 +183,17 @@ async def replay(
         reason=reason,
         comparison=result.to_dict(),
         fingerprint_diff=differences,
-        output=answer.output,
+        output=None if kept is not None else answer.output,
+        output_digest=kept.digest if kept is not None else None,
     )
-    return await _log(state, verdict)
+    return await _log(state, verdict, [kept.encoded] if kept is not None else [])
 
 
-async def _log(state: AppState, verdict: dict[str, Any]) -> verdicts.Stored:
-    stored = await run_in_threadpool(verdicts.append_verdict, state.db, state.log_key, verdict)
+async def _log(
+    state: AppState, verdict: dict[str, Any], content: list[str] | None = None
+) -> verdicts.Stored:
+    stored = await run_in_threadpool(
+        verdicts.append_verdict, state.db, state.log_key, verdict, content or []
+    )
     state.metrics.replays.labels(verdict["verdict"]).inc()
     return stored

@@ -94,13 +94,40 @@ ENVELOPE_SCHEMA: dict[str, Any] = {
 }
 
 RECORD_BATCH_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["envelopes"],
-    "properties": {"envelopes": {"type": "array", "items": ENVELOPE_SCHEMA}},
+    "oneOf": [
+        {
+            "type": "object",
+            "description": "Records of any schema version; a v2 record with every one of its "
+            "disclosures (base64url, ledger.disclosures).",
+            "required": ["records"],
+            "additionalProperties": False,
+            "properties": {
+                "records": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["envelope"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "envelope": ENVELOPE_SCHEMA,
+                            "disclosures": {"type": "array", "items": {"type": "string"}},
+                        },
+                    },
+                }
+            },
+        },
+        {
+            "type": "object",
+            "description": "Schema v1 records only (no disclosures).",
+            "required": ["envelopes"],
+            "additionalProperties": False,
+            "properties": {"envelopes": {"type": "array", "items": ENVELOPE_SCHEMA}},
+        },
+    ]
 }
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 409, 413, 422, 503)
+    status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 409, 410, 413, 422, 503)
 }
 
 
@@ -148,3 +175,30 @@ class CertifyCreate(StrictInput):
     concurrency: list[int] = Field(default=[1, 8, 32], min_length=1, max_length=8)
     max_tokens: list[int] = Field(default=[16, 128], min_length=1, max_length=8)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+
+class ErasureCreate(StrictInput):
+    reason: str = Field(min_length=1, max_length=1000, description="why (logged, signed)")
+
+
+class RecordFilterInput(StrictInput):
+    """A search filter, as ``GET /v1/records`` takes it (receive time for since/until)."""
+
+    model: str | None = None
+    fingerprint_id: str | None = None
+    pool: str | None = None
+    tier: int | None = Field(default=None, ge=0, le=2)
+    since: str | None = Field(default=None, description="RFC 3339 with a zone")
+    until: str | None = Field(default=None, description="RFC 3339 with a zone")
+
+
+class BulkErasureCreate(StrictInput):
+    filter: RecordFilterInput
+    reason: str = Field(min_length=1, max_length=1000)
+    dry_run: bool = Field(default=True, description="list what would be erased; write nothing")
+
+
+class HoldCreate(StrictInput):
+    request_id: str | None = None
+    filter: RecordFilterInput | None = None
+    reason: str = Field(min_length=1, max_length=1000)

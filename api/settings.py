@@ -15,6 +15,9 @@ from ledger.worker_url import UrlPolicy
 PRODUCTION_MAX_TOKEN_CACHE = 60.0
 
 
+MIN_PRODUCTION_RETENTION_DAYS = 183
+
+
 class Settings(BaseSettings):
     """All settings; nothing is read until a Settings() is built (never at import time)."""
 
@@ -54,6 +57,21 @@ class Settings(BaseSettings):
         default="",
         description="comma-separated CIDRs worker URLs may reach (empty: any address but "
         "link-local, metadata, unspecified, multicast, broadcast; see ledger/worker_url.py)",
+    )
+    content_retention_days: int | None = Field(
+        default=None,
+        ge=1,
+        description="erase records' content (schema v2) received more than this many days ago; "
+        "unset: keep forever. Production refuses under 183 days unless "
+        "LEDGER_ALLOW_SHORT_RETENTION=1",
+    )
+    allow_short_retention: bool = Field(
+        default=False,
+        description="let production keep content fewer than 183 days (EU AI Act Art. 19 "
+        "asks providers of high-risk systems for at least six months)",
+    )
+    retention_interval: float = Field(
+        default=3600.0, gt=0, description="seconds between retention purges"
     )
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
@@ -101,6 +119,16 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"LEDGER_TOKEN_CACHE_SECONDS={self.token_cache_seconds:g}: production allows "
                     f"at most {PRODUCTION_MAX_TOKEN_CACHE:g} (a revoked token is trusted that long)"
+                )
+            if (
+                self.content_retention_days is not None
+                and self.content_retention_days < MIN_PRODUCTION_RETENTION_DAYS
+                and not self.allow_short_retention
+            ):
+                raise ValueError(
+                    f"LEDGER_CONTENT_RETENTION_DAYS={self.content_retention_days}: production "
+                    f"keeps content at least {MIN_PRODUCTION_RETENTION_DAYS} days (six months, "
+                    "EU AI Act Art. 19); set LEDGER_ALLOW_SHORT_RETENTION=1 to override"
                 )
             if self.checkpoint_interval == 0:
                 raise ValueError(

@@ -1,10 +1,12 @@
 """Ingest benchmark: signed records/s through the API on Postgres, against raw COPY.
 
-Starts `ledger serve` on a scratch Postgres database (unless --api is given), registers a
-collector key and a fingerprint, pre-signs N records (512 prompt tokens, 256 output tokens,
-top-5 logprobs), then posts them in batches and reports records/s. In the same run it loads
-the same rows (log entry + index columns) with psycopg COPY into a scratch table and prints
-the ratio. Repeats --runs times and reports the median.
+Starts `ledger serve` on a scratch Postgres database, registers a collector key and a
+fingerprint, pre-signs N records (512 prompt tokens, 256 output tokens, top-5 logprobs) of
+each schema asked for, then posts them in batches and reports records/s: schema v2 (the body
+commits to salted disclosures, which travel beside it and are stored apart; what collectors
+write) and schema v1 (content in the signed body), by turns in each run, and their ratio. In
+the same run it loads the v1 rows (log entry + index columns) with psycopg COPY into a scratch
+table and prints the ratio. Repeats --runs times and reports the medians.
 
     .venv/bin/python bench/ingest.py --records 10000 --batch 500 --runs 3
 """
@@ -32,8 +34,13 @@ sys.path.insert(0, str(ROOT))
 
 from demo.server_thread import free_port  # noqa: E402
 from ledger.merkle import leaf_hash  # noqa: E402
+from ledger.record_v2 import wire_item  # noqa: E402
 from ledger.signing import Envelope, SigningKey, public_key_pem  # noqa: E402
-from tests.support.documents import fingerprint_envelope, record_envelope  # noqa: E402
+from tests.support.documents import (  # noqa: E402
+    fingerprint_envelope,
+    record_envelope,
+    record_v2,
+)
 
 
 def machine() -> str:
@@ -245,20 +252,28 @@ def main() -> None:
             f"{args.records} records/run, batches of {args.batch}, {args.concurrency} client(s), "
             f"{args.workers} API worker(s), prompt as {args.prompt}"
         )
-        api_rates, copy_rates = [], []
+        api_rates, copy_rates, v2_rates = [], [], []
+        shape = {
+            "prompt_len": 512,
+            "out_len": 256,
+            "top_k": 5,
+            "model": "bench-model",
+            "text_prompt": args.prompt == "text",
+        }
         for run in range(args.runs):
-            envs = [
-                record_envelope(
-                    key,
-                    fp_id,
-                    prompt_len=512,
-                    out_len=256,
-                    top_k=5,
-                    model="bench-model",
-                    text_prompt=args.prompt == "text",
+            items = [
+                wire_item(env.canonical, disclosures)
+                for env, disclosures in (
+                    record_v2(key, fp_id, **shape) for _ in range(args.records)
                 )
-                for _ in range(args.records)
             ]
+            v2_bodies = [
+                b'{"records":[' + b",".join(items[i : i + args.batch]) + b"]}"
+                for i in range(0, len(items), args.batch)
+            ]
+            v2_s = post_all(url, token, v2_bodies, args.concurrency)
+            v2_rates.append(args.records / v2_s)
+            envs = [record_envelope(key, fp_id, **shape) for _ in range(args.records)]  # type: ignore[arg-type]
             bodies = [
                 b'{"envelopes":[' + b",".join(e.canonical for e in envs[i : i + args.batch]) + b"]}"
                 for i in range(0, len(envs), args.batch)
@@ -275,15 +290,20 @@ def main() -> None:
             api_rates.append(args.records / api_s)
             copy_rates.append(args.records / copy_s)
             print(
-                f"run {run + 1}: API {api_rates[-1]:,.0f} records/s, COPY {copy_rates[-1]:,.0f} "
+                f"run {run + 1}: v2 {v2_rates[-1]:,.0f} records/s "
+                f"({sum(map(len, v2_bodies)) / args.records / 1024:.1f} KiB/record), "
+                f"v1 API {api_rates[-1]:,.0f} records/s, COPY {copy_rates[-1]:,.0f} "
                 f"rows/s, ratio {api_rates[-1] / copy_rates[-1]:.2f} "
                 f"({sum(map(len, bodies)) / args.records / 1024:.1f} KiB/record on the wire; "
                 f"API worker CPU split {split or 'n/a'})"
             )
         api_med, copy_med = statistics.median(api_rates), statistics.median(copy_rates)
+        v2_med = statistics.median(v2_rates)
+        ratios = [a / b for a, b in zip(v2_rates, api_rates, strict=True)]
         print(
-            f"median: API {api_med:,.0f} records/s; COPY {copy_med:,.0f} rows/s; "
-            f"API/COPY {api_med / copy_med:.2f}"
+            f"median: v2 {v2_med:,.0f} records/s; v1 {api_med:,.0f} records/s; v2/v1 "
+            f"{statistics.median(ratios):.2f} (per run); COPY {copy_med:,.0f} rows/s; "
+            f"v1/COPY {api_med / copy_med:.2f}"
         )
     finally:
         proc.terminate()

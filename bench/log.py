@@ -41,10 +41,11 @@ sys.path.insert(0, str(ROOT))
 import migrations  # noqa: E402
 from bench.ingest import machine, start_server  # noqa: E402
 from ledger import merkle  # noqa: E402
-from ledger.cachekey import is_deterministic  # noqa: E402
+from ledger.cachekey import is_deterministic, keys_of_record  # noqa: E402
+from ledger.inference_record import parse_record  # noqa: E402
 from ledger.records import RECORD_KIND  # noqa: E402
 from ledger.signing import SigningKey, sign_envelope  # noqa: E402
-from ledger.storage import cache, checkpoints, tokenstore, tree  # noqa: E402
+from ledger.storage import checkpoints, tokenstore, tree  # noqa: E402
 from ledger.storage.audit import audit  # noqa: E402
 from ledger.storage.database import Database  # noqa: E402
 from tests.support.documents import record_body  # noqa: E402
@@ -63,7 +64,7 @@ def _generate(args: tuple[bytes, str, int, int]) -> list[Generated]:
     for i in range(start, start + count):
         body = record_body(fp, request_id=f"bench-{i:08d}", prompt_len=16, out_len=16, seed=i)
         env = sign_envelope(RECORD_KIND, body, key)
-        keys = cache.keys_for(body, None)  # the write path's derivation (completions)
+        keys = keys_of_record(parse_record(body), None)  # the write path's derivation
         det = is_deterministic(body["request"])
         out.append((body["request_id"], env.canonical, env.body_digest, keys, det))
     return out

@@ -1,8 +1,9 @@
 """Offline verification benchmark: evidence bundles verified per second on one core.
 
-Builds a ledger on SQLite in a temporary directory, ingests N records of the ingest
-benchmark's shape (512 prompt tokens, 256 output tokens, top-5 logprobs), exports one evidence
-bundle per record into a directory, one JSON file each (all under one checkpoint, as an
+Builds a ledger on SQLite in a temporary directory, ingests N schema v2 records of the ingest
+benchmark's shape (512 prompt tokens, 256 output tokens, top-5 logprobs; `--schema 1` for v1),
+exports one full evidence bundle per record (every disclosure carried and checked) into a
+directory, one JSON file each (all under one checkpoint, as an
 auditor fetching a day's evidence would), and writes the log's public key beside them.
 
 Then a fresh interpreter, pinned to one core, does what a verifier does: it reads the files'
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -38,7 +40,7 @@ from ledger.evidence import verify_bundle  # noqa: E402
 from ledger.signing import load_public_key, public_key_pem  # noqa: E402
 from ledger.storage import checkpoints, ingest, proofs  # noqa: E402
 from ledger.storage.database import Database  # noqa: E402
-from tests.support.documents import record_envelope  # noqa: E402
+from tests.support.documents import record_envelope, record_item_v2  # noqa: E402
 from tests.support.seed import seed_ledger  # noqa: E402
 
 
@@ -47,19 +49,20 @@ def main() -> None:
     ap.add_argument("--bundles", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--verify-dir", type=Path, help="time the verification of DIR/*.json only")
+    ap.add_argument("--schema", type=int, choices=(1, 2), default=2, help="record schema")
     args = ap.parse_args()
     if args.verify_dir is not None:
         time_verification(args.verify_dir, args.runs)
         return
     out = Path(tempfile.mkdtemp(prefix="ledger-verify-bench-"))
-    export(out, args.bundles)
+    export(out, args.bundles, args.schema)
     print(f"machine: {machine()}")
     subprocess.run(
         [sys.executable, __file__, "--verify-dir", str(out), "--runs", str(args.runs)], check=True
     )
 
 
-def export(out: Path, count: int) -> None:
+def export(out: Path, count: int, schema: int = 2) -> None:
     """Ledger on SQLite under out/, one bundle per record in out/*.json, the log key in out/."""
     db = Database(f"sqlite:///{out / 'ledger.db'}")
     migrations.upgrade(db)
@@ -67,11 +70,14 @@ def export(out: Path, count: int) -> None:
     log_key, collector, fp = seeded.log_key, seeded.collector, seeded.fingerprint_id
     ids = []
     for start in range(0, count, 500):
-        batch = [
-            record_envelope(collector, fp, prompt_len=512, out_len=256, top_k=5, text_prompt=True)
-            for _ in range(min(500, count - start))
-        ]
-        ids += [r.request_id for r in ingest.ingest_records(db, [e.to_dict() for e in batch])]
+        shape = {"prompt_len": 512, "out_len": 256, "top_k": 5, "text_prompt": True}
+        n = min(500, count - start)
+        batch: list[Any] = (
+            [record_item_v2(collector, fp, **shape) for _ in range(n)]
+            if schema == 2
+            else [record_envelope(collector, fp, **shape).to_dict() for _ in range(n)]
+        )
+        ids += [r.request_id for r in ingest.ingest_records(db, batch)]
     checkpoints.sign_if_new(db, log_key, "bench/log")
     for i, rid in enumerate(ids):
         bundle = proofs.evidence(db, log_key, "bench/log", rid)

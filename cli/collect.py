@@ -77,6 +77,14 @@ def collect(
         "--ship-linger",
         help="seconds to wait for more records before shipping a partial batch (0-10)",
     ),
+    content_retention_days: int | None = typer.Option(
+        None,
+        "--content-retention-days",
+        envvar="LEDGER_CONTENT_RETENTION_DAYS",
+        min=1,
+        help="delete spooled records and dead letters older than this many days (the ledger's "
+        "retention; unset: keep until shipped)",
+    ),
     log_level: LogLevel = typer.Option("warning", help="the lowest level logged"),
     log_format: LogFormat = LogFormatOption,
 ) -> None:
@@ -108,6 +116,7 @@ def collect(
             advertise_url=None if no_register else advertise_url,
             log_public_key=read_public_key(log_key) if log_key else None,
             ship_linger=ship_linger,
+            content_retention_days=content_retention_days,
         )
         collector = Collector(config).start()
     state = collector.state

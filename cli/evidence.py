@@ -24,6 +24,12 @@ from ledger.atomic_file import write_atomically
 def evidence(
     request_id: str = typer.Argument(..., help="the record's request ID (its X-Request-ID)"),
     out: Path = typer.Option(..., "--out", "-o", help="where to write the bundle"),
+    redact: str | None = typer.Option(
+        None,
+        "--redact",
+        help="comma-separated content members or groups to leave out: prompt, output, "
+        "token_ids, text, logprobs, request, request_raw, choices[N].text, ...",
+    ),
     api: str = ApiOption,
     token_file: Path | None = TokenFileOption,
     as_json: bool = JsonOption,
@@ -33,7 +39,8 @@ def evidence(
         ledger_errors(),
         LedgerClient(api, read_token_file(token_file_or_default(token_file))) as c,
     ):
-        bundle = c.evidence(request_id)
+        names = [n.strip() for n in (redact or "").split(",") if n.strip()]
+        bundle = c.evidence(request_id, names or None)
     try:
         write_atomically(out, (json.dumps(bundle, indent=2) + "\n").encode())
     except OSError as exc:
@@ -47,6 +54,8 @@ def evidence(
                 "leaf_index": bundle["leaf_index"],
                 "tree_size": bundle["inclusion_proof"]["tree_size"],
                 "fingerprint_leaf_index": fingerprint.get("leaf_index"),
+                "disclosures": len(bundle.get("disclosures", [])),
+                "erased": "erasure" in bundle,
             }
         )
         return

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "verify": ("cli.verify", "verify", "command", ""),
     "audit": ("cli.audit", "run_audit", "command", ""),
     "evidence": ("cli.evidence", "evidence", "command", ""),
+    "erase": ("cli.erase", "erase", "command", ""),
     "fixture-model": ("cli.fixture_model", "fixture_model", "command", ""),
     "fingerprint": ("cli.fingerprint", "fingerprint", "command", ""),
     "diff": ("cli.diff", "diff_command", "command", ""),

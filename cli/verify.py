@@ -109,6 +109,7 @@ def _as_json(result: VerifiedBundle) -> dict[str, Any]:
         "fingerprint": result.fingerprint.to_dict() if result.fingerprint else None,
         "replay_verdicts": list(result.replay_verdicts),
         "replays": [r.to_dict() for r in result.replays],
+        **result.content.to_dict(),
     }
     if result.fingerprint is None:
         out["fingerprint_note"] = NO_FINGERPRINT
@@ -131,6 +132,33 @@ def _gpus(fp: FingerprintFacts) -> str:
     names = ", ".join(f"{n} x{k}" if k > 1 else n for n, k in Counter(fp.gpus).items())
     driver = f" (driver {fp.driver_version})" if fp.driver_version else ""
     return _shown(names + driver)
+
+
+def _print_content(result: VerifiedBundle) -> None:
+    content = result.content
+    if content.schema_version == 1:
+        console.print("  content: in the signed record itself (schema v1: not erasable)")
+        return
+    console.print(f"  content (schema v{content.schema_version}, one digest per member):")
+    rows = [
+        (
+            item.member or "(member hidden by its salt)",
+            {"disclosed": "disclosed", "redacted": "redacted in this bundle"}.get(
+                item.status, "[bold]erased[/]"
+            ),
+            item.digest[:19] + "…",
+        )
+        for item in content.items
+    ]
+    for member, status, digest in rows:
+        console.print(f"    {escape(member):<24}{status:<26}{digest}")
+    e = content.erasure
+    if e is not None:
+        console.print(
+            f"  erased by event at leaf {e.leaf_index} ({_shown(e.reason_code, '?')}: "
+            f"{_shown(e.reason, '?')}; by {_shown(e.requested_by, '?')} at "
+            f"{_shown(e.erased_at, '?')}), signed by the log key"
+        )
 
 
 def _print(result: VerifiedBundle) -> None:
@@ -168,6 +196,7 @@ def _print(result: VerifiedBundle) -> None:
             f"  replay {_shown(r.replay_id, '?')}: {_shown(r.verdict, '?')}{_shown(worker + key)} "
             f"(leaf {r.leaf_index}, signed by the log key)"
         )
+    _print_content(result)
     if not result.log_key_pinned:
         console.print(f"  [bold red]WARNING:[/] {escape(NOT_PINNED)}")
         err_console.print(f"[bold red]warning:[/] {escape(NOT_PINNED)}")

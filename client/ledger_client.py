@@ -23,6 +23,7 @@ from ledger.errors import (
     Pushback,
     TooLarge,
 )
+from ledger.record_v2 import as_wire_item, wire_item
 from ledger.records import is_request_id
 from ledger.signing import Envelope
 
@@ -144,12 +145,19 @@ class LedgerClient:
         result: dict[str, Any] = self._request("GET", f"/v1/fingerprints/{segment(fingerprint_id)}")
         return result
 
-    def post_records(self, envelopes: list[Envelope]) -> dict[str, Any]:
-        return self.post_canonical([e.canonical for e in envelopes])
+    def post_records(
+        self, envelopes: list[Envelope], disclosures: list[list[str]] | None = None
+    ) -> dict[str, Any]:
+        """Post records (a v2 record with its disclosures, in the same order)."""
+        lists = disclosures if disclosures is not None else [[] for _ in envelopes]
+        return self.post_canonical(
+            [wire_item(e.canonical, d) for e, d in zip(envelopes, lists, strict=True)]
+        )
 
-    def post_canonical(self, envelopes: list[bytes]) -> dict[str, Any]:
-        """Post a batch of canonical envelope bytes (as a spool holds them) unchanged."""
-        body = b'{"envelopes":[' + b",".join(envelopes) + b"]}"
+    def post_canonical(self, items: list[bytes]) -> dict[str, Any]:
+        """Post a batch of spooled items unchanged: ``{"disclosures", "envelope"}`` objects
+        (``ledger.record_v2.wire_item``), or bare canonical envelopes, which are wrapped."""
+        body = b'{"records":[' + b",".join(as_wire_item(i) for i in items) + b"]}"
         result: dict[str, Any] = self._request("POST", "/v1/records", content=body, headers=_JSON)
         return result
 
@@ -159,9 +167,27 @@ class LedgerClient:
         )
         return result
 
-    def evidence(self, request_id: str) -> dict[str, Any]:
+    def evidence(self, request_id: str, redact: list[str] | None = None) -> dict[str, Any]:
+        """A record's evidence bundle, leaving out the members ``redact`` names."""
+        params = {"redact": ",".join(redact)} if redact else None
         result: dict[str, Any] = self._request(
-            "GET", f"/v1/records/{request_id_segment(request_id)}/evidence"
+            "GET", f"/v1/records/{request_id_segment(request_id)}/evidence", params=params
+        )
+        return result
+
+    def erase(self, request_id: str, reason: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request(
+            "POST",
+            f"/v1/records/{request_id_segment(request_id)}/erasure",
+            json={"reason": reason},
+        )
+        return result
+
+    def erase_matching(self, flt: dict[str, Any], reason: str, *, dry_run: bool) -> dict[str, Any]:
+        result: dict[str, Any] = self._request(
+            "POST",
+            "/v1/erasures",
+            json={"filter": flt, "reason": reason, "dry_run": dry_run},
         )
         return result
 

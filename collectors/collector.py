@@ -55,6 +55,8 @@ class CollectorConfig:
     ship_linger: float = LINGER
     # The ledger's log key, pinned; None: fetched from the ledger (GET /v1/log/key) at start.
     log_public_key: Ed25519PublicKey | None = None
+    # Delete spooled records and dead letters older than this (LEDGER_CONTENT_RETENTION_DAYS).
+    content_retention_days: int | None = None
 
 
 def expected_system_fingerprint(snapshot: Snapshot) -> str | None:
@@ -98,12 +100,18 @@ class Collector:
             linger=config.ship_linger,
             on_shipped=self.metrics.shipped.inc,
             on_failure=lambda code: self.metrics.ship_failures.labels(code).inc(),
+            content_retention_days=config.content_retention_days,
+            on_expired=self._expired,
         )
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="engine-watch", daemon=True)
         self._heart = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
         self.registered = threading.Event()
         self._engine_pid = self._find_pid()
+
+    def _expired(self, pending: int, dead: int) -> None:
+        self.metrics.retention_deleted.labels("pending").inc(pending)
+        self.metrics.retention_deleted.labels("dead_letter").inc(dead)
 
     def _snapshot(self) -> Snapshot:
         c = self.config

@@ -14,12 +14,12 @@ stream of chunks.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.tokens import CONTEXT, TokenRenderer, parse_placeholder
 from collectors.vllm_request import Judged, Unsure, judge, prompt_kind, recordable
+from ledger.compact_json import compact_json
 from ledger.errors import InvalidInput
 from ledger.records import MAX_TOP_K, Choice
 
@@ -279,9 +279,7 @@ class ClientView:
             del context[:-CONTEXT]
 
 
-def dumps(data: dict[str, Any]) -> bytes:
-    """Compact JSON with raw UTF-8, as vLLM writes it."""
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+dumps = compact_json
 
 
 @dataclass

@@ -40,6 +40,12 @@ class CollectorMetrics:
         self.ship_failures = Counter(
             "collector_ship_failures", "Failed shipping attempts", ["code"], registry=r
         )
+        self.retention_deleted = Counter(
+            "collector_retention_deleted",
+            "Spooled records deleted past the content retention, by where (pending, dead_letter)",
+            ["where"],
+            registry=r,
+        )
         self.pending = Gauge("collector_records_pending", "Records in the spool", registry=r)
         self.dead_letters = Gauge(
             "collector_records_dead_lettered", "Records the ledger refused for good", registry=r

@@ -15,21 +15,18 @@ import base64
 import logging
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from collectors.exchange import Accumulator, ClientView, Plan, dumps
 from collectors.metrics import CollectorMetrics
 from collectors.worker_state import WorkerState
+from ledger.clock import utc_now
 from ledger.errors import InvalidInput, LedgerError
+from ledger.record_v2 import commit_record, wire_item
 from ledger.records import RECORD_KIND, build_record_body
 from ledger.signing import sign_envelope
 
 logger = logging.getLogger("ledger.collector")
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass
@@ -90,7 +87,8 @@ class Exchange:
         return out
 
     def record(self, *, aborted: bool) -> bytes:
-        """The signed record envelope's canonical bytes (InvalidInput: nothing to record)."""
+        """The spool item of the record (``ledger.record_v2.wire_item``: the signed v2
+        envelope's canonical bytes and its disclosures; InvalidInput: nothing to record)."""
         total = time.perf_counter_ns() - self.started_ns
         self._check_system_fingerprint()
         body = build_record_body(
@@ -111,7 +109,10 @@ class Exchange:
             request_raw=base64.b64encode(self.engine_raw).decode("ascii"),
             aborted=True if aborted else None,
         )
-        return sign_envelope(RECORD_KIND, body, self.state.key).canonical
+        committed, disclosures = commit_record(body)
+        return wire_item(
+            sign_envelope(RECORD_KIND, committed, self.state.key).canonical, disclosures
+        )
 
     def _check_system_fingerprint(self) -> None:
         """Count (and log) a response whose system_fingerprint is not the engine's expected

@@ -13,7 +13,6 @@ from __future__ import annotations
 import binascii
 import json
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -23,6 +22,7 @@ from collectors.errors import error_response
 from collectors.exchange import Accumulator
 from collectors.upstream import Upstream
 from collectors.worker_state import WorkerState
+from ledger.clock import utc_now
 from ledger.errors import InvalidInput, LedgerError, Unreachable, VerificationError
 from ledger.replay import (
     ORDER_KIND,
@@ -104,7 +104,7 @@ async def handle_replay(request: Request, state: WorkerState, engine: Upstream) 
             raw = binascii.a2b_base64(order["request_raw"].encode("ascii"), strict_mode=True)
         except (binascii.Error, ValueError, AttributeError) as exc:
             raise InvalidInput("request_raw is not base64", code="invalid_order") from exc
-        started = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        started = utc_now()
         fingerprint_id = state.fingerprint_id  # the environment the replay actually ran under
         acc, elapsed = await _run(engine, order["endpoint"], raw)
         choices = [

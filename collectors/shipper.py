@@ -23,13 +23,14 @@ from collections.abc import Callable
 from client.ledger_client import LedgerClient
 from collectors.spool import REQUEST_ID_RETENTION, Spool, Spooled
 from ledger.errors import Conflict, InvalidInput, LedgerError, Pushback, TooLarge
+from ledger.record_v2 import as_wire_item
 
 logger = logging.getLogger("ledger.collector.shipper")
 BATCH = 200
 # Bytes of envelopes per batch: well under the ledger's default body limit (32 MiB), so that
 # long-context records do not make every batch too large.
 MAX_BYTES = 8 * 1024 * 1024
-_FRAME = len(b'{"envelopes":[]}')  # a batch body's bytes besides its envelopes and commas
+_FRAME = len(b'{"records":[]}')  # a batch body's bytes besides its items and commas
 BACKOFF_START = 0.2
 BACKOFF_MAX = 15.0
 # Wait this long for more records before posting a partial batch: records are durable in the
@@ -50,6 +51,8 @@ class Shipper:
         linger: float = LINGER,
         on_shipped: Callable[[int], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
+        content_retention_days: int | None = None,
+        on_expired: Callable[[int, int], None] | None = None,
     ) -> None:
         self.spool = spool
         self.client = client
@@ -58,6 +61,8 @@ class Shipper:
         self.linger = linger
         self.on_shipped = on_shipped
         self.on_failure = on_failure
+        self.content_retention_days = content_retention_days
+        self.on_expired = on_expired
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shipper", daemon=True)
         self.backoff = 0.0
@@ -106,6 +111,8 @@ class Shipper:
             # The spool remembers used request IDs for a while: forget the oldest (hourly).
             self._next_forget = time.monotonic() + FORGET_EVERY
             self.spool.forget_request_ids(time.time() - REQUEST_ID_RETENTION)
+            if self.content_retention_days is not None:
+                self._expire(self.content_retention_days)
         if not self._register_fingerprints():
             return
         items, full = self._oldest()
@@ -118,6 +125,21 @@ class Shipper:
             self._stop.wait(self.linger)
             items, _ = self._oldest()
         self._send(items)
+
+    def _expire(self, days: int) -> None:
+        """The spool keeps no content past the retention: pending records and dead letters
+        older than it are deleted (counted and logged: the ledger never sees them)."""
+        pending, dead = self.spool.expire_content(time.time() - days * 86400.0)
+        if pending or dead:
+            logger.warning(
+                "retention: deleted %d pending record(s) and %d dead letter(s) spooled more "
+                "than %d days ago",
+                pending,
+                dead,
+                days,
+            )
+        if self.on_expired is not None:
+            self.on_expired(pending, dead)
 
     def _oldest(self) -> tuple[list[Spooled], bool]:
         """The next batch (at least one record, however large), and whether it is full."""
@@ -196,7 +218,7 @@ def _fit(items: list[Spooled], max_bytes: int) -> list[Spooled]:
     """The longest prefix of ``items`` whose batch body is within ``max_bytes`` (at least one)."""
     size = _FRAME
     for n, item in enumerate(items):
-        size += len(item.envelope) + 1
+        size += len(as_wire_item(item.envelope)) + 1
         if size > max_bytes and n > 0:
             return items[:n]
     return items

@@ -315,6 +315,22 @@ class Spool:
             if gone < chunk:
                 return forgotten
 
+    def expire_content(self, older_than: float) -> tuple[int, int]:
+        """Delete records spooled before ``older_than`` (a Unix time): pending ones and dead
+        letters, which hold prompts and outputs (``LEDGER_CONTENT_RETENTION_DAYS``). Returns
+        (pending, dead letters) deleted. Their request IDs stay remembered, so none is reused."""
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO request_ids (request_id, used_at) "
+                "SELECT request_id, spooled_at FROM spool WHERE spooled_at < ?",
+                (older_than,),
+            )
+            pending = conn.execute("DELETE FROM spool WHERE spooled_at < ?", (older_than,)).rowcount
+            dead = conn.execute(
+                "DELETE FROM dead_letters WHERE failed_at < ?", (older_than,)
+            ).rowcount
+        return pending, dead
+
     def pending(self) -> int:
         return int(self._read.execute("SELECT count(*) FROM spool").fetchone()[0])
 

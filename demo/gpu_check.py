@@ -41,6 +41,7 @@ from demo.traffic import mixed_request, run_certification, send, wait_record
 from fixture_model.engine import STRICT_ARGS
 from ledger.cachekey import is_deterministic
 from ledger.errors import LedgerError
+from ledger.inference_record import body_view
 
 GPU_POOLS: Pools = {
     "throughput": (("--gpu-memory-utilization", "0.35"), {}),
@@ -169,7 +170,7 @@ def replays(client: LedgerClient, ids: dict[str, list[str]], sample: int) -> dic
         for request_id in ids[pool]:
             if wanted is not None and done >= wanted:
                 break
-            request = client.get_record(request_id)["envelope"]["body"]["request"]
+            request = body_view(client.get_record(request_id))["request"]
             if not is_deterministic(request):
                 skipped += 1  # sampled without a seed: no output to reproduce
                 continue

@@ -19,6 +19,7 @@ from client.ledger_client import LedgerClient
 from demo.engine import register_demo_key
 from demo.errors import CheckFailed
 from ledger.atomic_file import write_atomically
+from ledger.clock import utc_now
 from ledger.evidence import verify_bundle
 from ledger.fingerprint import FINGERPRINT_KIND, fingerprint_id
 from ledger.packing import unpack_float32
@@ -57,7 +58,7 @@ def sample_record(fp_id: str, rng: random.Random) -> dict[str, Any]:
         request={"model": "demo-sample", "prompt": prompt, "max_tokens": 16, "temperature": 0},
         prompt_token_ids=prompt,
         choices=[Choice(out, lps, top_ids, top_lps, finish_reason="length")],
-        started_at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        started_at=utc_now(),
         ttft_ns=1_250_000,
         total_ns=18_500_000,
         system_fingerprint=None,

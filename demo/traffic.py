@@ -22,6 +22,7 @@ from demo.engine import Worker
 from demo.errors import CheckFailed, DemoTrouble
 from ledger.cachekey import is_deterministic
 from ledger.errors import Conflict, NotFound
+from ledger.inference_record import body_view
 from ledger.signing import Envelope, SigningKey, verify_envelope
 
 log = logging.getLogger("ledger.demo")
@@ -128,7 +129,7 @@ def traffic(
         wait_record(client, request_id)
     record = wait_record(client, checked_id)
     verify_envelope(Envelope.from_dict(record["envelope"]), key.public_key)
-    raw = base64.b64decode(record["envelope"]["body"]["choices"][0]["logprobs"])
+    raw = base64.b64decode(body_view(record)["choices"][0]["logprobs"])
     answered = checked.json()["choices"][0]["logprobs"]["token_logprobs"]
     if struct.pack(f"<{len(answered)}f", *answered) != raw:
         raise CheckFailed("the recorded logprobs differ from the ones the client was answered")
@@ -147,9 +148,7 @@ def replays(client: LedgerClient, ids: dict[str, list[str]]) -> Rows:
     record forced onto the throughput pool (not comparable, with the fingerprint diff)."""
     rows: Rows = []
     strict = [
-        r
-        for r in ids["strict"]
-        if is_deterministic(client.get_record(r)["envelope"]["body"]["request"])
+        r for r in ids["strict"] if is_deterministic(body_view(client.get_record(r))["request"])
     ][:5]
     for request_id in strict:
         verdict = client.replay(request_id, None, False)["envelope"]["body"]
@@ -184,7 +183,7 @@ def replays(client: LedgerClient, ids: dict[str, list[str]]) -> Rows:
 
 def cache_lookup(client: LedgerClient, request_id: str) -> Rows:
     record = client.get_record(request_id)
-    body = record["envelope"]["body"]
+    body = body_view(record)
     request = {k: v for k, v in body["request"].items() if k != "return_token_ids"}
     key = client.cache_key(
         {"endpoint": body["endpoint"], "request": request, "fingerprint_id": body["fingerprint_id"]}

@@ -29,10 +29,13 @@ A completions prompt can be text or token IDs; the ledger indexes a record under
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from ledger.canonical import canonicalize
 from ledger.errors import InvalidInput
+from ledger.inference_record import InferenceRecord
+from ledger.packing import unpack_int32
 
 ALGORITHM = "ck1"
 PREFIX = "ck1:sha256:"
@@ -110,7 +113,7 @@ def normalize_params(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def is_deterministic(request: dict[str, Any]) -> bool:
+def is_deterministic(request: Mapping[str, Any]) -> bool:
     """Greedy (temperature 0) or seeded sampling: the same environment gives the same output."""
     temperature = request.get("temperature")
     greedy = temperature == 0 and not isinstance(temperature, bool)  # false is not 0
@@ -190,6 +193,29 @@ def record_keys(
         prompts = [_prompt(endpoint, request, None, chat_template)]
     head = _head(endpoint, request, fingerprint_id)
     return sorted({_key(head, prompt) for prompt in prompts})
+
+
+def keys_of_record(record: InferenceRecord, chat_template: str | None) -> list[str]:
+    """The keys a record is indexed under: ``record_keys`` of its request and prompt token
+    IDs. None when its request cannot be keyed or its content was erased (an erasure deletes
+    its keys, and the audit expects none)."""
+    if not record.complete or record.request is None:
+        return []
+    try:
+        ids = (
+            unpack_int32(record.prompt_token_ids)
+            if record.endpoint != CHAT and record.prompt_token_ids is not None
+            else None
+        )
+        return record_keys(
+            record.endpoint,
+            record.request,
+            record.fingerprint_id,
+            prompt_token_ids=ids,
+            chat_template=chat_template,
+        )
+    except InvalidInput:
+        return []
 
 
 _HEADS: dict[tuple[Any, ...], bytes] = {}

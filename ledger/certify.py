@@ -21,9 +21,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from ledger.clock import utc_now
 from ledger.compare import BITWISE, Comparison, Generation
 
 SCHEMA_VERSION = 1
@@ -178,5 +178,5 @@ def certificate(
         "parameters": parameters,
         "results": results,
         "invariant_observed": bool(results) and all(r["bitwise"] == r["requests"] for r in results),
-        "issued_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        "issued_at": utc_now(),
     }

@@ -12,6 +12,7 @@ codes in one place (``api/errors.py``); the CLI prints ``message`` and exits non
     ├── PermissionDenied      valid credentials without the needed scope
     ├── NotFound              the named object does not exist
     ├── Conflict              the request contradicts what the ledger already holds
+    ├── Gone                  the content asked for was erased (a logged erasure event)
     ├── Pushback              the ledger is overloaded; retry later
     ├── Unreachable           a service the caller needs (an engine) does not answer
     ├── StorageError          the database failed (translated from SQLAlchemy/psycopg)
@@ -76,6 +77,12 @@ class NotFound(LedgerError):
 
 class Conflict(LedgerError):
     code = "conflict"
+
+
+class Gone(LedgerError):
+    """The content asked for existed and was erased by a logged erasure event."""
+
+    code = "content_erased"
 
 
 class Pushback(LedgerError):

@@ -1,6 +1,6 @@
 """Evidence bundles (pure): one JSON document that proves a record offline.
 
-Format ``inference-ledger/evidence/v2``::
+Format ``inference-ledger/evidence/v3``::
 
     {
       "format": "inference-ledger/evidence/v2",
@@ -25,6 +25,11 @@ Format ``inference-ledger/evidence/v2``::
                    "leaf_index": 57, "hashes": ["<base64>", …]}],
       "exported_at": "2026-11-29T10:00:00+00:00"
     }
+
+Format ``v3`` adds ``"disclosures": ["<base64url>", …]`` (the record's salted disclosures the
+bundle carries: all, a subset chosen with ``--redact``, none once erased) and, for a record
+whose content was erased, ``"erasure": {"envelope", "leaf_index", "hashes"}`` (the event,
+signed by the log key); see :mod:`ledger.evidence_content`.
 
 Every inclusion proof is in the tree of the one checkpoint. ``replays`` holds the record's
 replay verdicts logged under that checkpoint (possibly none). Members and their parsing:
@@ -55,6 +60,7 @@ from ledger import merkle
 from ledger.canonical import canonicalize
 from ledger.checkpoint import Checkpoint, verifier_key, verify_checkpoint
 from ledger.errors import VerificationError
+from ledger.evidence_content import ContentReport, verify_content
 from ledger.evidence_format import (
     FORMAT,
     FORMAT_V1,
@@ -102,6 +108,8 @@ CHECKS = (
     "fingerprint_inclusion",
     "fingerprint_key",
     "replays",
+    "disclosures",
+    "erasure",
 )
 # What a v1 bundle cannot be checked for: it carries no fingerprint.
 FINGERPRINT_CHECKS = (
@@ -135,9 +143,13 @@ def build_bundle(
     log_key: dict[str, Any],
     exported_at: str,
     replays: list[dict[str, Any]],
+    disclosures: list[str],
+    erasure: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A v2 bundle. ``fingerprint`` and each replay are :func:`proven_leaf` members; the two
-    keys are ``{"key_id", "name", "role", "public_key", "registration": <proven_leaf>}``."""
+    """A v3 bundle. ``fingerprint``, each replay and ``erasure`` are :func:`proven_leaf`
+    members; the two keys are ``{"key_id", "name", "role", "public_key", "registration":
+    <proven_leaf>}``."""
+    extra: dict[str, Any] = {"erasure": erasure} if erasure is not None else {}
     return {
         "format": FORMAT,
         "request_id": envelope.get("body", {}).get("request_id"),
@@ -153,6 +165,8 @@ def build_bundle(
             "log": log_key,
         },
         "replays": replays,
+        "disclosures": disclosures,
+        **extra,
         "exported_at": exported_at,
     }
 
@@ -199,6 +213,7 @@ class VerifiedBundle:
     log_key_pinned: bool
     fingerprint: FingerprintFacts | None  # None: a v1 bundle, which carries none
     replays: tuple[ReplaySummary, ...]
+    content: ContentReport  # each committed member: disclosed, redacted or erased
 
     @property
     def replay_verdicts(self) -> tuple[str, ...]:
@@ -261,6 +276,7 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None) -> Verif
         fp_env, fp_index = b.fingerprint.envelope, b.fingerprint.index
         _verify_key("fingerprint_key", b.fingerprint_signer, fp_env, fp_index, cp, log_key)
     replays = _verify_replays(b.replays, record, index, cp, log_key)
+    content = verify_content(b.disclosures, b.erasure, record, index, cp, log_key)
     return VerifiedBundle(
         format=b.format,
         checks=CHECKS if facts else _CHECKS_V1,
@@ -278,6 +294,7 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None) -> Verif
         log_key_pinned=pinned_log_key is not None,
         fingerprint=facts,
         replays=replays,
+        content=content,
     )
 
 

@@ -7,7 +7,10 @@ value and parses every envelope; the checks in :mod:`ledger.evidence` then compa
 members that bundles of one export share (``keys``, ``fingerprint``) are parsed once for each
 distinct value, and that parse reused only for the same JSON (:func:`_reused`).
 
-Format ``v2`` (written since bundles carry the record's fingerprint) requires every member;
+Format ``v3`` (written since records commit to their content, schema v2) adds
+``disclosures`` (the record's disclosures this bundle carries: all, a chosen subset, or none
+once erased) and, when the record's content was erased, ``erasure`` (the event, proven).
+Format ``v2`` (bundles that carry the record's fingerprint) is read as v3 without them;
 ``v1`` bundles (no ``fingerprint``, no ``keys.fingerprint_signer``, ``replays`` optional) are
 still read, and their verification says the fingerprint was not included.
 """
@@ -27,9 +30,10 @@ from ledger.errors import LedgerError, VerificationError
 from ledger.records import RECORD_KIND
 from ledger.signing import Envelope, VerifyingKey, cached_verifying_key
 
-FORMAT = "inference-ledger/evidence/v2"
+FORMAT = "inference-ledger/evidence/v3"
+FORMAT_V2 = "inference-ledger/evidence/v2"
 FORMAT_V1 = "inference-ledger/evidence/v1"
-FORMATS = (FORMAT, FORMAT_V1)
+FORMATS = (FORMAT, FORMAT_V2, FORMAT_V1)
 
 # A member's cache key is its JSON as orjson writes it, refusing a subclass of a JSON type
 # (names in the member's order: bundles of one export write them alike).
@@ -48,8 +52,12 @@ _TOP: _Schema = {
     "fingerprint": dict,
     "keys": dict,
     "replays": list,
+    "disclosures": list,
+    "erasure": dict,
     "exported_at": str,
 }
+_TOP_V3_OPTIONAL = ("erasure",)
+_TOP_V3_ONLY = ("disclosures", "erasure")
 _TOP_V1_OPTIONAL = ("replays",)
 _TOP_V1_ABSENT = ("fingerprint",)
 _PROOF: _Schema = {"tree_size": int, "hashes": list}
@@ -135,6 +143,8 @@ class ParsedBundle(NamedTuple):
     fingerprint: ProvenLeaf | None  # None only in v1
     fingerprint_signer: KeyEntry | None  # None only in v1
     replays: tuple[ProvenLeaf, ...]
+    disclosures: tuple[object, ...] = ()  # as carried; ``ledger.disclosures`` opens them
+    erasure: ProvenLeaf | None = None
 
 
 def _members(
@@ -273,7 +283,15 @@ def parse_bundle(bundle: Any) -> ParsedBundle:
     v1 = version == FORMAT_V1
     if v1 and any(name in bundle for name in _TOP_V1_ABSENT):
         raise fail("format", f"a {FORMAT_V1} bundle has no member 'fingerprint'")
-    top = _members(bundle, _TOP, "bundle", _TOP_V1_OPTIONAL + _TOP_V1_ABSENT if v1 else ())
+    v3 = version == FORMAT
+    if not v3 and any(name in bundle for name in _TOP_V3_ONLY):
+        raise fail("format", f"a {version} bundle has no member 'disclosures' or 'erasure'")
+    absent: tuple[str, ...]
+    if v1:
+        absent = _TOP_V1_OPTIONAL + _TOP_V1_ABSENT + _TOP_V3_ONLY
+    else:
+        absent = _TOP_V3_OPTIONAL if v3 else _TOP_V3_ONLY
+    top = _members(bundle, _TOP, "bundle", absent)
     proof = _members(top["inclusion_proof"], _PROOF, "inclusion_proof")
     collector, signer, log = _reused(_keys_v1 if v1 else _keys, top["keys"], "keys")
     record = _envelope(top["envelope"], "envelope")
@@ -299,4 +317,6 @@ def parse_bundle(bundle: Any) -> ParsedBundle:
         fingerprint_signer=signer,
         # a record's own verdicts: no other bundle holds them, so nothing to reuse
         replays=tuple(_leaf(item, f"replays[{i}]") for i, item in enumerate(replays)),
+        disclosures=tuple(top.get("disclosures", ())),
+        erasure=_leaf(top["erasure"], "erasure") if "erasure" in top else None,
     )

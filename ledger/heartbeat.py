@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ledger.clock import rfc3339
 from ledger.errors import InvalidInput
 from ledger.worker_url import parse_worker_url
 
@@ -56,8 +57,7 @@ def _fail(message: str, code: str = "schema_violation") -> InvalidInput:
     return InvalidInput(message, code=code)
 
 
-def format_time(at: datetime) -> str:
-    return at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+format_time = rfc3339
 
 
 def build_heartbeat(

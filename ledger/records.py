@@ -37,7 +37,7 @@ from __future__ import annotations
 import binascii
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -181,24 +181,36 @@ def check_choice(choice: object, i: int) -> int:
 
 
 def validate_record_body(body: dict[str, Any]) -> RecordSummary:
-    """Validate an inference record body (schema version 1) and return its summary.
+    """Validate an inference record body of schema version 1 and return its summary.
 
     Raises InvalidInput naming the first problem: schema violations, bad packing,
-    negative token IDs, NaN/Inf logprobs, and array lengths that disagree.
+    negative token IDs, NaN/Inf logprobs, and array lengths that disagree. (A version 2 body
+    is checked with its disclosures: ``ledger.inference_record.parse_record``.)
     """
-    version = body.get("schema_version")
-    if type(version) is not int or version != RECORD_SCHEMA_VERSION:  # true and 1.0 are not 1
-        raise _fail(
-            f"unsupported record schema_version {version!r}; this ledger reads "
-            f"{RECORD_SCHEMA_VERSION}",
-            code="unsupported_schema_version",
-        )
+    check_version(body, (RECORD_SCHEMA_VERSION,))
     missing = _REQUIRED - set(body)
     if missing:
         raise _fail(f"record is missing {sorted(missing)}")
     extra = set(body) - _REQUIRED - _OPTIONAL
     if extra:
         raise _fail(f"record has unknown members {sorted(extra)}")
+    return check_content(body, check_common(body))
+
+
+def check_version(body: dict[str, Any], versions: tuple[int, ...]) -> int:
+    version = body.get("schema_version")
+    if type(version) is not int or version not in versions:  # true and 1.0 are not 1
+        raise _fail(
+            f"unsupported record schema_version {version!r}; this ledger reads "
+            f"{' and '.join(map(str, versions))}",
+            code="unsupported_schema_version",
+        )
+    return version
+
+
+def check_common(body: dict[str, Any]) -> RecordSummary:
+    """The members every schema version holds in the clear (IDs, routing, usage, timings);
+    the summary's ``output_tokens`` is 0 until :func:`check_content` counts them."""
     request_id = _str(body["request_id"], "request_id", _REQUEST_ID)
     fingerprint_id = _str(body["fingerprint_id"], "fingerprint_id", _FINGERPRINT_ID)
     worker_id = _str(body["worker_id"], "worker_id", _NAME)
@@ -210,20 +222,11 @@ def validate_record_body(body: dict[str, Any]) -> RecordSummary:
     model = _str(body["model"], "model")
     if len(model) > 300:
         raise _fail("model name longer than 300 characters")
-    if not isinstance(body["request"], dict):
-        raise _fail("request must be the JSON object sent to the engine")
-    if "request_raw" in body:
-        _check_base64(body["request_raw"], "request_raw")
     if "aborted" in body and not isinstance(body["aborted"], bool):
         raise _fail("aborted must be a boolean")
-    check_token_ids(decode_packed(body["prompt_token_ids"], "prompt_token_ids"), "prompt_token_ids")
     choices = body["choices"]
     if not isinstance(choices, list) or not choices:
         raise _fail("choices must be a non-empty list")
-    output_tokens = sum(check_choice(c, i) for i, c in enumerate(choices))
-    indexes = [c["index"] for c in choices]
-    if len(set(indexes)) != len(indexes):
-        raise _fail("choices have duplicate index values")
     usage = body["usage"]
     if not isinstance(usage, dict):
         raise _fail("usage must be an object")
@@ -252,8 +255,24 @@ def validate_record_body(body: dict[str, Any]) -> RecordSummary:
         endpoint=endpoint,
         model=model,
         choices=len(choices),
-        output_tokens=output_tokens,
+        output_tokens=0,
     )
+
+
+def check_content(view: dict[str, Any], summary: RecordSummary) -> RecordSummary:
+    """The content members of a v1-shaped body (a v1 body, or a v2 body with every
+    disclosure opened): the request, packed arrays and their lengths, choice indexes."""
+    if not isinstance(view.get("request"), dict):
+        raise _fail("request must be the JSON object sent to the engine")
+    if "request_raw" in view:
+        _check_base64(view["request_raw"], "request_raw")
+    check_token_ids(decode_packed(view["prompt_token_ids"], "prompt_token_ids"), "prompt_token_ids")
+    choices = view["choices"]
+    output_tokens = sum(check_choice(c, i) for i, c in enumerate(choices))
+    indexes = [c["index"] for c in choices]
+    if len(set(indexes)) != len(indexes):
+        raise _fail("choices have duplicate index values")
+    return replace(summary, output_tokens=output_tokens)
 
 
 def _check_base64(value: object, field: str) -> None:

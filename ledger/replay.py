@@ -17,6 +17,10 @@ verdict is evidence on its own.
              "pool", "worker_id", "worker_key_id", "worker_fingerprint_id", "forced",
              "verdict", "reason", "comparison", "fingerprint_diff", "output", "replayed_at"}
 
+A verdict about a schema v2 record holds ``"output": null`` and ``"output_digest"``: the digest
+of a salted ``replay_output`` disclosure (``ledger.disclosures``) of the signed output, kept
+apart from the log with the record's content and erased with it.
+
 ``worker_key_id`` is the collector key the worker is bound to (the key that registered it):
 the embedded output, when there is one, is signed by it, or there is no verdict but ``error``.
 
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ledger.clock import utc_now
 from ledger.compare import VERDICTS, Generation, Output
 from ledger.errors import InvalidInput
 from ledger.packing import check_logprobs, decode_packed, pack_float32, unpack_float32, unpack_int32
@@ -61,8 +66,7 @@ def _require(body: Any, fields: Sequence[str], what: str) -> dict[str, Any]:
     return body
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+_now = utc_now
 
 
 # ---- order -------------------------------------------------------------------------------
@@ -246,7 +250,12 @@ def build_verdict(
     comparison: dict[str, Any] | None,
     fingerprint_diff: list[dict[str, Any]] | None,
     output: dict[str, Any] | None,
+    output_digest: str | None = None,
 ) -> dict[str, Any]:
+    """The verdict body. A replay of a schema v2 record does not embed the worker's output
+    (that would put the record's content in the log): ``output`` is None and
+    ``output_digest`` the digest of a ``replay_output`` disclosure of it, stored apart like
+    the record's own and erased with them."""
     if verdict not in VERDICTS:
         raise _fail(f"unknown verdict {verdict!r}")
     if not _REPLAY_ID.fullmatch(replay_id):
@@ -254,7 +263,9 @@ def build_verdict(
     signer = (output or {}).get("signature", {}).get("key_id")
     if output is not None and signer != worker_key_id:
         raise _fail(f"the output is signed by {signer}, not by the worker's key {worker_key_id}")
+    committed = {"output_digest": output_digest} if output_digest is not None else {}
     return {
+        **committed,
         "schema_version": SCHEMA_VERSION,
         "replay_id": replay_id,
         "request_id": request_id,

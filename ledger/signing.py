@@ -42,7 +42,7 @@ SIGNABLE_KINDS: dict[str, tuple[str, ...]] = {
     "collector": ("fingerprint", "inference_record", "replay_output", "worker_heartbeat"),
     "replayer": ("replay_verdict",),
     # The ledger's own key signs key events (checked apart), replay verdicts, certificates.
-    "log": ("replay_verdict", "pool_certificate"),
+    "log": ("replay_verdict", "pool_certificate", "erasure", "legal_hold", "hold_release"),
 }
 
 

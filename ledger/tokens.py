@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from ledger.errors import InvalidInput
 
-SCOPES = ("records:write", "records:read", "cache:read", "replay", "admin")
+SCOPES = ("records:write", "records:read", "cache:read", "replay", "erasure", "holds", "admin")
 TOKEN_PREFIX = "lgr_"
 
 

@@ -45,21 +45,15 @@ async def ingest_records(
 
 async def _ingest(request: Request, state: AppState, response: Response) -> dict[str, object]:
     data = await read_json(request, state.settings.max_body_bytes)
-    if not isinstance(data, dict) or set(data) != {"envelopes"}:
-        raise InvalidInput(
-            'body must be {"envelopes": [<signed envelope>, ...]}', code="schema_violation"
-        )
-    envelopes = data["envelopes"]
-    if not isinstance(envelopes, list):
-        raise InvalidInput("envelopes must be a list", code="schema_violation")
+    items = batch_items(data)
     limit = state.settings.max_batch_records
-    if len(envelopes) > limit:
+    if len(items) > limit:
         raise TooLarge(
-            f"batch of {len(envelopes)} envelopes exceeds the limit of {limit}",
+            f"batch of {len(items)} records exceeds the limit of {limit}",
             code="batch_too_large",
             details={"limit": limit},
         )
-    results = await run_in_threadpool(ingest.ingest_records, state.db, envelopes)
+    results = await run_in_threadpool(ingest.ingest_records, state.db, items)
     created = sum(r.status == "created" for r in results)
     state.metrics.batch_size.observe(len(results))
     state.metrics.records.labels("created").inc(created)
@@ -73,12 +67,50 @@ async def _ingest(request: Request, state: AppState, response: Response) -> dict
     }
 
 
+_BATCH_SHAPE = (
+    'body must be {"records": [{"envelope": <signed envelope>, "disclosures": [...]}, ...]} '
+    '(or, for schema v1 records only, {"envelopes": [<signed envelope>, ...]})'
+)
+
+
+def batch_items(data: object) -> list[ingest.RecordItem]:
+    """The records of a batch body, in either form (``records`` with disclosures, or the
+    v1 form ``envelopes``)."""
+    if not isinstance(data, dict) or len(data) != 1 or not set(data) <= {"records", "envelopes"}:
+        raise InvalidInput(_BATCH_SHAPE, code="schema_violation")
+    if "envelopes" in data:
+        if not isinstance(data["envelopes"], list):
+            raise InvalidInput("envelopes must be a list", code="schema_violation")
+        return [ingest.RecordItem(env) for env in data["envelopes"]]
+    records = data["records"]
+    if not isinstance(records, list):
+        raise InvalidInput("records must be a list", code="schema_violation")
+    items = []
+    for i, item in enumerate(records):
+        if (
+            not isinstance(item, dict)
+            or "envelope" not in item
+            or not set(item) <= {"envelope", "disclosures"}
+            or not isinstance(item.get("disclosures", []), list)
+        ):
+            raise InvalidInput(
+                f'records[{i}] must be {{"envelope": ..., "disclosures": [...]}}',
+                code="schema_violation",
+                details={"item": i},
+            )
+        items.append(ingest.RecordItem(item["envelope"], item.get("disclosures", [])))
+    return items
+
+
 def render_record(item: queries.StoredRecord, with_envelope: bool = True, **extra: object) -> bytes:
     meta = json.dumps({**item.meta(), **extra}).encode()
     if not with_envelope:
         return meta
     # The stored canonical envelope is spliced in unchanged: the logprob bits are the signed ones.
-    return meta[:-1] + b',"envelope":' + item.envelope + b"}"
+    out = meta[:-1] + b',"envelope":' + item.envelope
+    if item.disclosures:
+        out += b',"disclosures":' + json.dumps(list(item.disclosures)).encode()
+    return out + b"}"
 
 
 @router.get(
@@ -100,10 +132,23 @@ async def get_record(request_id: str, state: StateDep, _: ReadRecords) -> Respon
     "fingerprint the record names with its proof, and "
     "the collector and log public keys. Verify with `ledger verify BUNDLE --log-key FILE`.",
 )
-async def get_evidence(request_id: str, state: StateDep, _: ReadRecords) -> Response:
+async def get_evidence(
+    request_id: str,
+    state: StateDep,
+    _: ReadRecords,
+    redact: Annotated[
+        str | None,
+        Query(
+            description="comma-separated members or groups to leave out (prompt, output, "
+            "token_ids, text, logprobs, request, request_raw, choices[N].text, ...)",
+            max_length=1000,
+        ),
+    ] = None,
+) -> Response:
     queries.check_request_id(request_id)
+    names = [n.strip() for n in (redact or "").split(",") if n.strip()]
     bundle = await run_in_threadpool(
-        proofs.evidence, state.db, state.log_key, state.origin, request_id
+        proofs.evidence, state.db, state.log_key, state.origin, request_id, names
     )
     return Response(json.dumps(bundle).encode(), media_type="application/json")
 

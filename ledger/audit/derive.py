@@ -9,26 +9,39 @@ row needs raises ``KeyError``/``TypeError``; the caller reports the leaf.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from ledger.audit.rows import (
     CacheKeyRow,
     CertificateRow,
+    ErasureRow,
     FingerprintRow,
+    HoldReleaseRow,
+    HoldRow,
     Micros,
     RecordRow,
     ReplayRow,
 )
-from ledger.cachekey import CHAT, is_deterministic, record_keys
-from ledger.errors import InvalidInput
+from ledger.cachekey import is_deterministic, keys_of_record
+from ledger.erasure import ERASURE_KIND, HOLD_KIND, RELEASE_KIND
 from ledger.fingerprint import FINGERPRINT_KIND
-from ledger.packing import unpack_int32
+from ledger.inference_record import parse_record
 from ledger.records import RECORD_KIND
 from ledger.replay import VERDICT_KIND
 from ledger.signing import Envelope
 
 CERTIFICATE_KIND = "pool_certificate"  # ledger.storage.verdicts' (a test holds them equal)
-INDEXED_KINDS = (RECORD_KIND, FINGERPRINT_KIND, VERDICT_KIND, CERTIFICATE_KIND)
+INDEXED_KINDS = (
+    RECORD_KIND,
+    FINGERPRINT_KIND,
+    VERDICT_KIND,
+    CERTIFICATE_KIND,
+    ERASURE_KIND,
+    HOLD_KIND,
+    RELEASE_KIND,
+)
 
 
 def chat_template(fingerprint_body: dict[str, Any]) -> str | None:
@@ -66,23 +79,38 @@ def record_row(env: Envelope, idx: int, at: Micros | None) -> RecordRow:
     )
 
 
-def cache_key_rows(env: Envelope, idx: int, template: str | None) -> list[CacheKeyRow]:
+def cache_key_rows(
+    env: Envelope, idx: int, template: str | None, disclosures: Sequence[str] = ()
+) -> list[CacheKeyRow]:
     """The ``cache_keys`` rows of a record leaf: its ``ck1`` keys (none when its request
-    cannot be keyed), each with the record's tier and whether its sampling is deterministic."""
+    cannot be keyed or its content was erased), each with the record's tier and whether its
+    sampling is deterministic. ``disclosures``: a v2 record's stored disclosures."""
+    record = parse_record(env.body, disclosures)
+    keys = keys_of_record(record, template)
+    deterministic = is_deterministic(record.sampling)
+    return [CacheKeyRow(key, record.request_id, idx, record.tier, deterministic) for key in keys]
+
+
+def erasure_row(env: Envelope, idx: int, at: Micros | None) -> ErasureRow:
     body = env.body
-    request = body["request"]
-    if not isinstance(request, dict):
-        raise TypeError("request is not an object")
-    endpoint = body["endpoint"]
-    try:
-        ids = unpack_int32(body["prompt_token_ids"]) if endpoint != CHAT else None
-        keys = record_keys(
-            endpoint, request, body["fingerprint_id"], prompt_token_ids=ids, chat_template=template
-        )
-    except InvalidInput:
-        keys = []
-    request_id, tier, deterministic = body["request_id"], body["tier"], is_deterministic(request)
-    return [CacheKeyRow(key, request_id, idx, tier, deterministic) for key in keys]
+    return ErasureRow(_str(body, "request_id"), idx, _str(body, "reason_code"), at)
+
+
+def hold_row(env: Envelope, idx: int, at: Micros | None) -> HoldRow:
+    """As ``ledger.storage.erasures.place_hold`` writes it (filter: sorted-key JSON)."""
+    body = env.body
+    flt = body.get("filter")
+    return HoldRow(
+        _str(body, "hold_id"),
+        idx,
+        body.get("request_id"),
+        json.dumps(flt, sort_keys=True) if flt else None,
+        at,
+    )
+
+
+def release_row(env: Envelope, idx: int, at: Micros | None) -> HoldReleaseRow:
+    return HoldReleaseRow(_str(env.body, "hold_id"), idx, at)
 
 
 def fingerprint_row(env: Envelope, idx: int, at: Micros | None) -> FingerprintRow:

@@ -28,15 +28,23 @@ from ledger.audit.report import Finding
 from ledger.audit.rows import (
     CacheKeyRow,
     CertificateRow,
+    DisclosureRow,
+    ErasureRow,
     FingerprintRow,
+    HoldReleaseRow,
+    HoldRow,
     LeafChunk,
     Micros,
     RecordRow,
     ReplayRow,
     as_time,
 )
-from ledger.errors import LedgerError
+from ledger.disclosures import digest_of
+from ledger.disclosures import parse as parse_disclosure
+from ledger.erasure import ERASURE_KIND, HOLD_KIND, RELEASE_KIND
+from ledger.errors import LedgerError, VerificationError
 from ledger.fingerprint import FINGERPRINT_KIND
+from ledger.inference_record import parse_record
 from ledger.records import RECORD_KIND
 from ledger.replay import VERDICT_KIND
 from ledger.signing import Envelope, VerifyingKey
@@ -45,9 +53,13 @@ from ledger.signing import Envelope, VerifyingKey
 TABLES = {
     "records": RECORD_KIND,
     "cache_keys": RECORD_KIND,
+    "disclosures": RECORD_KIND,
     "fingerprints": FINGERPRINT_KIND,
     "replays": VERDICT_KIND,
     "certificates": derive.CERTIFICATE_KIND,
+    "erasures": ERASURE_KIND,
+    "holds": HOLD_KIND,
+    "hold_releases": RELEASE_KIND,
 }
 _TIME_COLUMNS = frozenset({"received_at", "registered_at", "created_at", "revoked_at"})
 
@@ -73,6 +85,10 @@ class Batch:
     fingerprints: Sequence[FingerprintRow] = ()
     replays: Sequence[ReplayRow] = ()
     certificates: Sequence[CertificateRow] = ()
+    disclosures: Sequence[DisclosureRow] = ()
+    erasures: Sequence[ErasureRow] = ()
+    holds: Sequence[HoldRow] = ()
+    hold_releases: Sequence[HoldReleaseRow] = ()
 
     def tables(self) -> dict[str, Sequence[Any]]:
         return {
@@ -81,6 +97,10 @@ class Batch:
             "fingerprints": self.fingerprints,
             "replays": self.replays,
             "certificates": self.certificates,
+            "disclosures": self.disclosures,
+            "erasures": self.erasures,
+            "holds": self.holds,
+            "hold_releases": self.hold_releases,
         }
 
 
@@ -175,7 +195,8 @@ def _index_rows(st: _Leaf, env: Envelope, idx: int, at: Micros | None) -> None:
                     "fingerprint_id",
                 )
             template = logged[1] if logged is not None and logged[0] < idx else None
-            keys = derive.cache_key_rows(env, idx, template)
+            opened = _disclosures(st, env, idx, record.request_id)
+            keys = derive.cache_key_rows(env, idx, template, opened)
             _compare_one(st, "records", record, st.take("records", idx), idx)
             _compare_cache_keys(st, keys, st.take("cache_keys", idx), idx, record.request_id)
         elif kind == FINGERPRINT_KIND:
@@ -184,9 +205,19 @@ def _index_rows(st: _Leaf, env: Envelope, idx: int, at: Micros | None) -> None:
         elif kind == VERDICT_KIND:
             replay = derive.replay_row(env, idx, at)
             _compare_one(st, "replays", replay, st.take("replays", idx), idx, env.body)
+            _output_disclosure(st, env, idx)
         elif kind == derive.CERTIFICATE_KIND:
             cert = derive.certificate_row(env, idx, at)
             _compare_one(st, "certificates", cert, st.take("certificates", idx), idx)
+        elif kind == ERASURE_KIND:
+            _compare_one(
+                st, "erasures", derive.erasure_row(env, idx, at), st.take("erasures", idx), idx
+            )
+        elif kind == HOLD_KIND:
+            _compare_one(st, "holds", derive.hold_row(env, idx, at), st.take("holds", idx), idx)
+        elif kind == RELEASE_KIND:
+            release = derive.release_row(env, idx, at)
+            _compare_one(st, "hold_releases", release, st.take("hold_releases", idx), idx)
     except (KeyError, TypeError, ValueError, LedgerError) as exc:
         message = exc.message if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
         st.find("canonical", f"not a valid {kind} body ({message}): no index row follows", idx)
@@ -194,6 +225,106 @@ def _index_rows(st: _Leaf, env: Envelope, idx: int, at: Micros | None) -> None:
             if TABLES[table] == kind:
                 st.take(table, idx)
     _unexpected(st, idx, f"which holds a {kind}")
+
+
+def _disclosures(st: _Leaf, env: Envelope, idx: int, request_id: str) -> list[str]:
+    """Check the stored disclosures of record leaf ``idx`` (each opens one of its digests,
+    under its own digest and request ID); return those that do. A v2 record whose digests are
+    not all opened is left ``pending`` until the scan has seen every erasure event."""
+    rows = st.take("disclosures", idx)
+    good: list[str] = []
+    for row in rows:
+        try:
+            d = parse_disclosure(row.disclosure)
+        except VerificationError as exc:
+            st.find(
+                "content",
+                f"a stored disclosure of record {request_id!r} is malformed ({exc.message}): "
+                "the disclosures table was edited",
+                idx,
+                "disclosures",
+                "disclosure",
+            )
+            continue
+        if row.digest != d.digest or row.request_id != request_id:
+            st.find(
+                "content",
+                f"disclosures row {row.digest} names record {row.request_id!r} at leaf {idx}, "
+                f"but holds the disclosure {d.digest} of record {request_id!r}'s leaf "
+                "under another key",
+                idx,
+                "disclosures",
+                "digest" if row.digest != d.digest else "request_id",
+            )
+            continue
+        good.append(row.disclosure)
+    try:
+        record = parse_record(env.body, good)
+    except VerificationError as exc:
+        st.find(
+            "content",
+            f"a stored disclosure of record {request_id!r} does not open its signed digests "
+            f"({exc.message}): the disclosures table was edited",
+            idx,
+            "disclosures",
+            "disclosure",
+        )
+        return []
+    except LedgerError:
+        return []  # the body itself is reported as not a valid record
+    if not record.complete:
+        st.found.append(
+            Finding(
+                "content",
+                f"record {request_id!r} lacks {len(record.missing_digests)} disclosure(s)",
+                idx,
+                "disclosures",
+                request_id=request_id,
+                pending=record.missing_digests,
+            )
+        )
+    return good
+
+
+def _output_disclosure(st: _Leaf, env: Envelope, idx: int) -> None:
+    """A verdict that commits to its replay output (``output_digest``) has that one
+    disclosure stored at its leaf, or an erasure event removed it (pending)."""
+    rows = st.take("disclosures", idx)
+    digest = env.body.get("output_digest")
+    request_id = str(env.body.get("request_id"))
+    if digest is None:
+        for row in rows:
+            st.find(
+                "content",
+                f"disclosures row {row.digest} names verdict leaf {idx}, which commits to none",
+                idx,
+                "disclosures",
+                "log_index",
+            )
+        return
+    held = [r for r in rows if r.digest == digest]
+    for row in rows:
+        if row.digest != digest or digest_of(row.disclosure) != digest:
+            st.find(
+                "content",
+                f"disclosures row {row.digest} at verdict leaf {idx} does not open the "
+                f"verdict's output digest {digest}",
+                idx,
+                "disclosures",
+                "disclosure",
+            )
+    if not held:
+        st.found.append(
+            Finding(
+                "content",
+                f"replay verdict of {request_id!r} lacks its output disclosure",
+                idx,
+                "disclosures",
+                "output_digest",
+                request_id=request_id,
+                pending=(str(digest),),
+            )
+        )
 
 
 def _unexpected(st: _Leaf, idx: int, what: str) -> None:

@@ -140,6 +140,34 @@ class CertificateRow(NamedTuple):
     created_at: Micros | None
 
 
+class DisclosureRow(NamedTuple):
+    request_id: str
+    digest: str
+    log_index: int
+    disclosure: str
+
+
+class ErasureRow(NamedTuple):
+    request_id: str
+    log_index: int
+    reason_code: str
+    created_at: Micros | None
+
+
+class HoldRow(NamedTuple):
+    hold_id: str
+    log_index: int
+    request_id: str | None
+    filter: str | None
+    created_at: Micros | None
+
+
+class HoldReleaseRow(NamedTuple):
+    hold_id: str
+    log_index: int
+    created_at: Micros | None
+
+
 Spans = dict[int, tuple[int, int]]  # level -> (first, last) node index, inclusive
 Runs = dict[int, tuple[int, bytes]]  # level -> (nodes stored, their hashes concatenated)
 
@@ -182,6 +210,22 @@ class AuditReader(Protocol):
     def replays(self, chunk: int) -> Iterator[Sequence[ReplayRow]]: ...
 
     def certificates(self, chunk: int) -> Iterator[Sequence[CertificateRow]]: ...
+
+    def disclosures(self, chunk: int) -> Iterator[Sequence[DisclosureRow]]: ...
+
+    def erasures(self, chunk: int) -> Iterator[Sequence[ErasureRow]]: ...
+
+    def holds(self, chunk: int) -> Iterator[Sequence[HoldRow]]: ...
+
+    def hold_releases(self, chunk: int) -> Iterator[Sequence[HoldReleaseRow]]: ...
+
+    def content_left(self, request_ids: Sequence[str]) -> dict[str, int]:
+        """Disclosure and cache-key rows still held per request ID (those with any)."""
+        ...
+
+    def record_rows(self, request_ids: Sequence[str]) -> list[RecordRow]:
+        """The ``records`` rows of these request IDs."""
+        ...
 
     def signing_keys(self) -> list[KeyRow]: ...
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger.audit import derive, tables
+from ledger.audit import content, derive, tables
 from ledger.audit.checkpoints import Checkpoints
 from ledger.audit.leaves import Batch, Known, check_batch
 from ledger.audit.rebuild import Rebuild, planned
@@ -43,10 +43,10 @@ from ledger.audit.rows import AuditReader, LeafChunk, Runs, Spans, micros
 from ledger.audit.times import SECOND, TimeBounds, TimeRules
 from ledger.errors import InvalidInput, LedgerError
 from ledger.fingerprint import FINGERPRINT_KIND
-from ledger.signing import Envelope
+from ledger.signing import Envelope, VerifyingKey, key_id_of
 
 Progress = Callable[[int, int], None]
-_IN_LOG_ORDER = (b'"kind":"key_re', b'"kind":"fingerprint"')
+_IN_LOG_ORDER = (b'"kind":"key_re', b'"kind":"fingerprint"', *content.MARKERS)
 DEFAULT_CLOCK_TOLERANCE = 5.0  # seconds
 DEFAULT_CHECKPOINT_INTERVAL = 1.0  # seconds: the server's default (LEDGER_CHECKPOINT_INTERVAL)
 
@@ -122,6 +122,7 @@ class _Audit:
         self.fingerprints: dict[str, tuple[int, str | None]] = {}
         self._known: tuple[Known | None, int, int] = (None, -1, -1)  # cached, and as of what
         self.streams: dict[str, _Stream] | None = None
+        self.events = content.ContentEvents()
 
     def run(self) -> AuditReport:
         try:
@@ -189,6 +190,10 @@ class _Audit:
         self.found.extend(self.bounds.coverage())
         if opts.signatures:
             self._tables(end)
+            resolved = content.resolve(
+                self.found, self.events, reader.content_left, reader.record_rows
+            )
+            self.found[:] = resolved
         self.report.seconds = time.perf_counter() - started
         self.found.sort(key=Finding.sort_key)
         return self.report
@@ -218,7 +223,7 @@ class _Audit:
         its leaves are checked against and the batch to check."""
         sequenced = []
         for pos, data in enumerate(chunk.envelopes):
-            if _IN_LOG_ORDER[0] not in data and _IN_LOG_ORDER[1] not in data:
+            if not any(marker in data for marker in _IN_LOG_ORDER):
                 continue
             idx = chunk.indexes[pos]
             try:
@@ -231,6 +236,10 @@ class _Audit:
             elif env.kind == FINGERPRINT_KIND:
                 template = derive.chat_template(env.body)
                 self.fingerprints.setdefault(env.body_digest, (idx, template))
+            else:
+                raw = self.timeline.log_key
+                key = VerifyingKey(raw, key_id_of(raw)) if raw is not None else None
+                self.events.note(env, idx, key)
         if self.streams is None:  # opened after the scan's first read: they see all it sees
             self.streams = self._open_streams()
         end = chunk.indexes[-1] + 1
@@ -253,6 +262,10 @@ class _Audit:
             "fingerprints": _Stream(reader.fingerprints(chunk)),
             "replays": _Stream(reader.replays(chunk)),
             "certificates": _Stream(reader.certificates(chunk)),
+            "disclosures": _Stream(reader.disclosures(chunk)),
+            "erasures": _Stream(reader.erasures(chunk)),
+            "holds": _Stream(reader.holds(chunk)),
+            "hold_releases": _Stream(reader.hold_releases(chunk)),
         }
 
     def _tables(self, end: int) -> None:

@@ -18,14 +18,18 @@ from typing import Any
 import psycopg
 from psycopg.abc import Loader
 from psycopg.pq import Format
-from sqlalchemy import DateTime, LargeBinary
+from sqlalchemy import DateTime, LargeBinary, func, select
 
 from ledger import merkle
 from ledger.audit.rows import (
     CacheKeyRow,
     CertificateRow,
     CheckpointRow,
+    DisclosureRow,
+    ErasureRow,
     FingerprintRow,
+    HoldReleaseRow,
+    HoldRow,
     KeyRow,
     LeafChunk,
     Micros,
@@ -37,8 +41,8 @@ from ledger.audit.rows import (
     micros,
 )
 from ledger.storage import log, tree
-from ledger.storage.database import Database
-from ledger.storage.models import Replay
+from ledger.storage.database import Database, as_utc
+from ledger.storage.models import CacheKey, Disclosure, Record, Replay
 from ledger.storage.prefetch import prefetched
 
 _PG_EPOCH = 946_684_800_000_000  # 2000-01-01T00:00:00Z in microseconds since 1970
@@ -252,6 +256,83 @@ class StorageAuditReader:
             "certificates",
             lambda r: CertificateRow(r[0], r[1], r[2], r[3], _boolean(r[4]), time(r[5])),
         )
+
+    def disclosures(self, chunk: int) -> Iterator[Sequence[DisclosureRow]]:
+        return self._stream(
+            "SELECT request_id, digest, log_index, disclosure FROM disclosures "
+            "ORDER BY log_index, digest",
+            chunk,
+            "disclosures",
+            DisclosureRow._make,
+        )
+
+    def erasures(self, chunk: int) -> Iterator[Sequence[ErasureRow]]:
+        time = self.time
+        return self._stream(
+            "SELECT request_id, log_index, reason_code, created_at FROM erasures "
+            "ORDER BY log_index",
+            chunk,
+            "erasures",
+            lambda r: ErasureRow(r[0], r[1], r[2], time(r[3])),
+        )
+
+    def holds(self, chunk: int) -> Iterator[Sequence[HoldRow]]:
+        time = self.time
+        return self._stream(
+            "SELECT hold_id, log_index, request_id, filter, created_at FROM holds "
+            "ORDER BY log_index",
+            chunk,
+            "holds",
+            lambda r: HoldRow(r[0], r[1], r[2], r[3], time(r[4])),
+        )
+
+    def hold_releases(self, chunk: int) -> Iterator[Sequence[HoldReleaseRow]]:
+        time = self.time
+        return self._stream(
+            "SELECT hold_id, log_index, created_at FROM hold_releases ORDER BY log_index",
+            chunk,
+            "hold_releases",
+            lambda r: HoldReleaseRow(r[0], r[1], time(r[2])),
+        )
+
+    def content_left(self, request_ids: Sequence[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        ids = sorted(set(request_ids))
+        with self.db.read() as s:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                for table in (Disclosure, CacheKey):
+                    rows = s.execute(
+                        select(table.request_id, func.count())
+                        .where(table.request_id.in_(chunk))
+                        .group_by(table.request_id)
+                    )
+                    for rid, n in rows:
+                        out[rid] = out.get(rid, 0) + int(n)
+        return out
+
+    def record_rows(self, request_ids: Sequence[str]) -> list[RecordRow]:
+        ids = sorted(set(request_ids))
+        out: list[RecordRow] = []
+        with self.db.read() as s:
+            for start in range(0, len(ids), 500):
+                rows = s.execute(
+                    select(
+                        Record.request_id,
+                        Record.log_index,
+                        Record.content_hash,
+                        Record.fingerprint_id,
+                        Record.key_id,
+                        Record.model,
+                        Record.tier,
+                        Record.pool,
+                        Record.worker_id,
+                        Record.endpoint,
+                        Record.received_at,
+                    ).where(Record.request_id.in_(ids[start : start + 500]))
+                )
+                out.extend(RecordRow._make((*r[:10], micros(as_utc(r[10])))) for r in rows)
+        return out
 
     def signing_keys(self) -> list[KeyRow]:
         time = self.time

@@ -3,15 +3,16 @@
 A completions record with a text prompt gets two keys (the text, and the token IDs the engine
 saw), so a client may look it up either way.
 
-The index only finds candidates; what is served is re-derived from the log. A lookup reads
-the envelope each candidate row points to, recomputes that record's keys from the envelope's
-own request, endpoint and fingerprint (``keys_for``, exactly as ingest computed them) and
-raises ``IndexMismatch`` unless the key asked for is one of them (and the row's request ID is
-the envelope's): a mismatched row is an error, never an answer. Whether a record is reusable
-is decided from the envelope, not the index columns: tier >= 1, deterministic sampling
-(temperature 0 or a seed) and not ``aborted``. Of several reusable records under one key the
-earliest in log order (lowest log index) is the answer. The 404 ``cache_miss`` says why when
-records exist but none qualifies.
+The index only finds candidates; what is served is re-derived from the log. A lookup reads the
+envelope each candidate row points to (and its stored disclosures), recomputes that record's
+keys from its own request, endpoint and fingerprint (``keys_of_record``, exactly as ingest
+computed them) and raises ``IndexMismatch`` unless the key asked for is one of them (and the
+row's request ID is the envelope's): a mismatched row is an error, never an answer. Whether a
+record is reusable is decided from the envelope, not the index columns: tier >= 1, deterministic
+sampling (temperature 0 or a seed) and not ``aborted``. Of several reusable records under one
+key the earliest in log order (lowest log index) is the answer. The 404 ``cache_miss`` says why
+when records exist but none qualifies. An erasure deletes a record's keys with its content (a
+key is derived from the prompt), so erased content is a miss, never an answer.
 """
 
 from __future__ import annotations
@@ -23,16 +24,22 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger.cachekey import CHAT, PREFIX, cache_key, is_deterministic, record_keys
+from ledger.cachekey import CHAT, PREFIX, cache_key, is_deterministic, keys_of_record
 from ledger.canonical import sha256_digest
 from ledger.errors import InvalidInput, NotFound
 from ledger.fingerprint import FINGERPRINT_KIND
-from ledger.packing import unpack_int32
-from ledger.signing import Envelope
+from ledger.inference_record import InferenceRecord
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database
 from ledger.storage.models import CacheKey, Fingerprint, LogEntry
-from ledger.storage.queries import FINGERPRINT_ID, StoredRecord, from_log, logged_envelope, mismatch
+from ledger.storage.queries import (
+    FINGERPRINT_ID,
+    StoredRecord,
+    disclosures_at,
+    from_log,
+    logged_envelope,
+    mismatch,
+)
 
 _KEY_HEX = frozenset("0123456789abcdef")
 # Candidate envelopes read per query while looking for the earliest reusable record, and how
@@ -69,22 +76,6 @@ def fingerprint_body(session: Session, fingerprint_id: str) -> dict[str, Any]:
     return body
 
 
-def keys_for(body: dict[str, Any], chat_template: str | None) -> list[str]:
-    """The cache keys of a validated record body (none when its request cannot be keyed)."""
-    endpoint = body["endpoint"]
-    try:
-        ids = unpack_int32(body["prompt_token_ids"]) if endpoint != CHAT else None
-        return record_keys(
-            endpoint,
-            body["request"],
-            body["fingerprint_id"],
-            prompt_token_ids=ids,
-            chat_template=chat_template,
-        )
-    except InvalidInput:
-        return []
-
-
 @dataclass(frozen=True)
 class Keyed:
     """A record's cache keys and what a lookup filters on, computed before the append lock."""
@@ -95,24 +86,24 @@ class Keyed:
     deterministic: bool
 
 
-def prepare(session: Session, envelopes: Sequence[Envelope]) -> dict[str, Keyed]:
-    """Compute the keys of validated record envelopes (outside the write transaction: the
-    append lock then only covers the inserts). Reads the chat templates it needs."""
+def prepare(session: Session, records: Sequence[InferenceRecord]) -> dict[str, Keyed]:
+    """Compute the keys of validated records with all their content (outside the write
+    transaction: the append lock then only covers the inserts). Reads the chat templates it
+    needs."""
     templates: dict[str, str | None] = {}
     out: dict[str, Keyed] = {}
-    for env in envelopes:
-        body = env.body
-        fp = body["fingerprint_id"]
-        if body["endpoint"] == CHAT and fp not in templates:
+    for record in records:
+        fp = record.fingerprint_id
+        if record.endpoint == CHAT and fp not in templates:
             try:
                 templates[fp] = chat_template_digest(fingerprint_body(session, fp))
             except NotFound:  # the ingest refuses the batch for it, under the lock
                 templates[fp] = None
-        out[body["request_id"]] = Keyed(
-            body["request_id"],
-            keys_for(body, templates.get(fp)),
-            body["tier"],
-            is_deterministic(body["request"]),
+        out[record.request_id] = Keyed(
+            record.request_id,
+            keys_of_record(record, templates.get(fp)),
+            record.tier,
+            is_deterministic(record.sampling),
         )
     return out
 
@@ -152,7 +143,7 @@ def unusable(record: StoredRecord) -> str | None:
         return "aborted"
     if record.tier < 1:
         return "tier 0"
-    if not is_deterministic(record.body["request"]):
+    if not is_deterministic(record.record.sampling):
         return "non-deterministic sampling"
     return None
 
@@ -177,30 +168,31 @@ class _Verifier:
                 )
             )
         }
-        return [self._checked(row, entries.get(row.log_index)) for row in rows]
+        content = disclosures_at(self.session, entries)
+        return [
+            self._checked(row, entries.get(row.log_index), content.get(row.log_index, ()))
+            for row in rows
+        ]
 
-    def _checked(self, row: Any, entry: Any) -> StoredRecord:
+    def _checked(self, row: Any, entry: Any, disclosures: Sequence[str]) -> StoredRecord:
         what = f"cache key {self.key} of {row.request_id!r}"
         if entry is None:
             raise mismatch(what, row.log_index, "no such log entry")
-        record = from_log(entry.idx, entry.envelope, entry.appended_at)
-        if record.request_id != row.request_id:
-            raise mismatch(what, row.log_index, f"the entry is the record of {record.request_id!r}")
-        request = record.body.get("request")
-        if not isinstance(request, dict):
-            raise mismatch(what, row.log_index, "the record has no request")
+        stored = from_log(entry.idx, entry.envelope, entry.appended_at)
+        if stored.request_id != row.request_id:
+            raise mismatch(what, row.log_index, f"the entry is the record of {stored.request_id!r}")
+        stored = stored.with_disclosures(disclosures)
+        record = stored.record
+        if not record.complete:  # an erasure deletes the keys with the content
+            raise mismatch(what, row.log_index, "the record's content was erased")
         fp = record.fingerprint_id
         if record.endpoint == CHAT and fp not in self.templates:
             self.templates[fp] = chat_template_digest(fingerprint_body(self.session, fp))
-        try:
-            keys = keys_for(record.body, self.templates.get(fp))
-        except (KeyError, TypeError, ValueError):
-            keys = []
-        if self.key not in keys:
+        if self.key not in keys_of_record(record, self.templates.get(fp)):
             raise mismatch(what, row.log_index, "the record's request has other keys")
-        if row.tier != record.tier or bool(row.deterministic) != is_deterministic(request):
+        if row.tier != record.tier or bool(row.deterministic) != is_deterministic(record.sampling):
             raise mismatch(what, row.log_index, "its tier or determinism differs from the record")
-        return record
+        return stored
 
 
 def lookup(db: Database, key: str) -> CacheHit:

@@ -18,12 +18,13 @@ from sqlalchemy.orm import Session
 
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
 from ledger.fingerprint import FINGERPRINT_KIND, validate_fingerprint_body
-from ledger.records import RECORD_KIND, RecordSummary, validate_record_body
+from ledger.inference_record import InferenceRecord, parse_record
+from ledger.records import RECORD_KIND, RecordSummary
 from ledger.signing import Envelope
 from ledger.storage import cache, keystore, log
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database, as_utc, utcnow
-from ledger.storage.models import Fingerprint, Record
+from ledger.storage.models import Disclosure, Fingerprint, Record
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,20 @@ class FingerprintResult:
 @dataclass(frozen=True)
 class _Checked:
     envelope: Envelope
-    summary: RecordSummary
+    record: InferenceRecord
     content_hash: str
+
+    @property
+    def summary(self) -> RecordSummary:
+        return self.record.summary
+
+
+@dataclass(frozen=True)
+class RecordItem:
+    """One item of a batch: a signed record envelope and, for schema v2, its disclosures."""
+
+    envelope: Any
+    disclosures: Sequence[Any] = ()
 
 
 def parse_envelope(data: Any, expected_kind: str) -> Envelope:
@@ -113,15 +126,15 @@ def get_fingerprint(db: Database, fingerprint_id: str) -> StoredFingerprint:
     )
 
 
-def _check_items(items: Sequence[Any]) -> list[_Checked]:
+def _check_items(items: Sequence[RecordItem]) -> list[_Checked]:
     checked = []
-    for i, data in enumerate(items):
+    for i, item in enumerate(items):
         try:
-            env = parse_envelope(data, RECORD_KIND)
-            summary = validate_record_body(env.body)
+            env = parse_envelope(item.envelope, RECORD_KIND)
+            record = parse_record(env.body, item.disclosures, complete=True)
         except LedgerError as exc:
             raise exc.with_details(item=i) from None
-        checked.append(_Checked(env, summary, env.body_digest))
+        checked.append(_Checked(env, record, env.body_digest))
     return checked
 
 
@@ -140,8 +153,11 @@ _RECORD_COLUMNS = (
 )
 
 
-def ingest_records(db: Database, items: Sequence[Any]) -> list[IngestResult]:
-    """Validate, verify and append a batch of record envelopes atomically."""
+def ingest_records(db: Database, batch: Sequence[RecordItem | Any]) -> list[IngestResult]:
+    """Validate, verify and append a batch of records atomically (a v2 record with all of
+    its disclosures, which are stored apart from the log). An item that is not a RecordItem
+    is an envelope without disclosures."""
+    items = [i if isinstance(i, RecordItem) else RecordItem(i) for i in batch]
     if not items:
         raise InvalidInput("a batch must hold at least one envelope", code="empty_batch")
     checked = _check_items(items)
@@ -161,7 +177,7 @@ def ingest_records(db: Database, items: Sequence[Any]) -> list[IngestResult]:
     key_ids = {c.envelope.key_id for c in checked}
     with db.read() as s:
         keys = keystore.load_keys(s, key_ids)
-        keyed = cache.prepare(s, [checked[i].envelope for i in first.values()])
+        keyed = cache.prepare(s, [checked[i].record for i in first.values()])
     for i, c in enumerate(checked):
         try:
             keystore.check_signer(c.envelope, keys)
@@ -221,6 +237,16 @@ def ingest_records(db: Database, items: Sequence[Any]) -> list[IngestResult]:
         cache.index_records(
             s,
             [(keyed[c.summary.request_id], idx) for c, idx in zip(new, indexes, strict=True)],
+        )
+        insert_rows(
+            s,
+            Disclosure,
+            ("request_id", "digest", "log_index", "disclosure"),
+            [
+                (c.summary.request_id, d.digest, idx, d.encoded)
+                for c, idx in zip(new, indexes, strict=True)
+                for d in c.record.disclosed.values()
+            ],
         )
         for c, idx in zip(new, indexes, strict=True):
             rid = c.summary.request_id

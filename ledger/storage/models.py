@@ -28,8 +28,13 @@ APPEND_ONLY_TABLES = (
     "checkpoints",
     "replays",
     "certificates",
-    "cache_keys",
+    "erasures",
+    "holds",
+    "hold_releases",
 )
+# Tables whose rows are never updated, and deleted only for a request ID ``erasures`` holds
+# (an erasure event logged in the same transaction; triggers enforce it).
+ERASABLE_TABLES = ("disclosures", "cache_keys")
 
 
 class Base(DeclarativeBase):
@@ -218,3 +223,49 @@ class CertificationJob(Base):
     lease_until: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Disclosure(Base):
+    """A salted disclosure of a v2 record's content (``ledger.disclosures``), kept apart from
+    the log: ``log_index`` is the leaf whose signed body holds its digest."""
+
+    __tablename__ = "disclosures"
+    __table_args__ = (Index("ix_disclosures_log_index", "log_index"),)
+
+    request_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(71), primary_key=True)
+    log_index: Mapped[int] = mapped_column(ForeignKey("log_entries.idx"))
+    disclosure: Mapped[str] = mapped_column(Text)
+
+
+class Erasure(Base):
+    """Index row of a logged erasure event (one per record: it erases all of its content)."""
+
+    __tablename__ = "erasures"
+
+    request_id: Mapped[str] = mapped_column(ForeignKey("records.request_id"), primary_key=True)
+    log_index: Mapped[int] = mapped_column(ForeignKey("log_entries.idx"), unique=True)
+    reason_code: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Hold(Base):
+    """Index row of a logged legal hold: on one request ID, or on a search filter (JSON)."""
+
+    __tablename__ = "holds"
+
+    hold_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    log_index: Mapped[int] = mapped_column(ForeignKey("log_entries.idx"), unique=True)
+    request_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    filter: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class HoldRelease(Base):
+    """Index row of a logged hold release."""
+
+    __tablename__ = "hold_releases"
+
+    hold_id: Mapped[str] = mapped_column(ForeignKey("holds.hold_id"), primary_key=True)
+    log_index: Mapped[int] = mapped_column(ForeignKey("log_entries.idx"), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import bindparam, exists, select, true
@@ -12,13 +12,22 @@ from sqlalchemy.orm import Session, aliased
 from ledger import merkle
 from ledger.canonical import digest_of
 from ledger.checkpoint import verifier_key
+from ledger.disclosures import parse
 from ledger.errors import IndexMismatch, StorageError
 from ledger.evidence import b64 as _b64
 from ledger.evidence import build_bundle, proven_leaf
+from ledger.record_v2 import check_redact, is_redacted
 from ledger.signing import SigningKey, public_key_raw
 from ledger.storage import checkpoints, keystore, queries, tree
 from ledger.storage.database import Database, utcnow
-from ledger.storage.models import CheckpointRow, Fingerprint, LogEntry, Record, Replay
+from ledger.storage.models import (
+    CheckpointRow,
+    Erasure,
+    Fingerprint,
+    LogEntry,
+    Record,
+    Replay,
+)
 from ledger.storage.models import SigningKey as KeyRow
 
 T = TypeVar("T")
@@ -119,18 +128,26 @@ _EVIDENCE = (
 )
 
 
-def evidence(db: Database, log_key: SigningKey, origin: str, request_id: str) -> dict[str, Any]:
+def evidence(
+    db: Database, log_key: SigningKey, origin: str, request_id: str, redact: Sequence[str] = ()
+) -> dict[str, Any]:
     """An evidence bundle for a record: envelope, fingerprint, inclusion proofs, covering
-    checkpoint, keys (docs/EVIDENCE.md).
+    checkpoint, keys, the record's disclosures but those ``redact`` names
+    (``ledger.record_v2.is_redacted``) and its erasure event, if any (docs/EVIDENCE.md).
 
-    One read transaction; if no checkpoint covers the record yet, one is signed first. An
-    index row that disagrees with the envelopes it points to is an error, never a bundle.
+    One read transaction; if no checkpoint covers the record (and its erasure) yet, one is
+    signed first. An index row that disagrees with the envelopes it points to is an error,
+    never a bundle.
     """
-    bundle = _evidence(db, log_key, origin, request_id)
+    check_redact(redact)
+    bundle = _evidence(db, log_key, origin, request_id, redact)
     if bundle is None:
         record = queries.get_record(db, request_id)
-        checkpoints.covering(db, log_key, origin, record.log_index)
-        bundle = _evidence(db, log_key, origin, request_id)
+        with db.read() as s:
+            erased = s.get(Erasure, request_id)
+        last = max(record.log_index, erased.log_index if erased is not None else -1)
+        checkpoints.covering(db, log_key, origin, last)
+        bundle = _evidence(db, log_key, origin, request_id, redact)
     if bundle is None:  # pragma: no cover - covering() raised or signed one
         raise StorageError("no checkpoint covers the record")
     return bundle
@@ -141,7 +158,7 @@ def _disagrees(what: str, index: int) -> IndexMismatch:
 
 
 def _evidence(
-    db: Database, log_key: SigningKey, origin: str, request_id: str
+    db: Database, log_key: SigningKey, origin: str, request_id: str, redact: Sequence[str]
 ) -> dict[str, Any] | None:
     with db.read() as s:
         row = s.execute(_EVIDENCE, {"request_id": request_id}).first()
@@ -149,6 +166,14 @@ def _evidence(
             raise queries.not_found(request_id)
         if row.tree_size is None or row.tree_size <= row.log_index:
             return None
+        erasure = s.execute(
+            select(Erasure.log_index, LogEntry.envelope)
+            .join(LogEntry, LogEntry.idx == Erasure.log_index)
+            .where(Erasure.request_id == request_id)
+        ).first()
+        if erasure is not None and erasure.log_index >= row.tree_size:
+            return None
+        disclosures = queries.disclosures_at(s, [row.log_index]).get(row.log_index, [])
         if row.key_index is None or row.registration is None:
             raise StorageError(f"signing key {row.key_id} missing from the registry or the log")
         if row.fp_index is None or row.fp_envelope is None:
@@ -168,6 +193,8 @@ def _evidence(
         tree_size = row.tree_size
         leaves = [row.log_index, row.key_index, row.fp_index, row.fp_key_index]
         leaves += [r.log_index for r in replays]
+        if erasure is not None:
+            leaves.append(erasure.log_index)
         hashes = tree.node_reader(s)(
             [i for leaf in dict.fromkeys(leaves) for i in merkle.inclusion_plan(leaf, tree_size)]
         )
@@ -216,4 +243,8 @@ def _evidence(
         log_key=log_key_entry(log_key, origin),
         exported_at=utcnow().isoformat(),
         replays=[proven(json.loads(r.envelope), r.log_index) for r in replays],
+        disclosures=[d for d in disclosures if not is_redacted(parse(d).member, redact)],
+        erasure=(
+            proven(json.loads(erasure.envelope), erasure.log_index) if erasure is not None else None
+        ),
     )

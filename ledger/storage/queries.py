@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import logging
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,9 +26,10 @@ from sqlalchemy.orm import Session
 
 from ledger.canonical import canonicalize, sha256_digest
 from ledger.errors import IndexMismatch, InvalidInput, LedgerError, NotFound
+from ledger.inference_record import InferenceRecord, parse_record
 from ledger.records import RECORD_KIND
 from ledger.storage.database import Database, as_utc
-from ledger.storage.models import LogEntry, Record
+from ledger.storage.models import Disclosure, LogEntry, Record
 
 MAX_PAGE = 1000
 # A page scans at most this many index rows beyond ``limit`` looking for rows to replace the
@@ -63,6 +66,30 @@ class StoredRecord:
     received_at: datetime
     envelope: bytes  # canonical envelope bytes, exactly as logged
     body: dict[str, Any] = field(repr=False, compare=False)  # the envelope's body, parsed
+    # v2: the stored disclosures of this leaf (those not erased), read with the entry.
+    disclosures: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    @functools.cached_property
+    def record(self) -> InferenceRecord:
+        """The typed record, its stored disclosures opened against the signed digests;
+        IndexMismatch when the body is no record or a stored disclosure opens none."""
+        try:
+            return parse_record(self.body, self.disclosures)
+        except LedgerError as exc:
+            raise mismatch(
+                f"record {self.request_id!r}", self.log_index, f"{exc.code}: {exc.message}"
+            ) from None
+
+    def with_disclosures(self, disclosures: Sequence[str]) -> StoredRecord:
+        return replace(self, disclosures=tuple(disclosures))
+
+    @property
+    def content(self) -> str:
+        """``complete``, ``erased`` (v2, disclosures deleted by an erasure) or, for a v1
+        record whose content is its leaf's, ``in_log``."""
+        if self.body.get("schema_version") == 1:
+            return "in_log"
+        return "complete" if self.record.complete else "erased"
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -78,6 +105,8 @@ class StoredRecord:
             "endpoint": self.endpoint,
             "aborted": self.aborted,
             "received_at": self.received_at.isoformat(),
+            "schema_version": self.body.get("schema_version"),
+            "content": self.content,
         }
 
 
@@ -186,7 +215,22 @@ def record_in(session: Session, request_id: str) -> StoredRecord:
             found.idx,
             f"the entry is the record of {record.request_id!r}",
         )
-    return record
+    return record.with_disclosures(disclosures_at(session, [found.idx]).get(found.idx, ()))
+
+
+def disclosures_at(session: Session, log_indexes: Iterable[int]) -> dict[int, list[str]]:
+    """The stored disclosures committed by each of these leaves (log index -> encoded)."""
+    out: dict[int, list[str]] = {}
+    wanted = sorted(set(log_indexes))
+    for start in range(0, len(wanted), 500):
+        rows = session.execute(
+            select(Disclosure.log_index, Disclosure.disclosure)
+            .where(Disclosure.log_index.in_(wanted[start : start + 500]))
+            .order_by(Disclosure.log_index, Disclosure.digest)
+        )
+        for idx, encoded in rows:
+            out.setdefault(idx, []).append(encoded)
+    return out
 
 
 def not_found(request_id: str) -> NotFound:
@@ -338,4 +382,8 @@ def search_records(
             more = len(rows) > want
             if not more or len(items) == limit or dropped > MAX_DROPPED:
                 break
+        content = disclosures_at(
+            s, [i.log_index for i in items if i.body.get("schema_version") != 1]
+        )
+    items = [i.with_disclosures(content.get(i.log_index, ())) for i in items]
     return Page(items, encode_cursor(after) if more and after is not None else None)

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import insert, select
 
+from ledger.disclosures import digest_of
 from ledger.errors import NotFound
 from ledger.replay import VERDICT_KIND
 from ledger.signing import SigningKey, sign_envelope
 from ledger.storage import log
 from ledger.storage.database import Database, as_utc, utcnow
-from ledger.storage.models import Certificate, LogEntry, Replay
+from ledger.storage.models import Certificate, Disclosure, LogEntry, Replay
+from ledger.storage.queries import disclosures_at
 
 CERTIFICATE_KIND = "pool_certificate"
 
@@ -26,12 +29,16 @@ class Stored:
     log_index: int
     created_at: str
     envelope: bytes
+    disclosures: tuple[str, ...] = ()  # a v2 record's replay output, until erased
 
     def render(self, id_name: str) -> bytes:
         meta = json.dumps(
             {id_name: self.id, "log_index": self.log_index, "created_at": self.created_at}
         ).encode()
-        return meta[:-1] + b',"envelope":' + self.envelope + b"}"
+        out = meta[:-1] + b',"envelope":' + self.envelope
+        if self.disclosures:
+            out += b',"disclosures":' + json.dumps(list(self.disclosures)).encode()
+        return out + b"}"
 
 
 def _append(
@@ -41,14 +48,29 @@ def _append(
     body: dict[str, Any],
     model: type[Any],
     id_column: str,
+    content: Sequence[tuple[str, str]] = (),
     **row: Any,
 ) -> Stored:
-    """Sign ``body`` with the log key, append it as a leaf and write its index row, at once."""
+    """Sign ``body`` with the log key, append it as a leaf and write its index row (and the
+    disclosures it commits to, ``(request_id, encoded)``), at once."""
     env = sign_envelope(kind, body, log_key)
     with db.write() as s:
         at = utcnow()
         (idx,) = log.append(s, [env], at)
         s.execute(insert(model), [{**row, "log_index": idx, "created_at": at}])
+        if content:
+            s.execute(
+                insert(Disclosure),
+                [
+                    {
+                        "request_id": rid,
+                        "digest": digest_of(encoded),
+                        "log_index": idx,
+                        "disclosure": encoded,
+                    }
+                    for rid, encoded in content
+                ],
+            )
     return Stored(row[id_column], idx, at.isoformat(), env.canonical)
 
 
@@ -59,13 +81,18 @@ def _get(db: Database, model: type[Any], column: Any, key: str, what: str) -> St
             .join(LogEntry, LogEntry.idx == model.log_index)
             .where(column == key)
         ).first()
-    if found is None:
-        raise NotFound(f"no {what} {key!r}", code=f"{what}_not_found")
-    row, envelope = found
-    return Stored(key, row.log_index, as_utc(row.created_at).isoformat(), envelope)
+        if found is None:
+            raise NotFound(f"no {what} {key!r}", code=f"{what}_not_found")
+        row, envelope = found
+        content = tuple(disclosures_at(s, [row.log_index]).get(row.log_index, ()))
+    return Stored(key, row.log_index, as_utc(row.created_at).isoformat(), envelope, content)
 
 
-def append_verdict(db: Database, log_key: SigningKey, body: dict[str, Any]) -> Stored:
+def append_verdict(
+    db: Database, log_key: SigningKey, body: dict[str, Any], content: Sequence[str] = ()
+) -> Stored:
+    """Log a verdict; ``content``: the ``replay_output`` disclosure its ``output_digest``
+    commits to (a replay of a v2 record)."""
     return _append(
         db,
         log_key,
@@ -73,6 +100,7 @@ def append_verdict(db: Database, log_key: SigningKey, body: dict[str, Any]) -> S
         body,
         Replay,
         "replay_id",
+        [(body["request_id"], encoded) for encoded in content],
         replay_id=body["replay_id"],
         request_id=body["request_id"],
         verdict=body["verdict"],

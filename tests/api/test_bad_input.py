@@ -31,6 +31,9 @@ POST_ROUTES = [
     "/v1/cache/key",
     "/v1/certifications",
     "/v1/log/checkpoint",
+    "/v1/records/req-x/erasure",
+    "/v1/erasures",
+    "/v1/holds",
 ]
 # Sent before the answer came: what the kernel's socket buffers took, never the body.
 UNREAD = 16 * MiB
@@ -54,7 +57,7 @@ def _spec(api: Harness) -> dict[str, Any]:
 
 def test_the_post_routes_listed_here_are_every_post_route(api: Harness):
     posts = {
-        path.replace("{key_id}", "ed25519:x")
+        path.replace("{key_id}", "ed25519:x").replace("{request_id}", "req-x")
         for path, ops in _spec(api)["paths"].items()
         if "post" in ops
     }
@@ -76,7 +79,9 @@ def test_an_unauthenticated_100_mib_body_is_refused_before_it_is_read(api: Harne
 @pytest.mark.parametrize("path", POST_ROUTES)
 def test_a_token_without_the_scope_is_refused_before_the_body(api: Harness, path: str):
     required = {
-        p.replace("{key_id}", "ed25519:x"): ops["post"]["x-required-scope"]
+        p.replace("{key_id}", "ed25519:x").replace("{request_id}", "req-x"): ops["post"][
+            "x-required-scope"
+        ]
         for p, ops in _spec(api)["paths"].items()
         if "post" in ops
     }[path]

@@ -420,6 +420,7 @@ def _as_v1(bundle: dict[str, Any]) -> dict[str, Any]:
     old = copy.deepcopy(bundle)
     old["format"] = FORMAT_V1
     old.pop("fingerprint")
+    old.pop("disclosures")  # v3 members
     old["keys"].pop("fingerprint_signer")
     return old
 

@@ -129,7 +129,7 @@ def bundle(api: Harness) -> dict:
 def test_evidence_bundle_verifies_offline(api: Harness, bundle: dict):
     result = verify_bundle(bundle, api.log_key.public_key)
     assert result.log_key_pinned and result.leaf_index == bundle["leaf_index"]
-    assert bundle["format"] == "inference-ledger/evidence/v2"
+    assert bundle["format"] == "inference-ledger/evidence/v3"
     assert_error(api.client().get("/v1/records/nope/evidence"), 404, "record_not_found")
 
 

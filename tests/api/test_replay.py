@@ -21,12 +21,16 @@ from typing import Any
 import httpx
 import pytest
 
+from ledger import disclosures
 from ledger.errors import VerificationError
 from ledger.evidence import verify_bundle
+from ledger.evidence_format import load_bundle
 from ledger.heartbeat import HEARTBEAT_KIND
+from ledger.inference_record import body_view
 from ledger.replay import ORDER_KIND, build_order
 from ledger.signing import Envelope, SigningKey, load_public_key, sign_envelope, verify_envelope
 from ledger.storage.audit import audit
+from tests.conftest import fresh_url
 from tests.support.cli import ledger
 from tests.support.collector import RunningCollector, ints, start_collector, wait_for_record
 from tests.support.engine import EngineServer
@@ -115,7 +119,14 @@ def test_strict_records_made_under_load_replay_bitwise(pools: Pools) -> None:
         assert verdict["verdict"] == "bitwise", verdict["comparison"]
         assert verdict["pool"] == "strict" and verdict["worker_id"] == "strict"
         assert verdict["worker_key_id"] == pools.strict.collector.config.key.key_id
-        assert verdict["output"]["signature"]["key_id"] == verdict["worker_key_id"]
+        # the record is schema v2: the verdict commits to the output, stored apart
+        assert verdict["output"] is None and verdict["output_digest"].startswith("sha256:")
+        fetched = pools.api.client().get(f"/v1/replays/{verdict['replay_id']}").json()
+        (kept,) = fetched["disclosures"]
+        opened = disclosures.parse(kept)
+        assert opened.digest == verdict["output_digest"] and opened.member == "replay_output"
+        signed_output = opened.value
+        assert signed_output["signature"]["key_id"] == verdict["worker_key_id"]
         comparison = verdict["comparison"]
         assert comparison["prompt_equal"] and comparison["first_divergence"] is None
         (choice,) = comparison["choices"]
@@ -123,7 +134,7 @@ def test_strict_records_made_under_load_replay_bitwise(pools: Pools) -> None:
         assert choice["logprobs_differing"] == 0
         # the replayed output inside the verdict carries the bits that were compared
         record = wait_for_record(pools.api, request_id)
-        output = verdict["output"]["body"]
+        output = signed_output["body"]
         assert output["choices"][0]["logprobs"] == record["choices"][0]["logprobs"]
         assert output["choices"][0]["token_ids"] == record["choices"][0]["token_ids"]
     # a replay is not traffic: nothing new was spooled or recorded
@@ -149,6 +160,56 @@ def test_a_verdict_is_signed_logged_and_listed_with_its_record(pools: Pools) -> 
     assert record["replays"][0]["verdict"] == "bitwise"
     report = audit(pools.api.db, log_key)
     assert report.ok, report.to_dict()
+
+
+@pytest.mark.postgres
+def test_record_replay_prove_erase_on_postgres(
+    engines: dict[str, EngineServer],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Real vLLM, a real collector, a ledger on Postgres: a v2 record and its replay are
+    proven, erased (the replay output with them), and the audit holds before and after."""
+    root = tmp_path_factory.mktemp("erase-pg")
+    api = start_harness("postgres", fresh_url(request, "postgres"), root / "api")
+    running = start_collector(
+        engines["strict"], api, root / "c", pool="strict", worker_id="pg-strict", register=True
+    )
+    try:
+        assert running.collector.registered.wait(60)
+        request_id = send(running, "Erase me, please")
+        record = wait_for_record(api, request_id)
+        assert record["schema_version"] == 2
+        verdict = replay(api, request_id).json()["envelope"]["body"]
+        assert verdict["verdict"] == "bitwise" and verdict["output"] is None
+        client = api.client()
+        assert client.post("/v1/log/checkpoint").status_code in (200, 201)  # covers the verdict
+        full = client.get(f"/v1/records/{request_id}/evidence").json()
+        log_key = api.log_key.public_key
+        verified = verify_bundle(load_bundle(json.dumps(full).encode()), log_key)
+        assert {i.status for i in verified.content.items} == {"disclosed"}
+        assert verified.replay_verdicts == ("bitwise",)
+        assert audit(api.db, log_key).ok
+        erased = client.post(f"/v1/records/{request_id}/erasure", json={"reason": "Art. 17"})
+        assert erased.status_code == 201, erased.text
+        # the record's digests and the replay output's
+        assert (
+            erased.json()["erased_digests"]
+            == len(full["envelope"]["body"]["disclosure_digests"]) + 1
+        )
+        gone = client.get(f"/v1/replays/{verdict['replay_id']}").json()
+        assert "disclosures" not in gone
+        again = replay(api, request_id)
+        assert again.status_code == 410 and again.json()["error"]["code"] == "content_erased"
+        assert verify_bundle(load_bundle(json.dumps(full).encode()), log_key).content
+        after = client.get(f"/v1/records/{request_id}/evidence").json()
+        verified = verify_bundle(load_bundle(json.dumps(after).encode()), log_key)
+        assert {i.status for i in verified.content.items} == {"erased"}
+        report = audit(api.db, log_key)
+        assert report.ok, report.to_dict()
+    finally:
+        running.close()
+        api.close()
 
 
 def test_no_matching_pool_lists_the_nearest_with_their_differences(pools: Pools) -> None:
@@ -243,7 +304,7 @@ def test_cache_answers_deterministic_tier1_records_by_key(pools: Pools) -> None:
     hit = client.get(f"/v1/cache/{key}")
     assert hit.status_code == 200, hit.text
     assert hit.json()["request_id"] == request_id
-    assert hit.json()["envelope"]["body"]["choices"] == record["choices"]
+    assert body_view(hit.json())["choices"] == record["choices"]
     # the same prompt as the token IDs the engine saw finds it too
     ids = client.post(
         "/v1/cache/key",

@@ -19,6 +19,7 @@ from collectors.proxy import create_proxy
 from collectors.spool import Spool
 from collectors.worker_state import WorkerState
 from demo.server_thread import ServerThread, free_port
+from ledger.inference_record import body_view
 from ledger.signing import SigningKey
 
 AWAY = "http://127.0.0.1:{port}"  # an engine URL nothing listens on
@@ -159,7 +160,7 @@ def test_an_engine_error_mid_stream_reaches_the_client_and_marks_the_record(tmp_
             assert json.loads(events[1][6:]) == error and events[2] == "data: [DONE]"
             assert json.loads(events[0][6:])["choices"][0]["logprobs"] is None  # not asked
             (item,) = worker.spool.oldest(10)
-            record = json.loads(item.envelope)["body"]
+            record = body_view(json.loads(item.envelope))
             assert record["aborted"] is True and record["choices"][0]["finish_reason"] is None
             sample = worker.metrics.registry.get_sample_value
             assert sample("collector_engine_errors_total", {"status": "stream"}) == 1

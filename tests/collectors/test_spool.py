@@ -207,3 +207,21 @@ def test_the_write_ahead_log_shrinks_back_after_a_burst(tmp_path: Path):
         assert wal.stat().st_size <= WAL_SIZE_LIMIT
     finally:
         spool.close()
+
+
+def test_content_past_the_retention_leaves_the_spool(tmp_path: Path):
+    spool = Spool(tmp_path / "s.sqlite")
+    for i in range(4):
+        spool.put(f"old{i}", b"prompt and output")
+    items = spool.oldest(10)
+    spool.dead_letter(items[0], "refused")
+    cutoff = time.time()
+    time.sleep(0.01)
+    spool.put("new", b"x")
+    spool.dead_letter(spool.oldest(10)[-1], "refused")
+    assert spool.expire_content(cutoff) == (3, 1)
+    assert [i.request_id for i in spool.oldest(10)] == []
+    assert spool.dead_letters() == 1 and spool.pending() == 0
+    # the deleted records' IDs stay used: no record may reuse one
+    assert all(spool.holds(f"old{i}") for i in range(4))
+    spool.close()

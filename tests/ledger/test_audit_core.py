@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from ledger.audit import derive, registry
 from ledger.audit.rows import LeafChunk, as_time, micros
 from ledger.audit.times import SECOND, TimeBounds, TimeRules
-from ledger.cachekey import is_deterministic
+from ledger.cachekey import is_deterministic, keys_of_record
+from ledger.inference_record import parse_record
 from ledger.records import RECORD_KIND
 from ledger.signing import SigningKey, sign_envelope
 from ledger.storage import cache, keystore, verdicts
@@ -34,7 +35,7 @@ def _ingested_rows(body: dict[str, Any], template: str | None) -> list[tuple[Any
     """The cache_keys rows ingest writes for a record (ledger.storage.cache)."""
     keyed = cache.Keyed(
         body["request_id"],
-        cache.keys_for(body, template),
+        keys_of_record(parse_record(body), template),
         body["tier"],
         is_deterministic(body["request"]),
     )

@@ -11,12 +11,12 @@ import migrations
 from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
 from ledger.merkle import leaf_hash
 from ledger.signing import SigningKey
-from ledger.storage import checkpoints, ingest, keystore, queries, verdicts
+from ledger.storage import checkpoints, erasures, ingest, keystore, queries, verdicts
 from ledger.storage.audit import audit
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database
-from ledger.storage.models import APPEND_ONLY_TABLES, CacheKey
-from tests.support.documents import record_envelope
+from ledger.storage.models import APPEND_ONLY_TABLES, ERASABLE_TABLES, CacheKey
+from tests.support.documents import record_envelope, record_item_v2
 from tests.support.seed import seed_ledger
 
 
@@ -95,6 +95,15 @@ def test_raw_sql_update_and_delete_are_refused(ledger, table):
         ledger[1],
         {"certificate_id": "cert-1", "pool": "p", "fingerprint_id": fp, "invariant_observed": True},
     )
+    item = record_item_v2(collector, fp)
+    ingest.ingest_records(db, [item])
+    erasures.erase(
+        db, ledger[1], item.envelope["body"]["request_id"], reason="test", requested_by="t"
+    )
+    hold = erasures.place_hold(
+        db, ledger[1], request_id=request_id, filter=None, reason="test", placed_by="t"
+    )
+    erasures.release_hold(db, ledger[1], hold["hold_id"], reason="test", released_by="t")
     checkpoints.sign_if_new(db, ledger[1], "test/log")
     column = {
         "log_entries": "kind",
@@ -106,7 +115,9 @@ def test_raw_sql_update_and_delete_are_refused(ledger, table):
         "checkpoints": "note",
         "replays": "verdict",
         "certificates": "pool",
-        "cache_keys": "tier",
+        "erasures": "reason_code",
+        "holds": "request_id",
+        "hold_releases": "log_index",
     }[table]
     if table == "key_revocations":
         keystore.revoke_key(db, ledger[1], collector.key_id, "test")
@@ -115,6 +126,29 @@ def test_raw_sql_update_and_delete_are_refused(ledger, table):
             conn.execute(text(statement))
     with db.engine.connect() as conn:
         assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() > 0
+
+
+@pytest.mark.parametrize("table", ERASABLE_TABLES)
+def test_content_rows_are_deleted_only_after_a_logged_erasure(ledger, table):
+    db, log_key, collector, fp = ledger
+    item = record_item_v2(collector, fp, tier=1, request_extra={"temperature": 0})
+    ingest.ingest_records(db, [item])
+    rid = item.envelope["body"]["request_id"]
+    where = f"FROM {table} WHERE request_id = '{rid}'"
+    with db.engine.connect() as conn:
+        assert conn.execute(text(f"SELECT count(*) {where}")).scalar_one() > 0
+    column = "digest" if table == "disclosures" else "tier"
+    for statement in (f"UPDATE {table} SET {column} = {column}", f"DELETE {where}"):
+        with pytest.raises(Exception, match="refused"), db.engine.begin() as conn:
+            conn.execute(text(statement))
+    erasures.erase(db, log_key, rid, reason="data subject request", requested_by="t")
+    with db.engine.connect() as conn:
+        assert conn.execute(text(f"SELECT count(*) {where}")).scalar_one() == 0
+    # rows of another record stay guarded
+    other = record_item_v2(collector, fp, tier=1, request_extra={"temperature": 0})
+    ingest.ingest_records(db, [other])
+    with pytest.raises(Exception, match="refused"), db.engine.begin() as conn:
+        conn.execute(text(f"DELETE FROM {table}"))
 
 
 @pytest.mark.postgres

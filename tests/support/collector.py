@@ -13,6 +13,7 @@ from typing import Any
 from collectors.collector import Collector, CollectorConfig
 from collectors.proxy import create_proxy
 from demo.server_thread import ServerThread, free_port
+from ledger.inference_record import body_view
 from tests.support.engine import EngineServer
 from tests.support.harness import Harness
 
@@ -67,8 +68,7 @@ def wait_for_record(api: Harness, request_id: str, timeout: float = 30.0) -> dic
     while time.monotonic() < deadline:
         response = client.get(f"/v1/records/{request_id}")
         if response.status_code == 200:
-            body: dict[str, Any] = response.json()["envelope"]["body"]
-            return body
+            return body_view(response.json())
         time.sleep(0.1)
     raise AssertionError(f"record {request_id} did not reach the ledger within {timeout} s")
 

@@ -24,6 +24,8 @@ from collectors.spool import Spool
 from collectors.tokens import TokenRenderer
 from collectors.worker_state import WorkerState
 from demo.server_thread import ServerThread, free_port
+from ledger.inference_record import body_view
+from ledger.record_v2 import as_wire_item
 from ledger.signing import SigningKey
 
 # Members vLLM sets afresh for every request (and the collector passes on as they came).
@@ -160,7 +162,9 @@ class CollectorUnderTest:
         """The record bodies spooled under ``request_id`` (the spool keeps one per ID)."""
         items = self.state.spool.oldest(100_000)
         return [
-            json.loads(item.envelope)["body"] for item in items if item.request_id == request_id
+            body_view(json.loads(as_wire_item(item.envelope)))
+            for item in items
+            if item.request_id == request_id
         ]
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:

@@ -7,8 +7,10 @@ import uuid
 from typing import Any
 
 from ledger.fingerprint import FINGERPRINT_KIND
+from ledger.record_v2 import commit_record
 from ledger.records import RECORD_KIND, Choice, build_record_body
 from ledger.signing import Envelope, SigningKey, sign_envelope
+from ledger.storage.ingest import RecordItem
 
 
 def fingerprint_body(name: str | None = None) -> dict[str, Any]:
@@ -69,6 +71,17 @@ def record_body(
 
 def record_envelope(key: SigningKey, fingerprint_id: str, **kw: Any) -> Envelope:
     return sign_envelope(RECORD_KIND, record_body(fingerprint_id, **kw), key)
+
+
+def record_v2(key: SigningKey, fingerprint_id: str, **kw: Any) -> tuple[Envelope, list[str]]:
+    """A signed schema v2 record and its disclosures (fresh salts)."""
+    body, disclosures = commit_record(record_body(fingerprint_id, **kw))
+    return sign_envelope(RECORD_KIND, body, key), disclosures
+
+
+def record_item_v2(key: SigningKey, fingerprint_id: str, **kw: Any) -> RecordItem:
+    env, disclosures = record_v2(key, fingerprint_id, **kw)
+    return RecordItem(env.to_dict(), disclosures)
 
 
 def resign(key: SigningKey, body: dict[str, Any], kind: str = RECORD_KIND) -> dict[str, Any]:

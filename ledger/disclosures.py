@@ -1,0 +1,173 @@
+"""Salted disclosures: how a signed body commits to content it does not hold (IETF SD-JWT style).
+
+A **disclosure** is the base64url (no padding) encoding of the RFC 8785 canonical JSON array
+``[salt, member, value]``: ``salt`` is base64url of at least 16 fresh random bytes, ``member``
+names what the value is (``request``, ``choices[0].token_ids``, ...). Its **digest** is
+``sha256:`` + hex SHA-256 of the disclosure's ASCII characters. A signed body carries the
+sorted digests of its disclosures and none of their values; the disclosures travel and are
+stored apart, and deleting one leaves its digest, which reveals nothing: the salt is random per
+disclosure, so trying candidate values against a digest confirms none without the salt, and the
+digests are sorted, so their order does not say which member each one commits to.
+
+Opening (:func:`open_disclosures`) checks, in this order, and raises ``VerificationError`` with
+``details["check"]`` naming the step:
+
+1. ``encoding``: the disclosure is base64url without padding, of a canonical JSON array of
+   three members, a salt of at least 16 bytes and a member name this module knows;
+2. ``digest``: its digest is one of the body's digests;
+3. ``unique``: no digest is opened twice and no member is disclosed twice.
+
+Nothing here knows a record's schema: ``ledger.record_v2`` says which members a record
+commits, and :func:`commit` makes the disclosures for them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import itertools
+import re
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ledger.canonical import canonicalize
+from ledger.errors import InvalidInput, VerificationError
+
+SALT_BYTES = 16
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+MEMBER = re.compile(
+    r"^(request|request_raw|prompt_token_ids|replay_output"
+    r"|choices\[(0|[1-9][0-9]{0,4})\]\.(token_ids|text|logprobs|top_logprobs|margins))$"
+)
+_B64URL = re.compile(r"^[A-Za-z0-9_-]+$")
+# A disclosure is refused past this many characters (a record's largest member, request_raw,
+# is bounded by the ledger's body limit long before).
+MAX_DISCLOSURE = 64 * 1024 * 1024
+
+
+def _fail(check: str, message: str, **details: Any) -> VerificationError:
+    return VerificationError(
+        message, code="invalid_disclosure", details={"check": check, **details}
+    )
+
+
+@dataclass(frozen=True)
+class Disclosure:
+    """One opened disclosure. ``digest`` is derived from ``encoded``."""
+
+    encoded: str
+    salt: str
+    member: str
+    value: Any
+
+    @property
+    def digest(self) -> str:
+        return digest_of(self.encoded)
+
+
+def digest_of(encoded: str) -> str:
+    """The ``sha256:`` digest of a disclosure's characters."""
+    return "sha256:" + hashlib.sha256(encoded.encode("ascii")).hexdigest()
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64url(text: str) -> bytes:
+    if not _B64URL.fullmatch(text) or len(text) % 4 == 1:
+        raise ValueError("not base64url without padding")
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def make(member: str, value: Any, salt: str | None = None) -> Disclosure:
+    """A disclosure of ``value`` as ``member``, under a fresh random salt unless one is given
+    (tests give one to build fixed vectors)."""
+    if not MEMBER.fullmatch(member):
+        raise ValueError(f"unknown disclosure member {member!r}")
+    salt = salt if salt is not None else _b64url(secrets.token_bytes(SALT_BYTES))
+    encoded = _b64url(canonicalize([salt, member, value]))
+    return Disclosure(encoded, salt, member, value)
+
+
+def commit(members: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """Disclosures of ``members`` (name -> value) and their digests, sorted."""
+    made = [make(member, value) for member, value in members.items()]
+    return sorted(d.digest for d in made), [d.encoded for d in made]
+
+
+def parse(encoded: object) -> Disclosure:
+    """Decode one disclosure (check ``encoding``); VerificationError when it is malformed."""
+    if not isinstance(encoded, str) or not encoded or len(encoded) > MAX_DISCLOSURE:
+        raise _fail("encoding", "a disclosure must be a non-empty base64url string")
+    # The canonical re-encoding must give back the very bytes: so a member named twice (a
+    # parser keeps one of them), NaN, a float where an integer was, or any other spelling of
+    # the same value is refused, and every reader sees the one value the digest commits to.
+    try:
+        raw = _unb64url(encoded)
+        value = orjson.loads(raw)
+        if canonicalize(value) != raw:
+            raise ValueError("not RFC 8785 canonical JSON")
+    except (ValueError, binascii.Error, RecursionError, orjson.JSONDecodeError) as exc:
+        raise _fail("encoding", f"a disclosure does not decode: {exc}") from None
+    except InvalidInput as exc:  # no canonical form (a lone surrogate, a huge integer)
+        raise _fail("encoding", f"a disclosure does not decode: {exc.message}") from None
+    if not isinstance(value, list) or len(value) != 3:
+        raise _fail("encoding", "a disclosure must be the array [salt, member, value]")
+    salt, member, inner = value
+    if not isinstance(salt, str) or not isinstance(member, str):
+        raise _fail("encoding", "a disclosure's salt and member must be strings")
+    try:
+        salt_bytes = _unb64url(salt)
+    except (ValueError, binascii.Error):
+        raise _fail("encoding", "a disclosure's salt must be base64url") from None
+    if len(salt_bytes) < SALT_BYTES:
+        raise _fail("encoding", f"a disclosure's salt must hold at least {SALT_BYTES} bytes")
+    if not MEMBER.fullmatch(member):
+        raise _fail("encoding", f"unknown disclosure member {member[:80]!r}")
+    return Disclosure(encoded, salt, member, inner)
+
+
+def check_digests(digests: object, where: str = "disclosure_digests") -> tuple[str, ...]:
+    """A body's digest list: sorted, unique ``sha256:`` digests (InvalidInput otherwise)."""
+    if not isinstance(digests, list) or not all(
+        isinstance(d, str) and DIGEST.fullmatch(d) for d in digests
+    ):
+        raise InvalidInput(
+            f"{where} must be a list of sha256:<64 hex> digests", code="schema_violation"
+        )
+    if any(a >= b for a, b in itertools.pairwise(digests)):
+        raise InvalidInput(f"{where} must be sorted and unique", code="schema_violation")
+    return tuple(digests)
+
+
+def open_disclosures(digests: Iterable[str], encoded: Sequence[object]) -> dict[str, Disclosure]:
+    """Open ``encoded`` against ``digests``: member name -> disclosure. Raises
+    VerificationError (checks ``encoding``, ``digest``, ``unique``) for any disclosure that
+    does not open exactly one unopened digest. Digests left unopened are not an error here."""
+    wanted = set(digests)
+    opened: dict[str, Disclosure] = {}
+    used: set[str] = set()
+    for i, item in enumerate(encoded):
+        try:
+            d = parse(item)
+        except VerificationError as exc:
+            raise exc.with_details(disclosure=i) from None
+        digest = d.digest
+        if digest not in wanted:
+            raise _fail(
+                "digest",
+                f"disclosure {i} ({d.member}) opens none of the body's digests",
+                disclosure=i,
+                member=d.member,
+            )
+        if digest in used or d.member in opened:
+            raise _fail("unique", f"disclosure {i} ({d.member}) is disclosed twice", disclosure=i)
+        used.add(digest)
+        opened[d.member] = d
+    return opened

@@ -1,0 +1,222 @@
+"""One typed inference record, parsed once from either schema version.
+
+:func:`parse_record` turns a signed record body (v1, ``ledger.records``; or v2,
+``ledger.record_v2``, with whatever of its disclosures are at hand) into an
+:class:`InferenceRecord`: named fields for everything in the clear, and the content that is
+present. Ingest, audit, replay, cache keys and evidence read records through it, so none of
+them digs into a body dict or cares which version it holds.
+
+Content is **complete** for every v1 record and for a v2 record whose every digest is opened;
+otherwise the missing members were erased (in the ledger) or redacted (in a bundle), and
+:meth:`InferenceRecord.require_content` raises ``Gone`` (``content_erased``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.disclosures import Disclosure, open_disclosures
+from ledger.errors import Gone, InvalidInput
+from ledger.record_v2 import (
+    CHOICE_CONTENT,
+    DIGESTS,
+    assemble,
+    check_clear,
+    open_record,
+    sampling_of,
+)
+from ledger.record_v2 import SCHEMA_VERSION as V2
+from ledger.records import (
+    RecordSummary,
+    check_common,
+    check_content,
+    check_version,
+    validate_record_body,
+)
+
+CONTENT_MEMBERS_V1 = ("request", "request_raw", "prompt_token_ids")
+
+
+@dataclass(frozen=True)
+class RecordChoice:
+    """One choice: its clear members, and its content where present (packed as in v1)."""
+
+    index: int
+    finish_reason: str | None
+    stop_reason: str | int | None
+    token_ids: str | None = None
+    text: str | None = None
+    logprobs: str | None = None
+    top_logprobs: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class InferenceRecord:
+    schema_version: int
+    summary: RecordSummary
+    sampling: Mapping[str, Any]
+    usage: Mapping[str, Any]
+    timings: Mapping[str, Any]
+    system_fingerprint: str | None
+    aborted: bool
+    choices: tuple[RecordChoice, ...]
+    # v2: the body's digests and the disclosures opened (member -> disclosure); v1: empty.
+    digests: tuple[str, ...] = ()
+    disclosed: Mapping[str, Disclosure] = field(default_factory=dict)
+    request: dict[str, Any] | None = None
+    request_raw: str | None = None
+    prompt_token_ids: str | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.summary.request_id
+
+    @property
+    def fingerprint_id(self) -> str:
+        return self.summary.fingerprint_id
+
+    @property
+    def endpoint(self) -> str:
+        return self.summary.endpoint
+
+    @property
+    def tier(self) -> int:
+        return self.summary.tier
+
+    @property
+    def erasable(self) -> bool:
+        """Whether the record's content lives outside its leaf (schema v2)."""
+        return self.schema_version >= V2
+
+    @property
+    def complete(self) -> bool:
+        return not self.erasable or len(self.disclosed) == len(self.digests)
+
+    @property
+    def missing_digests(self) -> tuple[str, ...]:
+        opened = {d.digest for d in self.disclosed.values()}
+        return tuple(d for d in self.digests if d not in opened)
+
+    def require_content(self) -> None:
+        """Raise Gone unless all of the record's content is present."""
+        if not self.complete:
+            raise Gone(
+                f"the content of record {self.request_id!r} was erased",
+                details={"request_id": self.request_id},
+            )
+
+    def content_view(self) -> dict[str, Any]:
+        """The v1-shaped body (request, packed arrays, choices with content): what replay
+        comparison and cache keys read. Gone unless the content is complete."""
+        self.require_content()
+        view: dict[str, Any] = {
+            "endpoint": self.endpoint,
+            "fingerprint_id": self.fingerprint_id,
+            "request": self.request,
+            "prompt_token_ids": self.prompt_token_ids,
+            "choices": [
+                {
+                    k: v
+                    for k, v in (
+                        ("index", c.index),
+                        ("finish_reason", c.finish_reason),
+                        ("stop_reason", c.stop_reason),
+                        ("token_ids", c.token_ids),
+                        ("text", c.text),
+                        ("logprobs", c.logprobs),
+                        ("top_logprobs", c.top_logprobs),
+                    )
+                    if v is not None or k in ("finish_reason", "stop_reason")
+                }
+                for c in self.choices
+            ],
+        }
+        if self.request_raw is not None:
+            view["request_raw"] = self.request_raw
+        return view
+
+
+def _choices(view: Mapping[str, Any]) -> tuple[RecordChoice, ...]:
+    return tuple(
+        RecordChoice(
+            index=c["index"],
+            finish_reason=c["finish_reason"],
+            stop_reason=c["stop_reason"],
+            **{name: c.get(name) for name in CHOICE_CONTENT},
+        )
+        for c in view["choices"]
+    )
+
+
+def _build(
+    body: Mapping[str, Any],
+    view: Mapping[str, Any],
+    summary: RecordSummary,
+    sampling: Mapping[str, Any],
+    digests: tuple[str, ...] = (),
+    disclosed: Mapping[str, Disclosure] | None = None,
+) -> InferenceRecord:
+    return InferenceRecord(
+        schema_version=body["schema_version"],
+        summary=summary,
+        sampling=sampling,
+        usage=body["usage"],
+        timings=body["timings"],
+        system_fingerprint=body["system_fingerprint"],
+        aborted=body.get("aborted") is True,
+        choices=_choices(view),
+        digests=digests,
+        disclosed=disclosed or {},
+        request=view.get("request"),
+        request_raw=view.get("request_raw"),
+        prompt_token_ids=view.get("prompt_token_ids"),
+    )
+
+
+def parse_record(
+    body: Mapping[str, Any], disclosures: Sequence[object] = (), *, complete: bool = False
+) -> InferenceRecord:
+    """Parse a record body of either version (InvalidInput for a malformed body;
+    VerificationError for a disclosure that does not open one of its digests).
+
+    ``complete=True`` (ingest) requires all of a v2 record's content and checks it as v1
+    content is checked; otherwise whatever disclosures are given are opened and the rest is
+    reported missing.
+    """
+    b = dict(body)
+    version = check_version(b, (1, V2))
+    if version == 1:
+        if disclosures:
+            raise InvalidInput(
+                "a schema version 1 record has no disclosures", code="schema_violation"
+            )
+        summary = validate_record_body(b)
+        return _build(b, b, summary, sampling_of(b["request"]))
+    digests = check_clear(b)
+    summary = check_common(b)
+    if complete:
+        opened = open_record(b, disclosures)
+        view = assemble(b, opened)
+        summary = check_content(view, summary)
+    else:
+        opened = open_disclosures(digests, disclosures)
+        view = assemble(b, opened)
+    return _build(b, view, summary, b["sampling"], digests, opened)
+
+
+def body_view(answer: Mapping[str, Any]) -> dict[str, Any]:
+    """The v1-shaped body of a record as the API serves it (``{"envelope", "disclosures"?}``)
+    or as a collector spools it: the signed body, with whatever content its disclosures hold
+    put back in place (a v1 body is returned as it is). Disclosures are opened against the
+    body's digests (VerificationError when one does not open)."""
+    envelope = answer["envelope"]
+    body = envelope["body"]
+    if body.get("schema_version") != V2:
+        return dict(body)
+    opened = open_disclosures(check_clear(body), answer.get("disclosures") or ())
+    return assemble(body, opened)
+
+
+__all__ = ["DIGESTS", "InferenceRecord", "RecordChoice", "body_view", "parse_record"]

@@ -1,0 +1,248 @@
+"""Inference records, schema version 2: the signed body commits to its content, holds none.
+
+A v2 body is a v1 body (``ledger.records``) whose content members are replaced by the sorted
+digests of salted disclosures (``ledger.disclosures``), with the sampling parameters copied
+into the clear:
+
+    {
+      "schema_version": 2,
+      "request_id", "fingerprint_id", "worker_id", "pool", "tier", "endpoint", "model",
+      "sampling": {"temperature": 0, "seed": 7, "max_tokens": 16, ...},  # SAMPLING members
+                                                                        # of the request
+      "choices": [{"index": 0, "finish_reason": "length", "stop_reason": null}],
+      "usage", "timings", "system_fingerprint", "aborted",               # as in v1
+      "disclosure_digests": ["sha256:…", …]                             # sorted
+    }
+
+Committed (erasable) members, each one disclosure: ``request`` (the whole request sent to the
+engine: prompt or messages and every other field), ``request_raw`` (its exact bytes, when
+kept), ``prompt_token_ids``, and per choice ``choices[N].token_ids``, ``.text``, ``.logprobs``
+and ``.top_logprobs`` (those the v1 body would have held). Their values are exactly the v1
+members' (packed arrays stay packed), so the v1 checks apply to them unchanged.
+
+At ingest every digest must be opened (:func:`open_record`): a record's content is complete
+when logged, and only an erasure event may later remove any of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ledger.canonical import canonicalize
+from ledger.disclosures import MEMBER, Disclosure, check_digests, commit, open_disclosures
+from ledger.errors import InvalidInput, VerificationError
+
+SCHEMA_VERSION = 2
+DIGESTS = "disclosure_digests"
+# Request members that stay in the clear (they decide determinism and say how it was sampled).
+SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "min_tokens",
+    "stop",
+    "stop_token_ids",
+    "n",
+    "best_of",
+    "logprobs",
+    "top_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+)
+CHOICE_CLEAR = ("index", "finish_reason", "stop_reason")
+CHOICE_CONTENT = ("token_ids", "text", "logprobs", "top_logprobs")
+REQUIRED_MEMBERS = ("request", "prompt_token_ids")
+CLEAR = (
+    "schema_version",
+    "request_id",
+    "fingerprint_id",
+    "worker_id",
+    "pool",
+    "tier",
+    "endpoint",
+    "model",
+    "sampling",
+    "choices",
+    "usage",
+    "timings",
+    "system_fingerprint",
+    DIGESTS,
+)
+OPTIONAL_CLEAR = ("aborted",)
+
+
+def sampling_of(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's SAMPLING members, as sent."""
+    return {k: request[k] for k in SAMPLING if k in request}
+
+
+def content_members(v1_body: Mapping[str, Any]) -> dict[str, Any]:
+    """A v1 body's content, as disclosure member name -> value."""
+    members: dict[str, Any] = {
+        "request": v1_body["request"],
+        "prompt_token_ids": v1_body["prompt_token_ids"],
+    }
+    if "request_raw" in v1_body:
+        members["request_raw"] = v1_body["request_raw"]
+    for choice in v1_body["choices"]:
+        for name in CHOICE_CONTENT:
+            if choice.get(name) is not None:
+                members[f"choices[{choice['index']}].{name}"] = choice[name]
+    return members
+
+
+def commit_record(v1_body: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The v2 body of a validated v1 body, and its disclosures (fresh salts)."""
+    digests, disclosures = commit(content_members(v1_body))
+    body: dict[str, Any] = {
+        k: v1_body[k] for k in CLEAR + OPTIONAL_CLEAR if k in v1_body and k != "choices"
+    }
+    body["schema_version"] = SCHEMA_VERSION
+    body["sampling"] = sampling_of(v1_body["request"])
+    body["choices"] = [{k: c[k] for k in CHOICE_CLEAR} for c in v1_body["choices"]]
+    body[DIGESTS] = digests
+    return body, disclosures
+
+
+# Names ``--redact`` takes besides exact member names: groups of members.
+REDACT_GROUPS: dict[str, tuple[str, ...]] = {
+    "prompt": ("request", "request_raw", "prompt_token_ids"),
+    "output": CHOICE_CONTENT,
+    "token_ids": ("prompt_token_ids", "token_ids"),
+    "text": ("text",),
+    "logprobs": ("logprobs", "top_logprobs"),
+}
+
+
+def check_redact(names: Sequence[str]) -> tuple[str, ...]:
+    """Validate ``--redact`` names: member names, ``choices[N].x`` members, or REDACT_GROUPS."""
+    known = {"request", "request_raw", "prompt_token_ids", *CHOICE_CONTENT, *REDACT_GROUPS}
+    bad = [n for n in names if n not in known and not MEMBER.fullmatch(n)]
+    if bad:
+        raise InvalidInput(
+            f"cannot redact {bad}: name members (request, request_raw, prompt_token_ids, "
+            f"choices[N].token_ids, text, logprobs, top_logprobs) or groups "
+            f"{sorted(REDACT_GROUPS)}",
+            code="invalid_parameters",
+        )
+    return tuple(names)
+
+
+def is_redacted(member: str, names: Sequence[str]) -> bool:
+    """Whether ``--redact names`` leaves ``member`` out (``text`` matches every choice's)."""
+    leaf = member.rsplit(".", 1)[-1]
+    for name in names:
+        wanted = REDACT_GROUPS.get(name, (name,))
+        if member in wanted or leaf in wanted:
+            return True
+    return False
+
+
+def wire_item(envelope: bytes, disclosures: Sequence[str]) -> bytes:
+    """One item of a ``{"records": [...]}`` batch, from a record's canonical envelope bytes
+    and its disclosures: ``{"disclosures": [...], "envelope": ...}`` (as spools keep it)."""
+    return b'{"disclosures":' + canonicalize(list(disclosures)) + b',"envelope":' + envelope + b"}"
+
+
+def as_wire_item(item: bytes) -> bytes:
+    """A spooled item as a batch item: a bare canonical envelope (a v1 record, spooled by an
+    older collector) is wrapped with no disclosures."""
+    return b'{"envelope":' + item + b"}" if item.startswith(b'{"body":') else item
+
+
+def check_clear(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """The v2-only members' shape (members, sampling, choices, digests); returns the digests.
+    The members v1 shares are checked by ``ledger.records`` on the reassembled view."""
+    missing = set(CLEAR) - set(body)
+    if missing:
+        raise InvalidInput(f"record is missing {sorted(missing)}", code="schema_violation")
+    extra = set(body) - set(CLEAR) - set(OPTIONAL_CLEAR)
+    if extra:
+        raise InvalidInput(f"record has unknown members {sorted(extra)}", code="schema_violation")
+    sampling = body["sampling"]
+    if not isinstance(sampling, dict) or set(sampling) - set(SAMPLING):
+        raise InvalidInput(
+            f"sampling must be an object of {list(SAMPLING)}", code="schema_violation"
+        )
+    choices = body["choices"]
+    if not isinstance(choices, list) or not choices:
+        raise InvalidInput("choices must be a non-empty list", code="schema_violation")
+    for i, c in enumerate(choices):
+        if not isinstance(c, dict) or set(c) != set(CHOICE_CLEAR):
+            raise InvalidInput(
+                f"choices[{i}] must hold exactly {list(CHOICE_CLEAR)}",
+                code="schema_violation",
+                details={"field": f"choices[{i}]"},
+            )
+        index = c["index"]
+        if type(index) is not int or not 0 <= index <= 10_000:
+            raise InvalidInput(
+                f"choices[{i}].index must be an integer in 0..10000", code="schema_violation"
+            )
+    if len({c["index"] for c in choices}) != len(choices):
+        raise InvalidInput("choices have duplicate index values", code="schema_violation")
+    return check_digests(body[DIGESTS])
+
+
+def assemble(body: Mapping[str, Any], opened: Mapping[str, Disclosure]) -> dict[str, Any]:
+    """The v1-shaped view of a v2 body and whatever of its content is ``opened``: content
+    members that are not opened are simply absent."""
+    view: dict[str, Any] = {k: v for k, v in body.items() if k not in (DIGESTS, "sampling")}
+    for name in ("request", "request_raw", "prompt_token_ids"):
+        if name in opened:
+            view[name] = opened[name].value
+    choices = []
+    for c in body["choices"]:
+        item = dict(c)
+        for name in CHOICE_CONTENT:
+            d = opened.get(f"choices[{c['index']}].{name}")
+            if d is not None:
+                item[name] = d.value
+        choices.append(item)
+    view["choices"] = choices
+    return view
+
+
+def open_record(body: Mapping[str, Any], disclosures: Sequence[object]) -> dict[str, Disclosure]:
+    """Open every digest of a v2 body (ingest): each disclosure must open a digest, every
+    digest must be opened, and the members must be exactly those a v1 body would hold
+    (``request`` and ``prompt_token_ids``, each choice's ``token_ids``, no member of a choice
+    that does not exist)."""
+    digests = check_clear(body)
+    opened = open_disclosures(digests, disclosures)
+    if len(opened) != len(digests):
+        raise VerificationError(
+            f"{len(digests) - len(opened)} of the record's {len(digests)} digests are not "
+            "opened: a record is ingested with all of its content",
+            code="disclosures_missing",
+            details={"check": "complete"},
+        )
+    indexes = {c["index"] for c in body["choices"]}
+    need = set(REQUIRED_MEMBERS) | {f"choices[{i}].token_ids" for i in indexes}
+    allowed = (
+        need
+        | {"request_raw"}
+        | {f"choices[{i}].{name}" for i in indexes for name in CHOICE_CONTENT}
+    )
+    if not need <= set(opened) or not set(opened) <= allowed:
+        raise InvalidInput(
+            f"the disclosures must hold {sorted(need)} and only members of this record's "
+            f"choices; got {sorted(opened)}",
+            code="schema_violation",
+        )
+    request = opened["request"].value
+    if not isinstance(request, dict) or canonicalize(sampling_of(request)) != canonicalize(
+        body["sampling"]
+    ):
+        raise InvalidInput(
+            "sampling must be exactly the SAMPLING members of the disclosed request",
+            code="sampling_mismatch",
+        )
+    return opened

@@ -1,0 +1,388 @@
+"""Erasing records' content, legal holds and the retention purge (``ledger.erasure`` bodies).
+
+An erasure is one transaction: the erasure event is signed by the log key and appended, its
+``erasures`` row written, then the record's disclosures (and those of its replay outputs) and
+its cache-key rows deleted; the database triggers refuse those deletes for a request ID that
+``erasures`` does not hold. Records under a legal hold are never erased: a single erasure is
+refused (409 ``legal_hold``); a bulk erasure or the retention purge skips them and says so.
+Schema v1 records hold their content in their leaf and cannot be erased (409
+``not_erasable``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.orm import Session
+
+from ledger.erasure import (
+    ERASURE_KIND,
+    HOLD_KIND,
+    RELEASE_KIND,
+    HoldScope,
+    erasure_body,
+    hold_body,
+    release_body,
+)
+from ledger.errors import Conflict, InvalidInput, NotFound
+from ledger.signing import SigningKey, sign_envelope
+from ledger.storage import log
+from ledger.storage.database import Database, as_utc, utcnow
+from ledger.storage.models import (
+    CacheKey,
+    Disclosure,
+    Erasure,
+    Hold,
+    HoldRelease,
+    LogEntry,
+    Record,
+)
+from ledger.storage.queries import RecordFilter, StoredRecord, from_log, record_in
+
+# Records erased per transaction by a bulk erasure or the retention purge.
+CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Erased:
+    request_id: str
+    status: str  # "erased" | "already_erased"
+    log_index: int  # the erasure event's leaf
+    erased_digests: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "status": self.status,
+            "log_index": self.log_index,
+            "erased_digests": self.erased_digests,
+        }
+
+
+@dataclass
+class BulkResult:
+    """What a bulk erasure or purge did (or, dry run, would do)."""
+
+    dry_run: bool
+    erased: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+    not_erasable: int = 0  # schema v1 records matched
+    already_erased: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "erased": self.erased,
+            "held": self.held,
+            "not_erasable": self.not_erasable,
+            "already_erased": self.already_erased,
+        }
+
+
+def active_holds(session: Session) -> list[HoldScope]:
+    """Holds placed and not released, read from their logged bodies."""
+    rows = session.execute(
+        select(LogEntry.envelope)
+        .join(Hold, Hold.log_index == LogEntry.idx)
+        .outerjoin(HoldRelease, HoldRelease.hold_id == Hold.hold_id)
+        .where(HoldRelease.hold_id.is_(None))
+    ).scalars()
+    return [HoldScope.of(json.loads(bytes(env))["body"]) for env in rows]
+
+
+def _holding(holds: Sequence[HoldScope], record: StoredRecord) -> HoldScope | None:
+    for hold in holds:
+        if hold.covers(
+            request_id=record.request_id,
+            model=record.model,
+            fingerprint_id=record.fingerprint_id,
+            pool=record.pool,
+            tier=record.tier,
+            received_at=record.received_at,
+        ):
+            return hold
+    return None
+
+
+def _erase_in(
+    session: Session,
+    log_key: SigningKey,
+    records: Sequence[StoredRecord],
+    *,
+    reason_code: str,
+    reason: str,
+    requested_by: str,
+) -> list[Erased]:
+    """Append one erasure event per record and delete its content (one transaction)."""
+    if not records:
+        return []
+    ids = [r.request_id for r in records]
+    stored: dict[str, set[str]] = {}
+    for rid, digest in session.execute(
+        select(Disclosure.request_id, Disclosure.digest).where(Disclosure.request_id.in_(ids))
+    ):
+        stored.setdefault(rid, set()).add(digest)
+    bodies = [
+        erasure_body(
+            request_id=r.request_id,
+            log_index=r.log_index,
+            content_hash=r.content_hash,
+            erased_digests=sorted(set(r.record.digests) | stored.get(r.request_id, set())),
+            reason_code=reason_code,
+            reason=reason,
+            requested_by=requested_by,
+        )
+        for r in records
+    ]
+    at = utcnow()
+    indexes = log.append(session, [sign_envelope(ERASURE_KIND, b, log_key) for b in bodies], at)
+    session.execute(
+        insert(Erasure),
+        [
+            {"request_id": rid, "log_index": idx, "reason_code": reason_code, "created_at": at}
+            for rid, idx in zip(ids, indexes, strict=True)
+        ],
+    )
+    session.execute(delete(Disclosure).where(Disclosure.request_id.in_(ids)))
+    session.execute(delete(CacheKey).where(CacheKey.request_id.in_(ids)))
+    return [
+        Erased(b["request_id"], "erased", idx, len(b["erased_digests"]))
+        for b, idx in zip(bodies, indexes, strict=True)
+    ]
+
+
+def _already(session: Session, request_id: str) -> Erased | None:
+    row = session.get(Erasure, request_id)
+    if row is None:
+        return None
+    env = json.loads(bytes(session.get(LogEntry, row.log_index).envelope))  # type: ignore[union-attr]
+    return Erased(request_id, "already_erased", row.log_index, len(env["body"]["erased_digests"]))
+
+
+def erase(
+    db: Database, log_key: SigningKey, request_id: str, *, reason: str, requested_by: str
+) -> Erased:
+    """Erase one record's content on request (NotFound, Conflict ``not_erasable`` or
+    ``legal_hold``; an already erased record answers its erasure, ``already_erased``)."""
+    with db.write() as s:
+        record = record_in(s, request_id)
+        done = _already(s, request_id)
+        if done is not None:
+            return done
+        if not record.record.erasable:
+            raise Conflict(
+                f"record {request_id!r} is schema v1: its content is inside its log leaf and "
+                "cannot be erased",
+                code="not_erasable",
+            )
+        hold = _holding(active_holds(s), record)
+        if hold is not None:
+            raise Conflict(
+                f"record {request_id!r} is under legal hold {hold.hold_id}",
+                code="legal_hold",
+                details={"hold_id": hold.hold_id},
+            )
+        (erased,) = _erase_in(
+            s, log_key, [record], reason_code="request", reason=reason, requested_by=requested_by
+        )
+        return erased
+
+
+def _candidates(
+    session: Session, flt: RecordFilter, after: int, before: datetime | None, limit: int
+) -> list[StoredRecord]:
+    """Records past log index ``after``, in log order, that no erasure holds yet, that match
+    ``flt`` as logged (and were received before ``before``)."""
+    q = (
+        select(LogEntry.idx, LogEntry.envelope, LogEntry.appended_at)
+        .join(Record, Record.log_index == LogEntry.idx)
+        .outerjoin(Erasure, Erasure.request_id == Record.request_id)
+        .where(Erasure.request_id.is_(None), LogEntry.idx > after)
+        .order_by(LogEntry.idx)
+        .limit(limit)
+    )
+    if before is not None:
+        q = q.where(LogEntry.appended_at < before)
+    if flt.model is not None:
+        q = q.where(Record.model == flt.model)
+    if flt.pool is not None:
+        q = q.where(Record.pool == flt.pool)
+    if flt.tier is not None:
+        q = q.where(Record.tier == flt.tier)
+    if flt.fingerprint_id is not None:
+        q = q.where(Record.fingerprint_id == flt.fingerprint_id)
+    if flt.since is not None:
+        q = q.where(LogEntry.appended_at >= flt.since)
+    if flt.until is not None:
+        q = q.where(LogEntry.appended_at < flt.until)
+    return [from_log(r.idx, r.envelope, r.appended_at) for r in session.execute(q)]
+
+
+def _scan(
+    db: Database, flt: RecordFilter, before: datetime | None
+) -> Iterator[tuple[Session, list[StoredRecord]]]:
+    after = -1
+    while True:
+        with db.write() as s:
+            page = _candidates(s, flt, after, before, CHUNK)
+            if not page:
+                return
+            after = page[-1].log_index
+            yield s, page
+
+
+def erase_matching(
+    db: Database,
+    log_key: SigningKey,
+    flt: RecordFilter,
+    *,
+    reason: str,
+    requested_by: str,
+    reason_code: str = "request",
+    dry_run: bool = False,
+    before: datetime | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> BulkResult:
+    """Erase every erasable record that matches ``flt`` as logged (and, for retention, was
+    received before ``before``), CHUNK records per transaction, skipping held ones. A dry run
+    lists exactly what a run would erase, and writes nothing."""
+    flt.check()
+    result = BulkResult(dry_run)
+    for s, page in _scan(db, flt, before):
+        holds = active_holds(s)
+        todo = []
+        for stored in page:
+            if not flt.matches(stored):
+                continue
+            if not stored.record.erasable:
+                result.not_erasable += 1
+            elif _holding(holds, stored) is not None:
+                result.held.append(stored.request_id)
+            else:
+                todo.append(stored)
+        if not dry_run:
+            _erase_in(
+                s,
+                log_key,
+                todo,
+                reason_code=reason_code,
+                reason=reason,
+                requested_by=requested_by,
+            )
+        result.erased.extend(r.request_id for r in todo)
+        if progress is not None:
+            progress(len(todo))
+    return result
+
+
+def purge_expired(
+    db: Database,
+    log_key: SigningKey,
+    days: int,
+    *,
+    now: datetime | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> BulkResult:
+    """The retention purge: erase the content of every record received more than ``days``
+    ago, as ``retention`` erasure events, except what a legal hold covers."""
+    if days < 1:
+        raise InvalidInput("a retention is at least one day", code="invalid_parameters")
+    cutoff = (now or utcnow()) - timedelta(days=days)
+    return erase_matching(
+        db,
+        log_key,
+        RecordFilter(),
+        reason=f"retention: content older than {days} days",
+        requested_by="retention",
+        reason_code="retention",
+        before=cutoff,
+        progress=progress,
+    )
+
+
+def place_hold(
+    db: Database,
+    log_key: SigningKey,
+    *,
+    request_id: str | None,
+    filter: dict[str, Any] | None,
+    reason: str,
+    placed_by: str,
+) -> dict[str, Any]:
+    """Place a legal hold (a logged event); answers its ID and leaf."""
+    body = hold_body(
+        hold_id="hold-" + secrets.token_hex(12),
+        request_id=request_id,
+        filter=filter,
+        reason=reason,
+        placed_by=placed_by,
+    )
+    env = sign_envelope(HOLD_KIND, body, log_key)
+    with db.write() as s:
+        at = utcnow()
+        (idx,) = log.append(s, [env], at)
+        s.execute(
+            insert(Hold),
+            [
+                {
+                    "hold_id": body["hold_id"],
+                    "log_index": idx,
+                    "request_id": request_id,
+                    "filter": json.dumps(filter, sort_keys=True) if filter else None,
+                    "created_at": at,
+                }
+            ],
+        )
+    return {"hold_id": body["hold_id"], "log_index": idx, "placed_at": as_utc(at).isoformat()}
+
+
+def release_hold(
+    db: Database, log_key: SigningKey, hold_id: str, *, reason: str, released_by: str
+) -> dict[str, Any]:
+    body = release_body(hold_id=hold_id, reason=reason, released_by=released_by)
+    env = sign_envelope(RELEASE_KIND, body, log_key)
+    with db.write() as s:
+        if s.get(Hold, hold_id) is None:
+            raise NotFound(f"no hold {hold_id!r}", code="hold_not_found")
+        if s.get(HoldRelease, hold_id) is not None:
+            raise Conflict(f"hold {hold_id!r} is already released", code="hold_released")
+        at = utcnow()
+        (idx,) = log.append(s, [env], at)
+        s.execute(insert(HoldRelease), [{"hold_id": hold_id, "log_index": idx, "created_at": at}])
+    return {"hold_id": hold_id, "log_index": idx, "released_at": as_utc(at).isoformat()}
+
+
+def list_holds(db: Database) -> list[dict[str, Any]]:
+    with db.read() as s:
+        rows = s.execute(
+            select(Hold, HoldRelease.log_index)
+            .outerjoin(HoldRelease, HoldRelease.hold_id == Hold.hold_id)
+            .order_by(Hold.log_index)
+        ).all()
+        return [
+            {
+                "hold_id": h.hold_id,
+                "log_index": h.log_index,
+                "request_id": h.request_id,
+                "filter": json.loads(h.filter) if h.filter else None,
+                "placed_at": as_utc(h.created_at).isoformat(),
+                "released": released is not None,
+            }
+            for h, released in rows
+        ]
+
+
+def erasure_of(db: Database, request_id: str) -> bytes | None:
+    """The canonical erasure event envelope of a record, if it was erased."""
+    with db.read() as s:
+        row = s.get(Erasure, request_id)
+        if row is None:
+            return None
+        entry = s.get(LogEntry, row.log_index)
+        return bytes(entry.envelope) if entry is not None else None

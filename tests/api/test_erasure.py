@@ -1,0 +1,291 @@
+"""Record schema v2 end to end over HTTP, on SQLite and Postgres: record, prove, erase.
+
+A v2 record is ingested with its disclosures; its full bundle verifies with every member
+disclosed; erasure deletes the disclosures and cache keys and logs a signed event; the old
+bundle still verifies (it carries its disclosures), a new one reports every member erased with
+the event; replay answers 410 and the cache misses; the audit passes. Then every way an
+operator could remove content without the log saying so is caught by the audit: a disclosure
+deleted without an event, an erasure of a held record, a disclosure edited in place, a cache
+key left behind.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from ledger.evidence import verify_bundle
+from ledger.evidence_format import load_bundle
+from ledger.inference_record import body_view
+from ledger.signing import SigningKey
+from ledger.storage import erasures, queries
+from ledger.storage.audit import audit
+from ledger.storage.database import utcnow
+from tests.conftest import BACKENDS, fresh_url
+from tests.support.documents import record_v2
+from tests.support.harness import Harness, start_harness
+from tests.support.superuser import Superuser
+
+
+@pytest.fixture(params=BACKENDS)
+def api(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Harness]:
+    """A fresh ledger per test: the audit sees only this test's log."""
+    backend = request.param
+    harness = start_harness(backend, fresh_url(request, backend), tmp_path_factory.mktemp(backend))
+    yield harness
+    harness.close()
+
+
+def _post_v2(api: Harness, key: SigningKey, fp: str, **kw: Any) -> str:
+    env, disclosures = record_v2(key, fp, **{"tier": 1, **kw})
+    resp = api.client().post(
+        "/v1/records",
+        json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]},
+    )
+    assert resp.status_code == 201, resp.text
+    rid: str = env.body["request_id"]
+    return rid
+
+
+def _greedy(api: Harness, key: SigningKey, fp: str, **kw: Any) -> str:
+    return _post_v2(api, key, fp, request_extra={"temperature": 0}, text_prompt=True, **kw)
+
+
+def _bundle(api: Harness, rid: str, redact: str | None = None) -> dict[str, Any]:
+    params = {"redact": redact} if redact else None
+    resp = api.client().get(f"/v1/records/{rid}/evidence", params=params)
+    assert resp.status_code == 200, resp.text
+    bundle: dict[str, Any] = resp.json()
+    return bundle
+
+
+def _verify(api: Harness, bundle: dict[str, Any]) -> Any:
+    return verify_bundle(load_bundle(json.dumps(bundle).encode()), api.log_key.public_key)
+
+
+def _cache_key(api: Harness, rid: str) -> str:
+    record = api.client().get(f"/v1/records/{rid}").json()
+    body = body_view(record)
+    resp = api.client().post(
+        "/v1/cache/key",
+        json={
+            "endpoint": body["endpoint"],
+            "request": body["request"],
+            "fingerprint_id": body["fingerprint_id"],
+        },
+    )
+    assert resp.status_code == 200, resp.text
+    key: str = resp.json()["key"]
+    return key
+
+
+def _statuses(verified: Any) -> list[str]:
+    return sorted({item.status for item in verified.content.items})
+
+
+def test_record_prove_erase_and_prove_again(api: Harness):
+    key, fp = api.setup_collector()
+    rid = _greedy(api, key, fp)
+    kept = _greedy(api, key, fp)  # another record: untouched by the erasure
+    record = api.client().get(f"/v1/records/{rid}").json()
+    assert record["schema_version"] == 2 and record["content"] == "complete"
+    assert "prompt" in body_view(record)["request"]
+    assert "request" not in record["envelope"]["body"]  # the leaf commits; it does not hold
+    cache_key = _cache_key(api, rid)
+    assert api.client().get(f"/v1/cache/{cache_key}").json()["request_id"] == rid
+
+    full = _bundle(api, rid)
+    verified = _verify(api, full)
+    assert _statuses(verified) == ["disclosed"] and verified.content.erasure is None
+    members = {i.member for i in verified.content.items}
+    assert {"request", "prompt_token_ids", "choices[0].token_ids", "choices[0].logprobs"} <= members
+    redacted = _verify(api, _bundle(api, rid, "prompt"))
+    statuses = [(i.member, i.status) for i in redacted.content.items]
+    assert sorted(s for m, s in statuses if m is None) == ["redacted", "redacted"]  # request,
+    assert ("choices[0].token_ids", "disclosed") in statuses  # prompt_token_ids left out
+
+    # Only the erasure scope (or admin) erases.
+    refused = api.client(api.token("records:write", "records:read")).post(
+        f"/v1/records/{rid}/erasure", json={"reason": "x"}
+    )
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "insufficient_scope"
+    officer = api.client(api.token("erasure"))
+    erased = officer.post(f"/v1/records/{rid}/erasure", json={"reason": "GDPR Art. 17 request"})
+    assert erased.status_code == 201, erased.text
+    assert erased.json()["status"] == "erased"
+    assert erased.json()["erased_digests"] == len(full["envelope"]["body"]["disclosure_digests"])
+    again = officer.post(f"/v1/records/{rid}/erasure", json={"reason": "twice"})
+    assert again.status_code == 201 and again.json()["status"] == "already_erased"
+    assert again.json()["log_index"] == erased.json()["log_index"]
+
+    after = api.client().get(f"/v1/records/{rid}").json()
+    assert after["content"] == "erased" and "disclosures" not in after
+    assert after["envelope"] == record["envelope"]  # the signed record stays, unchanged
+    # The bundle kept before the erasure still proves the content it carries.
+    assert _statuses(_verify(api, full)) == ["disclosed"]
+    fresh = _verify(api, _bundle(api, rid))
+    assert _statuses(fresh) == ["erased"] and fresh.content.erasure is not None
+    assert fresh.content.erasure.reason == "GDPR Art. 17 request"
+    assert fresh.content.erasure.requested_by == "test"
+    miss = api.client().get(f"/v1/cache/{cache_key}")
+    assert miss.status_code == 404 and miss.json()["error"]["code"] == "cache_miss"
+    replay = api.client().post("/v1/replays", json={"request_id": rid})
+    assert replay.status_code == 410 and replay.json()["error"]["code"] == "content_erased"
+    assert api.client().get(f"/v1/records/{kept}").json()["content"] == "complete"
+    report = audit(api.db, api.log_key.public_key)
+    assert report.ok, report.findings
+
+    # A superuser deletes a disclosure of the other record, without an erasure event.
+    su = Superuser(str(api.settings.database_url))
+    su.execute([("DELETE FROM disclosures WHERE request_id = %s", (kept,))], ["disclosures"])
+    report = audit(api.db, api.log_key.public_key)
+    content = [f for f in report.findings if f.check == "content"]
+    assert content and all(kept in f.message for f in content), report.findings
+    assert "without a logged erasure" in content[0].message
+
+
+def test_a_v1_record_is_not_erasable(api: Harness):
+    key, fp = api.setup_collector()
+    env = api.record(key, fp)
+    assert api.post([env]).status_code == 201
+    rid = env.body["request_id"]
+    resp = api.client().post(f"/v1/records/{rid}/erasure", json={"reason": "x"})
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "not_erasable"
+    assert api.client().get(f"/v1/records/{rid}").json()["content"] == "in_log"
+    verified = _verify(api, _bundle(api, rid))
+    assert verified.content.schema_version == 1 and verified.content.items == ()
+    missing = api.client().post("/v1/records/req-none/erasure", json={"reason": "x"})
+    assert missing.status_code == 404
+
+
+def test_a_hold_blocks_erasure_until_released(api: Harness):
+    key, fp = api.setup_collector()
+    rid = _post_v2(api, key, fp, pool="legal")
+    other = _post_v2(api, key, fp, pool="other")
+    holds = api.client(api.token("holds"))
+    placed = holds.post("/v1/holds", json={"filter": {"pool": "legal"}, "reason": "case 42"})
+    assert placed.status_code == 201, placed.text
+    hold_id = placed.json()["hold_id"]
+    refused = api.client().post(f"/v1/records/{rid}/erasure", json={"reason": "x"})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "legal_hold"
+    assert refused.json()["error"]["details"]["hold_id"] == hold_id
+    # an erasure token may not place or release holds
+    denied = api.client(api.token("erasure")).delete(f"/v1/holds/{hold_id}", params={"reason": "x"})
+    assert denied.status_code == 403
+    bulk = api.client().post(
+        "/v1/erasures",
+        json={"filter": {"tier": 1}, "reason": "cleanup", "dry_run": True},
+    )
+    assert bulk.json()["erased"] == [other] and bulk.json()["held"] == [rid]
+    released = holds.delete(f"/v1/holds/{hold_id}", params={"reason": "case closed"})
+    assert released.status_code == 200, released.text
+    assert holds.delete(f"/v1/holds/{hold_id}", params={"reason": "x"}).status_code == 409
+    listed = holds.get("/v1/holds").json()["holds"]
+    assert [(h["hold_id"], h["released"]) for h in listed] == [(hold_id, True)]
+    ok = api.client().post(f"/v1/records/{rid}/erasure", json={"reason": "x"})
+    assert ok.status_code == 201
+    report = audit(api.db, api.log_key.public_key)
+    assert report.ok, report.findings
+
+
+def test_retention_and_bulk_erasure_erase_exactly_what_the_dry_run_listed(api: Harness):
+    key, fp = api.setup_collector()
+    old = [_post_v2(api, key, fp) for _ in range(4)]
+    held = _post_v2(api, key, fp)
+    erasures.place_hold(
+        api.db, api.log_key, request_id=held, filter=None, reason="litigation", placed_by="t"
+    )
+    cutoff = utcnow()
+    new = [_post_v2(api, key, fp) for _ in range(3)]
+    # "now" such that the cutoff (now - 200 days) falls between the old records and the new
+    result = erasures.purge_expired(api.db, api.log_key, 200, now=cutoff + timedelta(days=200))
+    assert sorted(result.erased) == sorted(old) and result.held == [held]
+    for rid in old:
+        assert queries.get_record(api.db, rid).content == "erased"
+    for rid in [held, *new]:
+        assert queries.get_record(api.db, rid).content == "complete"
+    bundle = _verify(api, _bundle(api, old[0]))
+    assert bundle.content.erasure is not None and bundle.content.erasure.reason_code == "retention"
+
+    dry = (
+        api.client()
+        .post("/v1/erasures", json={"filter": {"pool": "p1"}, "reason": "offboarding"})
+        .json()
+    )
+    assert dry["dry_run"] and sorted(dry["erased"]) == sorted(new) and dry["held"] == [held]
+    assert all(queries.get_record(api.db, r).content == "complete" for r in new)
+    real = (
+        api.client()
+        .post(
+            "/v1/erasures",
+            json={"filter": {"pool": "p1"}, "reason": "offboarding", "dry_run": False},
+        )
+        .json()
+    )
+    assert real["erased"] == dry["erased"] and real["held"] == dry["held"]
+    assert all(queries.get_record(api.db, r).content == "erased" for r in new)
+    metrics = api.client(None).get("/metrics").text
+    assert 'ledger_content_erased_total{reason="request"} 3.0' in metrics
+    report = audit(api.db, api.log_key.public_key)
+    assert report.ok, report.findings
+
+
+def test_an_erasure_that_ignored_a_hold_fails_the_audit(api: Harness):
+    key, fp = api.setup_collector()
+    rid = _post_v2(api, key, fp)
+    erasures.place_hold(
+        api.db, api.log_key, request_id=rid, filter=None, reason="case 7", placed_by="t"
+    )
+    # An operator bypasses the check (the service refuses; the audit must notice anyway).
+    with api.db.write() as s:
+        stored = queries.record_in(s, rid)
+        erasures._erase_in(
+            s, api.log_key, [stored], reason_code="request", reason="x", requested_by="rogue"
+        )
+    report = audit(api.db, api.log_key.public_key)
+    assert any("legal hold" in f.message and f.check == "content" for f in report.findings)
+
+
+def test_content_edits_are_caught(api: Harness):
+    key, fp = api.setup_collector()
+    edited = _greedy(api, key, fp)
+    erased = _greedy(api, key, fp)
+    su = Superuser(str(api.settings.database_url))
+    rows = su.query("SELECT digest, disclosure FROM disclosures WHERE request_id = %s", (edited,))
+    digest, disclosure = rows[0]
+    forged = disclosure[:-2] + ("A" if disclosure[-2] != "A" else "B") + disclosure[-1]
+    su.execute(
+        [
+            (
+                "UPDATE disclosures SET disclosure = %s WHERE request_id = %s AND digest = %s",
+                (forged, edited, digest),
+            )
+        ],
+        ["disclosures"],
+    )
+    resp = api.client().get(f"/v1/records/{edited}")
+    assert resp.status_code == 500 and resp.json()["error"]["code"] == "index_mismatch"
+    # an erased record whose cache key row is put back
+    keys = su.query(
+        "SELECT cache_key, log_index, tier FROM cache_keys WHERE request_id = %s", (erased,)
+    )
+    api.client(api.token("erasure")).post(f"/v1/records/{erased}/erasure", json={"reason": "r"})
+    su.execute(
+        [
+            (
+                "INSERT INTO cache_keys VALUES (%s, %s, %s, %s, %s)",
+                (keys[0][0], erased, keys[0][1], keys[0][2], True),
+            )
+        ],
+        ["cache_keys"],
+    )
+    report = audit(api.db, api.log_key.public_key)
+    messages = [f.message for f in report.findings if f.check in ("content", "index")]
+    assert any(edited in m and "disclosure" in m for m in messages), report.findings
+    assert any(erased in m and "remain" in m for m in messages), report.findings

@@ -1,0 +1,189 @@
+"""Salted disclosures and record schema v2 (pure): commitments that reveal nothing, open exactly.
+
+The attack classes: guessing erased content from its digests (dictionary attack), a disclosure
+that opens no digest or one twice, a bit flipped anywhere, ambiguous JSON (a member named
+twice, a non-canonical form), a salt too short, a record ingested with part of its content,
+clear sampling that lies about the request.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger import disclosures
+from ledger.canonical import canonicalize
+from ledger.errors import Gone, InvalidInput, VerificationError
+from ledger.inference_record import body_view, parse_record
+from ledger.record_v2 import commit_record, is_redacted
+from ledger.records import Choice, build_record_body
+
+FP = "sha256:" + "ab" * 32
+
+
+def _v1(prompt: str, request_extra: dict[str, object] | None = None) -> dict[str, object]:
+    return build_record_body(
+        request_id="req-1",
+        fingerprint_id=FP,
+        worker_id="w1",
+        pool="p",
+        tier=1,
+        endpoint="/v1/completions",
+        model="m",
+        request={
+            "model": "m",
+            "prompt": prompt,
+            "temperature": 0,
+            "max_tokens": 3,
+            **(request_extra or {}),
+        },
+        prompt_token_ids=[5, 6, 7],
+        choices=[Choice([1, 2, 3], [-0.5, -0.25, -1.0], text=" yes")],
+        started_at="2026-12-02T09:00:00Z",
+        ttft_ns=1,
+        total_ns=2,
+        system_fingerprint=None,
+        request_raw=base64.b64encode(json.dumps({"prompt": prompt}).encode()).decode(),
+    )
+
+
+def test_a_dictionary_attack_on_an_erased_record_confirms_no_candidate():
+    candidates = [f"patient {i:05d} was diagnosed with condition {i % 97}" for i in range(10_000)]
+    secret = candidates[4242]
+    v1 = _v1(secret)
+    body, _ = commit_record(v1)  # the disclosures are then erased: only the body remains
+    digests = set(body["disclosure_digests"])
+    assert body["disclosure_digests"] == sorted(digests)  # order says nothing
+    hits = 0
+    for candidate in candidates:
+        request = {**v1["request"], "prompt": candidate}  # type: ignore[dict-item]
+        raw = base64.b64encode(json.dumps({"prompt": candidate}).encode()).decode()
+        guesses = [
+            # every unsalted form an attacker might try, and the disclosure under a guessed salt
+            "sha256:" + hashlib.sha256(canonicalize(request)).hexdigest(),
+            "sha256:" + hashlib.sha256(canonicalize(candidate)).hexdigest(),
+            "sha256:" + hashlib.sha256(canonicalize(["", "request", request])).hexdigest(),
+            disclosures.make("request", request).digest,
+            disclosures.make("request", request, salt="A" * 22).digest,
+            disclosures.make("request_raw", raw).digest,
+        ]
+        hits += sum(g in digests for g in guesses)
+    assert hits == 0
+    # the salt is what makes it so: with the original salts, the digests open
+    _, real = commit_record(v1)
+    assert all(disclosures.parse(d).salt != "A" * 22 for d in real)
+
+
+def test_salts_are_fresh_and_long():
+    a = disclosures.make("request", {"prompt": "x"})
+    b = disclosures.make("request", {"prompt": "x"})
+    assert a.salt != b.salt and a.digest != b.digest
+    assert len(base64.urlsafe_b64decode(a.salt + "==")) >= 16
+
+
+def test_a_v2_record_opens_into_its_v1_content_exactly():
+    v1 = _v1("hello")
+    body, encoded = commit_record(v1)
+    assert set(body) >= {"sampling", "disclosure_digests"} and "request" not in body
+    assert body["sampling"] == {"temperature": 0, "max_tokens": 3}
+    record = parse_record(body, encoded, complete=True)
+    assert record.complete and record.erasable
+    assert record.content_view()["request"] == v1["request"]
+    view = body_view({"envelope": {"body": body}, "disclosures": encoded})
+    assert {k: v for k, v in view.items() if k != "schema_version"} == {
+        k: v for k, v in v1.items() if k != "schema_version"
+    }
+    partial = parse_record(body, encoded[:2])
+    assert not partial.complete and len(partial.missing_digests) == len(encoded) - 2
+    with pytest.raises(Gone):
+        partial.content_view()
+
+
+def test_ingest_requires_every_digest_opened():
+    body, encoded = commit_record(_v1("hello"))
+    with pytest.raises(VerificationError) as missing:
+        parse_record(body, encoded[:-1], complete=True)
+    assert missing.value.code == "disclosures_missing"
+    with pytest.raises(VerificationError) as twice:
+        parse_record(body, [*encoded, encoded[0]], complete=True)
+    assert twice.value.details["check"] == "unique"
+    _, other = commit_record(_v1("hello"))
+    with pytest.raises(VerificationError) as foreign:
+        parse_record(body, [*encoded[:-1], other[0]], complete=True)
+    assert foreign.value.details["check"] == "digest"
+
+
+def test_clear_sampling_must_be_the_requests():
+    body, encoded = commit_record(_v1("hello"))
+    body["sampling"] = {"temperature": 0.7, "max_tokens": 3}
+    with pytest.raises(InvalidInput) as lied:
+        parse_record(body, encoded, complete=True)
+    assert lied.value.code == "sampling_mismatch"
+
+
+def _encode(value: object) -> str:
+    return (
+        base64.urlsafe_b64encode(value if isinstance(value, bytes) else canonicalize(value))
+        .rstrip(b"=")
+        .decode()
+    )
+
+
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        "",
+        "not base64!",
+        _encode(["A" * 22, "request"]),  # two members
+        _encode(["A" * 8, "request", {}]),  # a short salt
+        _encode(["A" * 22, "prompt", {}]),  # an unknown member
+        _encode(b'["AAAAAAAAAAAAAAAAAAAAAA","request",{"a":1,"a":2}]'),  # a member twice
+        _encode(b'["AAAAAAAAAAAAAAAAAAAAAA", "request", {}]'),  # not canonical
+        _encode(b'["AAAAAAAAAAAAAAAAAAAAAA","request",NaN]'),
+        _encode(["A" * 22, "request", {}]) + "=",  # padding
+    ],
+)
+def test_malformed_disclosures_are_refused(encoded: str):
+    with pytest.raises(VerificationError) as exc:
+        disclosures.parse(encoded)
+    assert exc.value.code == "invalid_disclosure" and exc.value.details["check"] == "encoding"
+
+
+_BODY, _ENCODED = commit_record(_v1("property"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(0, len(_ENCODED) - 1)))
+def test_every_subset_of_disclosures_opens_and_reports_the_rest_missing(subset: set[int]):
+    chosen = [_ENCODED[i] for i in sorted(subset)]
+    record = parse_record(_BODY, chosen)
+    assert len(record.disclosed) == len(subset)
+    assert len(record.missing_digests) == len(_ENCODED) - len(subset)
+    assert record.complete == (len(subset) == len(_ENCODED))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, len(_ENCODED) - 1), st.data())
+def test_a_flipped_bit_in_any_disclosure_opens_nothing(which: int, data: st.DataObject):
+    raw = bytearray(_ENCODED[which].encode("ascii"))
+    pos = data.draw(st.integers(0, len(raw) - 1))
+    bit = data.draw(st.integers(0, 6))
+    raw[pos] ^= 1 << bit
+    flipped = raw.decode("ascii", errors="replace")
+    with pytest.raises(VerificationError):
+        parse_record(_BODY, [flipped])
+
+
+def test_redact_names_select_members():
+    assert is_redacted("request", ["prompt"]) and is_redacted("prompt_token_ids", ["prompt"])
+    assert is_redacted("choices[3].text", ["text"]) and not is_redacted(
+        "choices[3].text", ["prompt"]
+    )
+    assert is_redacted("choices[0].logprobs", ["logprobs"])
+    assert is_redacted("choices[0].top_logprobs", ["choices[0].top_logprobs"])
+    assert not is_redacted("choices[0].token_ids", ["logprobs", "request_raw"])

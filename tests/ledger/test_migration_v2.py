@@ -1,0 +1,71 @@
+"""Upgrading a ledger that holds v1 records to the schema with disclosures (revision 0009).
+
+Records ingested at revision 0008 keep verifying and auditing after the upgrade; they are
+reported as not erasable; v2 records then join the same log and the audit holds over both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+import migrations
+from ledger.errors import Conflict
+from ledger.evidence import verify_bundle
+from ledger.evidence_format import load_bundle
+from ledger.storage import checkpoints, erasures, ingest, proofs, queries
+from ledger.storage.audit import audit
+from ledger.storage.database import Database
+from tests.conftest import BACKENDS
+from tests.support.databases import PostgresDatabases, SqliteDatabases
+from tests.support.documents import record_envelope, record_item_v2
+from tests.support.seed import seed_ledger
+
+
+@pytest.fixture(params=BACKENDS)
+def bare(request: pytest.FixtureRequest) -> Iterator[Database]:
+    """An empty database, no schema at all."""
+    if request.param == "postgres":
+        pg: PostgresDatabases = request.getfixturevalue("postgres_databases")
+        url = pg.create()
+    else:
+        lite: SqliteDatabases = request.getfixturevalue("sqlite_databases")
+        url = f"sqlite:///{lite.root / f'bare-{id(request)}.db'}"
+    db = Database(url)
+    yield db
+    db.dispose()
+
+
+def test_v1_records_verify_and_audit_after_the_upgrade(bare: Database):
+    migrations.upgrade(bare, "0008")
+    seeded = seed_ledger(bare)
+    old = [record_envelope(seeded.collector, seeded.fingerprint_id) for _ in range(5)]
+    ingest.ingest_records(bare, [e.to_dict() for e in old])
+    checkpoints.sign_if_new(bare, seeded.log_key, "test/log")
+
+    migrations.upgrade(bare)
+    assert migrations.current_revision(bare) == migrations.head_revision(bare)
+    assert audit(bare, seeded.log_key.public_key).ok
+    bundle = proofs.evidence(bare, seeded.log_key, "test/log", old[1].body["request_id"])
+    # as the ledger wrote it before (format v2: no disclosures member)
+    before = {k: v for k, v in bundle.items() if k != "disclosures"}
+    before["format"] = "inference-ledger/evidence/v2"
+    for item in (before, bundle):
+        verified = verify_bundle(load_bundle(json.dumps(item).encode()), seeded.log_key.public_key)
+        assert verified.content.schema_version == 1
+    rid = old[2].body["request_id"]
+    assert queries.get_record(bare, rid).content == "in_log"
+    with pytest.raises(Conflict) as refused:
+        erasures.erase(bare, seeded.log_key, rid, reason="x", requested_by="t")
+    assert refused.value.code == "not_erasable"
+
+    new = record_item_v2(seeded.collector, seeded.fingerprint_id)
+    ingest.ingest_records(bare, [new])
+    erasures.erase(
+        bare, seeded.log_key, new.envelope["body"]["request_id"], reason="x", requested_by="t"
+    )
+    checkpoints.sign_if_new(bare, seeded.log_key, "test/log")
+    report = audit(bare, seeded.log_key.public_key)
+    assert report.ok, report.findings
