@@ -151,7 +151,7 @@ def _print_content(result: VerifiedBundle) -> None:
         for item in content.items
     ]
     for member, status, digest in rows:
-        console.print(f"    {escape(member):<24}{status:<26}{digest}")
+        console.print(f"    {escape(member):<28} {status:<24} {digest}")
     e = content.erasure
     if e is not None:
         console.print(

@@ -3,7 +3,7 @@
 Format ``inference-ledger/evidence/v3``::
 
     {
-      "format": "inference-ledger/evidence/v2",
+      "format": "inference-ledger/evidence/v3",
       "request_id": "req-…",
       "envelope": {"kind": "inference_record", "body": {…}, "signature": {…}},
       "leaf_index": 41,
@@ -23,6 +23,9 @@ Format ``inference-ledger/evidence/v3``::
       },
       "replays": [{"envelope": {<replay_verdict, signed by the log key>},
                    "leaf_index": 57, "hashes": ["<base64>", …]}],
+      "disclosures": ["<base64url>", …],
+      "erasure": {"envelope": {<erasure, signed by the log key>}, "leaf_index": 60,
+                  "hashes": ["<base64>", …]},            # only once erased
       "exported_at": "2026-11-29T10:00:00+00:00"
     }
 

@@ -52,6 +52,7 @@ async def erase_record(
     principal: EraseScope,
     payload: Annotated[ErasureCreate, json_body(ErasureCreate)],
     state: StateDep,
+    response: Response,
 ) -> dict[str, Any]:
     queries.check_request_id(request_id)
     erased = await run_in_threadpool(
@@ -65,6 +66,8 @@ async def erase_record(
     )
     if erased.status == "erased":
         state.metrics.erasures.labels("request").inc()
+    else:
+        response.status_code = 200
     return erased.to_dict()
 
 

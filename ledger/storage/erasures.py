@@ -72,8 +72,7 @@ class BulkResult:
     dry_run: bool
     erased: list[str] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
-    not_erasable: int = 0  # schema v1 records matched
-    already_erased: int = 0
+    not_erasable: int = 0  # schema v1 records matched (records already erased are not)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,7 +80,6 @@ class BulkResult:
             "erased": self.erased,
             "held": self.held,
             "not_erasable": self.not_erasable,
-            "already_erased": self.already_erased,
         }
 
 

@@ -121,7 +121,7 @@ def test_record_prove_erase_and_prove_again(api: Harness):
     assert erased.json()["status"] == "erased"
     assert erased.json()["erased_digests"] == len(full["envelope"]["body"]["disclosure_digests"])
     again = officer.post(f"/v1/records/{rid}/erasure", json={"reason": "twice"})
-    assert again.status_code == 201 and again.json()["status"] == "already_erased"
+    assert again.status_code == 200 and again.json()["status"] == "already_erased"
     assert again.json()["log_index"] == erased.json()["log_index"]
 
     after = api.client().get(f"/v1/records/{rid}").json()
