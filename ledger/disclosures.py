@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import itertools
 import re
@@ -64,7 +65,7 @@ class Disclosure:
     member: str
     value: Any
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         return digest_of(self.encoded)
 

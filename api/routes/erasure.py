@@ -18,6 +18,7 @@ from api.schemas import (
     RecordFilterInput,
 )
 from api.state import StateDep
+from ledger.clock import rfc3339
 from ledger.erasure import check_hold_id
 from ledger.storage import erasures, queries
 
@@ -117,8 +118,12 @@ async def place_hold(
         queries.check_request_id(payload.request_id)
     flt = None
     if payload.filter is not None:
-        record_filter(payload.filter)  # refuses a malformed filter
+        parsed = record_filter(payload.filter)  # refuses a malformed filter
         flt = payload.filter.model_dump(exclude_none=True)
+        for name in ("since", "until"):  # as the ledger writes times
+            at = getattr(parsed, name)
+            if at is not None:
+                flt[name] = rfc3339(at)
     return await run_in_threadpool(
         lambda: erasures.place_hold(
             state.db,

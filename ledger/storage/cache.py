@@ -35,10 +35,10 @@ from ledger.storage.models import CacheKey, Fingerprint, LogEntry
 from ledger.storage.queries import (
     FINGERPRINT_ID,
     StoredRecord,
-    disclosures_at,
     from_log,
     logged_envelope,
     mismatch,
+    with_content,
 )
 
 _KEY_HEX = frozenset("0123456789abcdef")
@@ -168,22 +168,26 @@ class _Verifier:
                 )
             )
         }
-        content = disclosures_at(self.session, entries)
-        return [
-            self._checked(row, entries.get(row.log_index), content.get(row.log_index, ()))
-            for row in rows
-        ]
+        logged = {}
+        for row in rows:
+            entry = entries.get(row.log_index)
+            what = f"cache key {self.key} of {row.request_id!r}"
+            if entry is None:
+                raise mismatch(what, row.log_index, "no such log entry")
+            stored = from_log(entry.idx, entry.envelope, entry.appended_at)
+            if stored.request_id != row.request_id:
+                raise mismatch(
+                    what, row.log_index, f"the entry is the record of {stored.request_id!r}"
+                )
+            logged[row.log_index] = stored
+        with_it = {s.log_index: s for s in with_content(self.session, list(logged.values()))}
+        return [self._checked(row, with_it[row.log_index]) for row in rows]
 
-    def _checked(self, row: Any, entry: Any, disclosures: Sequence[str]) -> StoredRecord:
+    def _checked(self, row: Any, stored: StoredRecord) -> StoredRecord:
         what = f"cache key {self.key} of {row.request_id!r}"
-        if entry is None:
-            raise mismatch(what, row.log_index, "no such log entry")
-        stored = from_log(entry.idx, entry.envelope, entry.appended_at)
-        if stored.request_id != row.request_id:
-            raise mismatch(what, row.log_index, f"the entry is the record of {stored.request_id!r}")
-        stored = stored.with_disclosures(disclosures)
+        stored.check_content()
         record = stored.record
-        if not record.complete:  # an erasure deletes the keys with the content
+        if stored.erased or not record.complete:  # an erasure deletes the keys with the content
             raise mismatch(what, row.log_index, "the record's content was erased")
         fp = record.fingerprint_id
         if record.endpoint == CHAT and fp not in self.templates:

@@ -13,9 +13,10 @@ from ledger import merkle
 from ledger.canonical import digest_of
 from ledger.checkpoint import verifier_key
 from ledger.disclosures import parse
-from ledger.errors import IndexMismatch, StorageError
+from ledger.errors import IndexMismatch, LedgerError, StorageError
 from ledger.evidence import b64 as _b64
 from ledger.evidence import build_bundle, proven_leaf
+from ledger.inference_record import parse_record
 from ledger.record_v2 import check_redact, is_redacted
 from ledger.signing import SigningKey, public_key_raw
 from ledger.storage import checkpoints, keystore, queries, tree
@@ -157,6 +158,21 @@ def _disagrees(what: str, index: int) -> IndexMismatch:
     return IndexMismatch(f"the {what} index disagrees with log entry {index}; run `ledger audit`")
 
 
+def _check_content(
+    body: dict[str, Any], disclosures: list[str], erased: bool, log_index: int
+) -> None:
+    """A v2 record's stored content agrees with the erasure index: all of it, or none and
+    an erasure event; anything else is an edited database, never a bundle."""
+    if body.get("schema_version") == 1:
+        return
+    try:
+        complete = parse_record(body, disclosures).complete
+    except LedgerError:
+        raise _disagrees("disclosures", log_index) from None
+    if (erased and disclosures) or (not erased and not complete):
+        raise _disagrees("disclosures", log_index)
+
+
 def _evidence(
     db: Database, log_key: SigningKey, origin: str, request_id: str, redact: Sequence[str]
 ) -> dict[str, Any] | None:
@@ -199,6 +215,7 @@ def _evidence(
             [i for leaf in dict.fromkeys(leaves) for i in merkle.inclusion_plan(leaf, tree_size)]
         )
     envelope = json.loads(row.envelope)
+    _check_content(envelope["body"], disclosures, erasure is not None, row.log_index)
     fingerprint = json.loads(row.fp_envelope)
     if envelope["body"].get("fingerprint_id") != row.fingerprint_id:
         raise _disagrees("records.fingerprint_id", row.log_index)

@@ -29,7 +29,7 @@ from ledger.errors import IndexMismatch, InvalidInput, LedgerError, NotFound
 from ledger.inference_record import InferenceRecord, parse_record
 from ledger.records import RECORD_KIND
 from ledger.storage.database import Database, as_utc
-from ledger.storage.models import Disclosure, LogEntry, Record
+from ledger.storage.models import Disclosure, Erasure, LogEntry, Record
 
 MAX_PAGE = 1000
 # A page scans at most this many index rows beyond ``limit`` looking for rows to replace the
@@ -66,8 +66,10 @@ class StoredRecord:
     received_at: datetime
     envelope: bytes  # canonical envelope bytes, exactly as logged
     body: dict[str, Any] = field(repr=False, compare=False)  # the envelope's body, parsed
-    # v2: the stored disclosures of this leaf (those not erased), read with the entry.
+    # v2: the stored disclosures of this leaf (those not erased), read with the entry, and
+    # whether ``erasures`` holds the record.
     disclosures: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    erased: bool = field(default=False, compare=False)
 
     @functools.cached_property
     def record(self) -> InferenceRecord:
@@ -80,8 +82,26 @@ class StoredRecord:
                 f"record {self.request_id!r}", self.log_index, f"{exc.code}: {exc.message}"
             ) from None
 
-    def with_disclosures(self, disclosures: Sequence[str]) -> StoredRecord:
-        return replace(self, disclosures=tuple(disclosures))
+    def with_disclosures(self, disclosures: Sequence[str], erased: bool = False) -> StoredRecord:
+        return replace(self, disclosures=tuple(disclosures), erased=erased)
+
+    def check_content(self) -> None:
+        """IndexMismatch unless the stored content agrees with the erasure index: a v2
+        record has all of its disclosures, or none and an erasure row. Anything else (a
+        disclosure deleted without an erasure, content back after one) is an edited database."""
+        record = self.record
+        if not record.erasable:
+            return
+        if self.erased and self.disclosures:
+            raise mismatch(
+                f"record {self.request_id!r}", self.log_index, "content remains after its erasure"
+            )
+        if not self.erased and not record.complete:
+            raise mismatch(
+                f"record {self.request_id!r}",
+                self.log_index,
+                f"{len(record.missing_digests)} disclosure(s) missing without an erasure",
+            )
 
     @property
     def content(self) -> str:
@@ -89,7 +109,7 @@ class StoredRecord:
         record whose content is its leaf's, ``in_log``."""
         if self.body.get("schema_version") == 1:
             return "in_log"
-        return "complete" if self.record.complete else "erased"
+        return "erased" if self.erased else "complete"
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -215,7 +235,38 @@ def record_in(session: Session, request_id: str) -> StoredRecord:
             found.idx,
             f"the entry is the record of {record.request_id!r}",
         )
-    return record.with_disclosures(disclosures_at(session, [found.idx]).get(found.idx, ()))
+    (record,) = with_content(session, [record])
+    record.check_content()
+    return record
+
+
+def with_content(session: Session, records: Sequence[StoredRecord]) -> list[StoredRecord]:
+    """The records with their stored disclosures and erasure state (v2 records; a v1
+    record's content is its leaf's)."""
+    v2 = [r for r in records if r.body.get("schema_version") != 1]
+    if not v2:
+        return list(records)
+    content = disclosures_at(session, [r.log_index for r in v2])
+    erased = erased_ids(session, [r.request_id for r in v2])
+    return [
+        r.with_disclosures(content.get(r.log_index, ()), r.request_id in erased)
+        if r.body.get("schema_version") != 1
+        else r
+        for r in records
+    ]
+
+
+def erased_ids(session: Session, request_ids: Sequence[str]) -> set[str]:
+    """The request IDs among these that ``erasures`` holds."""
+    out: set[str] = set()
+    ids = sorted(set(request_ids))
+    for start in range(0, len(ids), 500):
+        out.update(
+            session.execute(
+                select(Erasure.request_id).where(Erasure.request_id.in_(ids[start : start + 500]))
+            ).scalars()
+        )
+    return out
 
 
 def disclosures_at(session: Session, log_indexes: Iterable[int]) -> dict[int, list[str]]:
@@ -382,8 +433,12 @@ def search_records(
             more = len(rows) > want
             if not more or len(items) == limit or dropped > MAX_DROPPED:
                 break
-        content = disclosures_at(
-            s, [i.log_index for i in items if i.body.get("schema_version") != 1]
-        )
-    items = [i.with_disclosures(content.get(i.log_index, ())) for i in items]
-    return Page(items, encode_cursor(after) if more and after is not None else None)
+        items = with_content(s, items)
+    kept = []
+    for item in items:  # content the erasure index contradicts is dropped like other rows
+        try:
+            item.check_content()
+            kept.append(item)
+        except IndexMismatch:
+            pass
+    return Page(kept, encode_cursor(after) if more and after is not None else None)

@@ -144,6 +144,14 @@ def test_record_prove_erase_and_prove_again(api: Harness):
     # A superuser deletes a disclosure of the other record, without an erasure event.
     su = Superuser(str(api.settings.database_url))
     su.execute([("DELETE FROM disclosures WHERE request_id = %s", (kept,))], ["disclosures"])
+    # never served as if it were erased: the erasure index does not say so
+    for path in (f"/v1/records/{kept}", f"/v1/records/{kept}/evidence"):
+        answer = api.client().get(path)
+        assert answer.status_code == 500 and answer.json()["error"]["code"] == "index_mismatch"
+    listed = api.client().get("/v1/records").json()["items"]
+    assert kept not in {i["request_id"] for i in listed} and rid in {
+        i["request_id"] for i in listed
+    }
     report = audit(api.db, api.log_key.public_key)
     content = [f for f in report.findings if f.check == "content"]
     assert content and all(kept in f.message for f in content), report.findings
@@ -289,3 +297,64 @@ def test_content_edits_are_caught(api: Harness):
     messages = [f.message for f in report.findings if f.check in ("content", "index")]
     assert any(edited in m and "disclosure" in m for m in messages), report.findings
     assert any(erased in m and "remain" in m for m in messages), report.findings
+
+
+def test_no_member_of_a_v2_bundle_can_be_changed_unnoticed(api: Harness):
+    """Every value of a full v2 bundle and of an erased record's bundle, changed and removed:
+    each is INVALID but ``exported_at`` (nothing signs it) and, in the erased one, removing
+    the erasure event (the digests are then reported redacted, which the bundle makes true)."""
+    key, fp = api.setup_collector()
+    full_id, erased_id = _greedy(api, key, fp), _greedy(api, key, fp)
+    api.client().post(f"/v1/records/{erased_id}/erasure", json={"reason": "r"})
+    for rid, allowed in (
+        (full_id, {("change", ("exported_at",))}),
+        (erased_id, {("change", ("exported_at",)), ("remove", ("erasure",))}),
+    ):
+        bundle = _bundle(api, rid)
+        assert _verify(api, bundle)  # VALID as exported
+        unnoticed = set()
+        for path in _paths(bundle):
+            edits: list[tuple[str, Any]] = [("change", _change_at)]
+            if path and isinstance(path[-1], str):
+                edits.append(("remove", lambda parent, k: parent.pop(k)))
+            for name, edit in edits:
+                forged = json.loads(json.dumps(bundle))
+                if not path:
+                    continue
+                parent = forged
+                for p in path[:-1]:
+                    parent = parent[p]
+                edit(parent, path[-1])
+                try:
+                    _verify(api, forged)
+                except Exception as exc:
+                    assert type(exc).__name__ == "VerificationError", exc
+                    continue
+                unnoticed.add((name, path))
+        assert unnoticed == allowed, sorted(unnoticed)
+
+
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> Any:
+    yield prefix
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _paths(v, (*prefix, i))
+
+
+def _change_at(parent: Any, key: Any) -> None:
+    value = parent[key]
+    if isinstance(value, bool):
+        parent[key] = not value
+    elif isinstance(value, int):
+        parent[key] = value + 1
+    elif isinstance(value, str):
+        parent[key] = value[:-1] + ("A" if value[-1:] != "A" else "B") if value else "x"
+    elif value is None:
+        parent[key] = "x"
+    elif isinstance(value, list):
+        parent[key] = [*value, json.loads(json.dumps(value[-1])) if value else "x"]
+    else:
+        parent[key] = {**value, "x": 1}
