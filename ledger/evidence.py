@@ -63,7 +63,7 @@ from ledger import merkle
 from ledger.canonical import canonicalize
 from ledger.checkpoint import Checkpoint, verifier_key, verify_checkpoint
 from ledger.errors import VerificationError
-from ledger.evidence_content import ContentReport, verify_content
+from ledger.evidence_content import ContentReport, verify_content, verify_log_leaf
 from ledger.evidence_format import (
     FORMAT,
     FORMAT_V1,
@@ -389,10 +389,7 @@ def _verify_replays(
             )
         previous = item.index
         try:
-            verify_envelope(env, log_key)
-            merkle.verify_inclusion(
-                merkle.leaf_hash(env.canonical), item.index, cp.tree_size, item.proof, cp.root_hash
-            )
+            verify_log_leaf(item, cp, log_key)
         except VerificationError as exc:
             raise fail("replays", f"replays[{i}]: {exc.message}", exc.code) from exc
         verdicts.append(

@@ -102,6 +102,18 @@ def verify_content(
     return ContentReport(parsed.schema_version, items, summary)
 
 
+def verify_log_leaf(item: ProvenLeaf, cp: Checkpoint, log_key: VerifyingKey) -> None:
+    """A leaf the log key signed, proven in the checkpoint's tree (VerificationError)."""
+    verify_envelope(item.envelope, log_key)
+    merkle.verify_inclusion(
+        merkle.leaf_hash(item.envelope.canonical),
+        item.index,
+        cp.tree_size,
+        item.proof,
+        cp.root_hash,
+    )
+
+
 def _verify_erasure(
     item: ProvenLeaf, record: Envelope, record_index: int, cp: Checkpoint, log_key: VerifyingKey
 ) -> tuple[ErasureSummary, set[str]]:
@@ -118,10 +130,7 @@ def _verify_erasure(
     if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
         raise fail("erasure", "the erasure event's erased_digests is not a list of digests")
     try:
-        verify_envelope(env, log_key)
-        merkle.verify_inclusion(
-            merkle.leaf_hash(env.canonical), item.index, cp.tree_size, item.proof, cp.root_hash
-        )
+        verify_log_leaf(item, cp, log_key)
     except VerificationError as exc:
         raise fail("erasure", f"erasure: {exc.message}", exc.code) from exc
     return (

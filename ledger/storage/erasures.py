@@ -43,7 +43,7 @@ from ledger.storage.models import (
     LogEntry,
     Record,
 )
-from ledger.storage.queries import RecordFilter, StoredRecord, from_log, record_in
+from ledger.storage.queries import RecordFilter, StoredRecord, filtered, from_log, record_in
 
 # Records erased per transaction by a bulk erasure or the retention purge.
 CHUNK = 500
@@ -207,18 +207,7 @@ def _candidates(
     )
     if before is not None:
         q = q.where(LogEntry.appended_at < before)
-    if flt.model is not None:
-        q = q.where(Record.model == flt.model)
-    if flt.pool is not None:
-        q = q.where(Record.pool == flt.pool)
-    if flt.tier is not None:
-        q = q.where(Record.tier == flt.tier)
-    if flt.fingerprint_id is not None:
-        q = q.where(Record.fingerprint_id == flt.fingerprint_id)
-    if flt.since is not None:
-        q = q.where(LogEntry.appended_at >= flt.since)
-    if flt.until is not None:
-        q = q.where(LogEntry.appended_at < flt.until)
+    q = filtered(q, flt, LogEntry.appended_at)
     return [from_log(r.idx, r.envelope, r.appended_at) for r in session.execute(q)]
 
 

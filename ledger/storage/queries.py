@@ -18,10 +18,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from ledger.canonical import canonicalize, sha256_digest
@@ -383,6 +383,28 @@ def decode_cursor(cursor: str) -> int:
         raise InvalidInput("cursor is not one this ledger issued", code="invalid_cursor") from exc
 
 
+_Q = TypeVar("_Q", bound=Select)  # type: ignore[type-arg]
+
+
+def filtered(q: _Q, flt: RecordFilter, received_at: Any) -> _Q:
+    """``q`` (over ``records``) narrowed to the rows whose index columns match ``flt``, the
+    time range on ``received_at``. The index only selects candidates: callers keep a row only
+    if its logged record matches (``RecordFilter.matches``)."""
+    if flt.since is not None:
+        q = q.where(received_at >= flt.since)
+    if flt.until is not None:
+        q = q.where(received_at < flt.until)
+    if flt.model is not None:
+        q = q.where(Record.model == flt.model)
+    if flt.fingerprint_id is not None:
+        q = q.where(Record.fingerprint_id == flt.fingerprint_id)
+    if flt.tier is not None:
+        q = q.where(Record.tier == flt.tier)
+    if flt.pool is not None:
+        q = q.where(Record.pool == flt.pool)
+    return q
+
+
 def search_records(
     db: Database, flt: RecordFilter, *, limit: int = 100, cursor: str | None = None
 ) -> Page:
@@ -398,19 +420,7 @@ def search_records(
     flt.check()
     after = decode_cursor(cursor) if cursor is not None else None
     q = select(*_ENTRY).join_from(Record, LogEntry, LogEntry.idx == Record.log_index)
-    if flt.since is not None:
-        q = q.where(Record.received_at >= flt.since)
-    if flt.until is not None:
-        q = q.where(Record.received_at < flt.until)
-    if flt.model is not None:
-        q = q.where(Record.model == flt.model)
-    if flt.fingerprint_id is not None:
-        q = q.where(Record.fingerprint_id == flt.fingerprint_id)
-    if flt.tier is not None:
-        q = q.where(Record.tier == flt.tier)
-    if flt.pool is not None:
-        q = q.where(Record.pool == flt.pool)
-    q = q.order_by(Record.log_index)
+    q = filtered(q, flt, Record.received_at).order_by(Record.log_index)
     items: list[StoredRecord] = []
     dropped = 0
     with db.read() as s:

@@ -29,6 +29,7 @@ from tests.conftest import BACKENDS, fresh_url
 from tests.support.documents import record_v2
 from tests.support.harness import Harness, start_harness
 from tests.support.superuser import Superuser
+from tests.support.walk import paths
 
 
 @pytest.fixture(params=BACKENDS)
@@ -313,7 +314,7 @@ def test_no_member_of_a_v2_bundle_can_be_changed_unnoticed(api: Harness):
         bundle = _bundle(api, rid)
         assert _verify(api, bundle)  # VALID as exported
         unnoticed = set()
-        for path in _paths(bundle):
+        for path in paths(bundle):
             edits: list[tuple[str, Any]] = [("change", _change_at)]
             if path and isinstance(path[-1], str):
                 edits.append(("remove", lambda parent, k: parent.pop(k)))
@@ -332,16 +333,6 @@ def test_no_member_of_a_v2_bundle_can_be_changed_unnoticed(api: Harness):
                     continue
                 unnoticed.add((name, path))
         assert unnoticed == allowed, sorted(unnoticed)
-
-
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> Any:
-    yield prefix
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _paths(v, (*prefix, i))
 
 
 def _change_at(parent: Any, key: Any) -> None:

@@ -34,6 +34,7 @@ from tests.support.cli import ledger
 from tests.support.documents import record_envelope
 from tests.support.harness import Harness
 from tests.support.seed import seed_ledger
+from tests.support.walk import paths
 
 RICH_FINGERPRINT = {
     "schema_version": 1,
@@ -354,16 +355,6 @@ def test_each_member_edit_is_invalid_naming_the_check(scene: Scene, case: str) -
     assert err.details["check"] == check, err.message
 
 
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield prefix
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _paths(v, (*prefix, i))
-
-
 def _changed(value: Any) -> Any:
     if isinstance(value, bool):
         return not value
@@ -392,7 +383,7 @@ def test_no_member_of_a_bundle_can_be_changed_or_removed_unnoticed(scene: Scene,
     bundle = getattr(scene, which)
     unnoticed = []
     tried = 0
-    for path in _paths(bundle):
+    for path in paths(bundle):
         edits = [("change", lambda parent, key: parent.__setitem__(key, _changed(parent[key])))]
         if path and isinstance(path[-1], str):
             edits.append(("remove", lambda parent, key: parent.pop(key)))
