@@ -56,7 +56,7 @@ def test_a_dictionary_attack_on_an_erased_record_confirms_no_candidate():
     candidates = [f"patient {i:05d} was diagnosed with condition {i % 97}" for i in range(10_000)]
     secret = candidates[4242]
     v1 = _v1(secret)
-    body, _ = commit_record(v1)  # the disclosures are then erased: only the body remains
+    body, erased = commit_record(v1)  # the disclosures are then erased: only the body remains
     digests = set(body["disclosure_digests"])
     assert body["disclosure_digests"] == sorted(digests)  # order says nothing
     hits = 0
@@ -74,9 +74,10 @@ def test_a_dictionary_attack_on_an_erased_record_confirms_no_candidate():
         ]
         hits += sum(g in digests for g in guesses)
     assert hits == 0
-    # the salt is what makes it so: with the original salts, the digests open
-    _, real = commit_record(v1)
-    assert all(disclosures.parse(d).salt != "A" * 22 for d in real)
+    # control: the same guess under the salt that was erased does confirm the secret, so the
+    # loop above can find a hit; without the salt it finds none
+    salt = next(d.salt for d in map(disclosures.parse, erased) if d.member == "request")
+    assert disclosures.make("request", {**v1["request"], "prompt": secret}, salt).digest in digests  # type: ignore[dict-item]
 
 
 def test_salts_are_fresh_and_long():
