@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
-from api import certifier, errors
+from api import certifier, errors, ui
 from api.gate import Gate
 from api.metrics import LogGauges, Metrics, MetricsMiddleware, utc_now
 from api.openapi_doc import install as document_openapi
@@ -115,7 +116,8 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
             with suppress(asyncio.CancelledError):
                 await task
 
-    app = FastAPI(
+    # Swagger UI and ReDoc at /docs and /redoc from assets in the package (no CDN).
+    app = FastAPIOffline(
         title="inference-ledger",
         version=__version__,
         description=(
@@ -130,7 +132,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
     app.add_middleware(Gate, routes=app.router.routes, state=state)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.add_middleware(RequestIds)  # outermost: every log line of a request names it
-    errors.install(app)
+    errors.install(app, pages=ui.routes.error_page)
     for module in (
         health,
         keys,
@@ -144,5 +146,6 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         erasure,
     ):
         app.include_router(module.router)
+    ui.install(app, settings, log_key)
     document_openapi(app, settings)
     return app

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import iter_route_contexts
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -110,32 +111,53 @@ def allowed_methods(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
-def install(app: FastAPI) -> None:
+# The console's pages answer errors as pages: ``(request, status, code, message) -> Response``
+# (``api.ui.routes.error_page``), for every path under PAGES_PREFIX; the status is the API's.
+PageRenderer = Callable[[Request, int, str, str], Response]
+PAGES_PREFIX = "/ui/"
+
+
+def install(app: FastAPI, pages: PageRenderer | None = None) -> None:
+    def as_page(request: Request) -> PageRenderer | None:
+        path = request.url.path
+        in_console = path.startswith(PAGES_PREFIX) or path == PAGES_PREFIX[:-1]
+        if pages is None or not in_console or path.endswith((".json", ".csv", ".ndjson")):
+            return None
+        return pages
+
     @app.exception_handler(LedgerError)
-    async def _ledger_error(request: Request, exc: LedgerError) -> JSONResponse:
+    async def _ledger_error(request: Request, exc: LedgerError) -> Response:
         request.state.error_code = exc.code
+        if page := as_page(request):
+            return page(request, status_for(exc), exc.code, exc.message)
         return ledger_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
         errors = exc.errors()
         first = errors[0] if errors else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
         msg = f"{where}: {first.get('msg', 'invalid')}" if where else "request is invalid"
         request.state.error_code = "schema_violation"
+        if page := as_page(request):
+            return page(request, 422, "schema_violation", msg)
         details = {"errors": [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors]}
         return error_response(422, "schema_violation", msg, details=details)
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         request.state.error_code = "internal_error"
+        if page := as_page(request):
+            return page(request, 500, "internal_error", "internal error; it has been logged")
         return error_response(500, "internal_error", "internal error; it has been logged")
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         request.state.error_code = code
+        if (page := as_page(request)) and exc.status_code != 405:
+            return page(request, exc.status_code, code, str(exc.detail))
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
             headers["Allow"] = allowed_methods(request)

@@ -85,6 +85,14 @@ class Settings(BaseSettings):
         "body_timeout",
     )
 
+    ui_session_seconds: float = Field(
+        default=8 * 3600,
+        ge=60,
+        le=7 * 86400,
+        description="how long a console sign-in lasts (the session cookie's lifetime; the "
+        "token's own expiry or revocation ends it sooner)",
+    )
+
     @field_validator("worker_networks")
     @classmethod
     def _networks_parse(cls, value: str) -> str:

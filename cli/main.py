@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "db": ("cli.db", "app", "group", "Database schema (Alembic migrations)."),
     "keys": ("cli.keys", "app", "group", "Signing keys (Ed25519)."),
     "tokens": ("cli.tokens", "app", "group", "API bearer tokens (stored hashed)."),
+    "records": ("cli.records", "app", "group", "Records: search them (as the console does)."),
 }
 
 

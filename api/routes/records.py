@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import ReadRecords, WriteRecords
 from api.body import read_json
 from api.schemas import ERRORS, RECORD_BATCH_SCHEMA, IngestResponse
 from api.state import AppState, StateDep
+from ledger.compare import VERDICTS
 from ledger.errors import InvalidInput, TooLarge
-from ledger.storage import ingest, proofs, queries, verdicts
+from ledger.storage import ingest, proofs, queries, record_search, verdicts
 
 router = APIRouter(prefix="/v1/records", tags=["records"], responses=ERRORS)
 
@@ -155,36 +157,72 @@ async def get_evidence(
 
 @router.get(
     "",
-    summary="Search records (log order, cursor pagination)",
+    summary="Search records (log order or newest first, cursor pagination)",
     description="Filters combine with AND. `since`/`until` (RFC 3339 with a zone) apply to the "
-    "ledger's receive time. Every item is built from its logged envelope and kept only if, as "
-    "logged, it satisfies the filters: a page may hold fewer than `limit` items while "
-    "`next_cursor` is set; follow it until it is null.",
+    "ledger's receive time. `verdict` keeps records with a logged replay verdict of that value "
+    "(`none`: never replayed); `content` is `complete`, `erased` or `in_log` (schema v1); "
+    "`held` keeps records a legal hold does (or does not) cover. Every item is built from its "
+    "logged envelope, its verdicts from their logged leaves, and kept only if, as logged, it "
+    "satisfies the filters: a page may hold fewer than `limit` items while `next_cursor` is "
+    "set; follow it until it is null. Each item adds `verdict` (the latest) and `held_by`.",
 )
 async def search_records(
     state: StateDep,
     _: ReadRecords,
-    since: Annotated[str | None, Query(json_schema_extra={"format": "date-time"})] = None,
-    until: Annotated[str | None, Query(json_schema_extra={"format": "date-time"})] = None,
-    model: str | None = None,
-    fingerprint_id: str | None = None,
-    tier: Annotated[int | None, Query(ge=0, le=2)] = None,
-    pool: str | None = None,
+    params: Annotated[SearchParams, Depends()],
     limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 100,
     cursor: str | None = None,
+    order: Literal["log", "newest"] = "log",
     fields: Literal["full", "meta"] = "full",
 ) -> Response:
-    flt = queries.RecordFilter(
-        since=queries.parse_time(since, "since"),
-        until=queries.parse_time(until, "until"),
-        model=model,
-        fingerprint_id=fingerprint_id,
-        tier=tier,
-        pool=pool,
-    )
     page = await run_in_threadpool(
-        queries.search_records, state.db, flt, limit=limit, cursor=cursor
+        record_search.search,
+        state.db,
+        params.to_filter(),
+        limit=limit,
+        cursor=cursor,
+        newest_first=order == "newest",
     )
-    items = b",".join(render_record(i, fields == "full") for i in page.items)
+    items = b",".join(render_hit(i, fields == "full") for i in page.items)
     tail = json.dumps({"next_cursor": page.next_cursor, "count": len(page.items)}).encode()
     return Response(b'{"items":[' + items + b"]," + tail[1:], media_type="application/json")
+
+
+def render_hit(hit: record_search.Hit, with_envelope: bool = True) -> bytes:
+    return render_record(hit.record, with_envelope, verdict=hit.verdict, held_by=hit.held_by)
+
+
+@dataclass
+class SearchParams:
+    """The search filters as query parameters (shared by the API and the console)."""
+
+    since: Annotated[str | None, Query(json_schema_extra={"format": "date-time"})] = None
+    until: Annotated[str | None, Query(json_schema_extra={"format": "date-time"})] = None
+    model: str | None = None
+    fingerprint_id: str | None = None
+    tier: Annotated[int | None, Query(ge=0, le=2)] = None
+    pool: str | None = None
+    worker_id: str | None = None
+    aborted: bool | None = None
+    verdict: Annotated[
+        str | None, Query(description=f"one of {[*VERDICTS, record_search.NO_VERDICT]}")
+    ] = None
+    content: Literal["complete", "erased", "in_log"] | None = None
+    held: bool | None = None
+
+    def to_filter(self) -> record_search.SearchFilter:
+        return record_search.SearchFilter(
+            records=queries.RecordFilter(
+                since=queries.parse_time(self.since, "since"),
+                until=queries.parse_time(self.until, "until"),
+                model=self.model,
+                fingerprint_id=self.fingerprint_id,
+                tier=self.tier,
+                pool=self.pool,
+            ),
+            worker_id=self.worker_id,
+            aborted=self.aborted,
+            verdict=self.verdict,
+            content=self.content,
+            held=self.held,
+        )

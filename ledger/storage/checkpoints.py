@@ -88,3 +88,12 @@ def check_tree_size(session: Session, tree_size: int) -> None:
         raise InvalidInput(
             f"tree size {tree_size} exceeds the log's size {size}", code="invalid_tree_size"
         )
+
+
+def history(db: Database, limit: int = 50) -> list[StoredCheckpoint]:
+    """The latest ``limit`` checkpoints, newest first (their notes are what is signed)."""
+    with db.read() as s:
+        rows = s.execute(
+            select(CheckpointRow).order_by(CheckpointRow.tree_size.desc()).limit(limit)
+        ).scalars()
+        return [_stored(r) for r in rows]

@@ -360,12 +360,6 @@ def _bad(message: str) -> InvalidInput:
     return InvalidInput(message, code="invalid_parameters")
 
 
-@dataclass(frozen=True)
-class Page:
-    items: list[StoredRecord]
-    next_cursor: str | None
-
-
 def encode_cursor(log_index: int) -> str:
     return base64.urlsafe_b64encode(f"v1:{log_index}".encode()).decode().rstrip("=")
 
@@ -403,52 +397,3 @@ def filtered(q: _Q, flt: RecordFilter, received_at: Any) -> _Q:
     if flt.pool is not None:
         q = q.where(Record.pool == flt.pool)
     return q
-
-
-def search_records(
-    db: Database, flt: RecordFilter, *, limit: int = 100, cursor: str | None = None
-) -> Page:
-    """Records in log order matching every given filter; ``next_cursor`` continues the scan.
-
-    The index columns select candidate rows; each is then built from its log entry and kept
-    only if it, as logged, satisfies the filters. A dropped row's place is filled from the
-    rows after it, up to ``MAX_DROPPED`` scanned beyond the page; so a page may be short (even
-    empty) with a ``next_cursor``: follow it until it is null. The cursor is the log index of
-    the last row scanned."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
-        raise InvalidInput(f"limit must be 1..{MAX_PAGE}", code="invalid_limit")
-    flt.check()
-    after = decode_cursor(cursor) if cursor is not None else None
-    q = select(*_ENTRY).join_from(Record, LogEntry, LogEntry.idx == Record.log_index)
-    q = filtered(q, flt, Record.received_at).order_by(Record.log_index)
-    items: list[StoredRecord] = []
-    dropped = 0
-    with db.read() as s:
-        while True:
-            want = limit - len(items)
-            page_q = q if after is None else q.where(Record.log_index > after)
-            rows = s.execute(page_q.limit(want + 1)).all()
-            for row in rows[:want]:
-                if row.idx == after:  # two index rows on one entry: serve it once
-                    continue
-                after = row.idx
-                try:
-                    record = from_log(row.idx, row.envelope, row.appended_at)
-                except IndexMismatch:
-                    record = None
-                if record is not None and flt.matches(record):
-                    items.append(record)
-                else:
-                    dropped += 1
-            more = len(rows) > want
-            if not more or len(items) == limit or dropped > MAX_DROPPED:
-                break
-        items = with_content(s, items)
-    kept = []
-    for item in items:  # content the erasure index contradicts is dropped like other rows
-        try:
-            item.check_content()
-            kept.append(item)
-        except IndexMismatch:
-            pass
-    return Page(kept, encode_cursor(after) if more and after is not None else None)

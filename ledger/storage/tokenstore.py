@@ -146,3 +146,16 @@ def _info(row: ApiToken) -> TokenInfo:
         as_utc(row.revoked_at) if row.revoked_at else None,
         as_utc(row.expires_at) if row.expires_at else None,
     )
+
+
+def principal_by_id(db: Database, token_id: str) -> Principal:
+    """The principal of a token named by its display ID (a console session names its token
+    this way); unknown, revoked and expired tokens are refused as :func:`authenticate` does."""
+    with db.read() as s:
+        row = s.get(ApiToken, token_id)
+    if row is None or row.revoked_at is not None:
+        raise AuthenticationError("the session's token is no longer valid", code="invalid_token")
+    info = _info(row)
+    if info.expired(utcnow()):
+        raise AuthenticationError("the session's token has expired", code="token_expired")
+    return Principal(info.token_id, info.name, info.scopes, info.expires_at)

@@ -149,3 +149,27 @@ def append_certificate(db: Database, log_key: SigningKey, body: dict[str, Any]) 
 
 def get_certificate(db: Database, certificate_id: str) -> Stored:
     return _get(db, Certificate, Certificate.certificate_id, certificate_id, "certificate")
+
+
+def latest_certificate(db: Database, pool: str) -> dict[str, Any] | None:
+    """The body of a pool's latest certificate, read from its log leaf (None: never
+    certified); a leaf that is not a certificate of that pool (an edited index) is None."""
+    with db.read() as s:
+        found = s.execute(
+            select(LogEntry.envelope)
+            .join(Certificate, Certificate.log_index == LogEntry.idx)
+            .where(Certificate.pool == pool)
+            .order_by(Certificate.log_index.desc())
+            .limit(1)
+        ).scalar_one_or_none()
+    if found is None:
+        return None
+    env = json.loads(bytes(found))
+    body = env.get("body") if isinstance(env, dict) else None
+    if (
+        env.get("kind") != CERTIFICATE_KIND
+        or not isinstance(body, dict)
+        or body.get("pool") != pool
+    ):
+        return None
+    return body

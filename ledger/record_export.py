@@ -1,0 +1,48 @@
+"""Search results as rows for export: one column list for the console's CSV and NDJSON and
+for ``ledger records search --csv``, so a file from either has the same columns in the same
+order as the API's search items."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping
+from typing import Any
+
+COLUMNS = (
+    "request_id",
+    "log_index",
+    "received_at",
+    "model",
+    "pool",
+    "worker_id",
+    "tier",
+    "endpoint",
+    "fingerprint_id",
+    "aborted",
+    "content",
+    "verdict",
+    "held_by",
+    "content_hash",
+    "key_id",
+    "schema_version",
+)
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
+def csv_line(meta: Mapping[str, Any]) -> str:
+    """One CSV line (RFC 4180, CRLF) of a search item's COLUMNS."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\r\n").writerow([_cell(meta.get(c)) for c in COLUMNS])
+    return out.getvalue()
+
+
+def csv_header() -> str:
+    return csv_line({c: c for c in COLUMNS})
