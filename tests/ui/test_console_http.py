@@ -1,0 +1,296 @@
+"""The console over plain HTTP: sign-in and sessions, CSRF, scopes, exports, and the attacks a
+page invites (forged or expired cookies, a revoked token, open redirects, cross-site posts)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from api.ui.session import Sessions, session_key
+from ledger.storage import tokenstore
+from ledger.storage.audit import audit
+from tests.support.documents import record_v2
+from tests.support.harness import Harness, start_harness
+
+
+@dataclass
+class Scene:
+    h: Harness
+    rid: str  # a v2 record
+    fp: str
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
+    d = tmp_path_factory.mktemp("console")
+    h = start_harness("sqlite", f"sqlite:///{d}/ledger.db", d)
+    key, fp = h.setup_collector()
+    rid = ""
+    for i in range(3):
+        env, disclosures = record_v2(key, fp, text_prompt=True, top_k=3, seed=i)
+        resp = h.client().post(
+            "/v1/records",
+            json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]},
+        )
+        assert resp.status_code == 201, resp.text
+        rid = env.body["request_id"]
+    assert h.client().post("/v1/log/checkpoint").status_code == 200
+    yield Scene(h, rid, fp)
+    h.close()
+
+
+def browser(scene: Scene) -> httpx.Client:
+    return httpx.Client(base_url=scene.h.url, follow_redirects=False, timeout=30)
+
+
+def sign_in(scene: Scene, secret: str, next_path: str = "/ui/records") -> httpx.Client:
+    c = browser(scene)
+    form = c.get("/ui/signin")
+    token = re.search(r'name="form_token" value="([^"]+)"', form.text)
+    assert token is not None
+    resp = c.post("/ui/signin", data={"form_token": token[1], "next": next_path, "token": secret})
+    assert resp.status_code == 303, resp.text
+    return c
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None
+    return found[1]
+
+
+def test_pages_need_a_session(scene: Scene):
+    c = browser(scene)
+    for path in ("/ui/records", f"/ui/records/{scene.rid}", "/ui/log", "/ui/pools"):
+        resp = c.get(path)
+        assert resp.status_code == 303
+        assert resp.headers["location"].startswith("/ui/signin?next=%2Fui%2F")
+    # what the page's script fetches is refused too, never served
+    assert c.get(f"/ui/records/{scene.rid}/evidence.json").status_code == 401
+    assert c.get("/ui/records.csv").status_code == 401
+
+
+def test_sign_in_sets_a_strict_http_only_session(scene: Scene):
+    c = browser(scene)
+    form = c.get("/ui/signin")
+    token = re.search(r'name="form_token" value="([^"]+)"', form.text)
+    assert token is not None
+    resp = c.post(
+        "/ui/signin", data={"form_token": token[1], "next": "/ui/log", "token": scene.h.admin_token}
+    )
+    assert resp.status_code == 303 and resp.headers["location"] == "/ui/log"
+    cookie = next(v for v in resp.headers.get_list("set-cookie") if v.startswith("ledger_session="))
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui/" in cookie
+    assert "Max-Age=28800" in cookie
+    assert "Secure" not in cookie  # plain HTTP here; set when the console is reached over HTTPS
+    assert scene.h.admin_token not in cookie  # the session names the token, never its secret
+    page = c.get("/ui/log")
+    assert page.status_code == 200 and "Checkpoint history" in page.text
+    for header in ("content-security-policy", "x-frame-options", "referrer-policy"):
+        assert header in page.headers
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+
+
+@pytest.mark.parametrize(
+    ("secret", "status", "shown"),
+    [
+        ("lgr_not-a-token", 401, "not valid"),
+        ("", 401, "enter an API token"),
+    ],
+)
+def test_a_bad_token_is_refused_on_the_form(scene: Scene, secret: str, status: int, shown: str):
+    c = browser(scene)
+    form = c.get("/ui/signin")
+    token = re.search(r'name="form_token" value="([^"]+)"', form.text)
+    assert token is not None
+    resp = c.post("/ui/signin", data={"form_token": token[1], "next": "", "token": secret})
+    assert resp.status_code == status and shown in resp.text
+    assert "ledger_session" not in resp.headers.get("set-cookie", "")
+
+
+def test_a_token_without_records_read_cannot_sign_in(scene: Scene):
+    c = browser(scene)
+    form = c.get("/ui/signin")
+    token = re.search(r'name="form_token" value="([^"]+)"', form.text)
+    assert token is not None
+    writer = scene.h.token("records:write")
+    resp = c.post("/ui/signin", data={"form_token": token[1], "next": "", "token": writer})
+    assert resp.status_code == 403 and "records:read" in resp.text
+
+
+def test_the_sign_in_form_needs_its_own_token_and_cookie(scene: Scene):
+    c = browser(scene)
+    c.get("/ui/signin")
+    resp = c.post("/ui/signin", data={"form_token": "forged", "token": scene.h.admin_token})
+    assert resp.status_code == 403 and "csrf_failed" in resp.text
+    fresh = browser(scene)  # a form token without its cookie (posted from another browser)
+    form = c.get("/ui/signin")
+    token = re.search(r'name="form_token" value="([^"]+)"', form.text)
+    assert token is not None
+    resp = fresh.post("/ui/signin", data={"form_token": token[1], "token": scene.h.admin_token})
+    assert resp.status_code == 403
+
+
+@pytest.mark.parametrize(
+    "target", ["https://evil.example/", "//evil.example/ui/", "/ui/\\evil", "/v1/records", ""]
+)
+def test_sign_in_never_redirects_off_the_console(scene: Scene, target: str):
+    c = browser(scene)
+    form = c.get("/ui/signin")
+    token = re.search(r'name="form_token" value="([^"]+)"', form.text)
+    assert token is not None
+    resp = c.post(
+        "/ui/signin", data={"form_token": token[1], "next": target, "token": scene.h.admin_token}
+    )
+    assert resp.headers["location"] == "/ui/records"
+
+
+def test_forged_and_expired_cookies_are_refused(scene: Scene):
+    c = sign_in(scene, scene.h.admin_token)
+    good = c.cookies["ledger_session"]
+    token_id, expires, nonce, mac = good.split(".")
+    sessions = Sessions(session_key(scene.h.log_key), 60)
+    other = tokenstore.create_token(scene.h.db, "other", ["records:read"])[1].token_id
+    expired, _ = sessions.issue(token_id, now=0)
+    for forged in (
+        f"{other}.{expires}.{nonce}.{mac}",  # another token under this MAC
+        f"{token_id}.{int(expires) + 10**6}.{nonce}.{mac}",  # a longer life
+        f"{token_id}.{expires}.{nonce}.{mac[:-2]}AA",
+        expired,
+        "garbage",
+    ):
+        fake = browser(scene)
+        fake.cookies.set("ledger_session", forged, domain="127.0.0.1", path="/ui/")
+        assert fake.get("/ui/records").status_code == 303, forged
+    # a cookie minted under another ledger's log key
+    from ledger.signing import SigningKey
+
+    foreign, _ = Sessions(session_key(SigningKey.generate()), 60).issue(token_id)
+    fake = browser(scene)
+    fake.cookies.set("ledger_session", foreign, domain="127.0.0.1", path="/ui/")
+    assert fake.get("/ui/records").status_code == 303
+
+
+def test_revoking_the_token_ends_its_sessions(scene: Scene):
+    secret, info = tokenstore.create_token(scene.h.db, "leaver", ["records:read"])
+    c = sign_in(scene, secret)
+    assert c.get("/ui/records").status_code == 200
+    tokenstore.revoke_token(scene.h.db, info.token_id)
+    assert c.get("/ui/records").status_code == 303
+
+
+def test_a_reader_sees_no_action_and_cannot_post_one(scene: Scene):
+    reader = sign_in(scene, scene.h.token("records:read"))
+    page = reader.get(f"/ui/records/{scene.rid}")
+    assert page.status_code == 200
+    assert "Erase content" not in page.text and "Place legal hold" not in page.text
+    resp = reader.post(
+        f"/ui/records/{scene.rid}/hold", data={"csrf": csrf_of(page.text), "reason": "x"}
+    )
+    assert resp.status_code == 403 and "insufficient_scope" in resp.text
+
+
+def test_state_changing_forms_need_the_csrf_token(scene: Scene):
+    admin = sign_in(scene, scene.h.admin_token)
+    page = admin.get(f"/ui/records/{scene.rid}")
+    assert "Erase content" in page.text and "Place legal hold" in page.text
+    url = f"/ui/records/{scene.rid}/hold"
+    assert admin.post(url, data={"reason": "x"}).status_code == 403
+    assert admin.post(url, data={"csrf": "forged", "reason": "x"}).status_code == 403
+    cross = admin.post(
+        url,
+        data={"csrf": csrf_of(page.text), "reason": "x"},
+        headers={"Origin": "https://evil.example"},
+    )
+    assert cross.status_code == 403
+    as_json = admin.post(url, json={"csrf": csrf_of(page.text), "reason": "x"})
+    assert as_json.status_code == 422 and "form_expected" in as_json.text
+    assert admin.post("/ui/signout", data={"csrf": ""}).status_code == 403
+    holds = scene.h.client().get("/v1/holds").json()["holds"]
+    assert not [h for h in holds if h["request_id"] == scene.rid]  # none of these placed one
+    done = admin.post(url, data={"csrf": csrf_of(page.text), "reason": "litigation"})
+    assert done.status_code == 303
+    holds = scene.h.client().get("/v1/holds").json()["holds"]
+    assert [h for h in holds if h["request_id"] == scene.rid]
+    assert "under legal hold" in admin.get(f"/ui/records/{scene.rid}").text
+
+
+def test_sign_out_clears_the_session(scene: Scene):
+    c = sign_in(scene, scene.h.admin_token)
+    page = c.get("/ui/records")
+    resp = c.post("/ui/signout", data={"csrf": csrf_of(page.text)})
+    assert resp.status_code == 303 and resp.headers["location"] == "/ui/signin"
+    assert (
+        'ledger_session=""' in resp.headers["set-cookie"]
+        or "Max-Age=0" in resp.headers["set-cookie"]
+    )
+    assert c.get("/ui/records").status_code == 303
+
+
+def test_record_views_are_logged_with_the_token_name(
+    scene: Scene, caplog: pytest.LogCaptureFixture
+):
+    secret, _ = tokenstore.create_token(scene.h.db, "officer-jane", ["records:read"])
+    c = sign_in(scene, secret)
+    with caplog.at_level(logging.INFO, logger="ledger.ui"):
+        assert c.get(f"/ui/records/{scene.rid}").status_code == 200
+    assert any(
+        "officer-jane" in r.getMessage() and scene.rid in r.getMessage() for r in caplog.records
+    )
+
+
+def test_exports_match_the_api(scene: Scene):
+    c = sign_in(scene, scene.h.admin_token)
+    api = scene.h.client().get("/v1/records", params={"fields": "meta", "limit": 1000}).json()
+    expected = {i["request_id"]: i for i in api["items"]}
+    rows = list(csv.DictReader(io.StringIO(c.get("/ui/records.csv").text)))
+    assert [r["request_id"] for r in rows] == list(expected)
+    for row in rows:
+        item = expected[row["request_id"]]
+        assert row["log_index"] == str(item["log_index"])
+        assert row["content_hash"] == item["content_hash"]
+        assert row["aborted"] == str(item["aborted"]).lower()
+    lines = c.get("/ui/records.ndjson").text.splitlines()
+    assert [json.loads(line) for line in lines] == api["items"]
+    filtered = c.get("/ui/records.csv", params={"model": "no-such-model"}).text
+    assert filtered.count("\r\n") == 1  # the header only
+
+
+def test_errors_are_pages_with_the_api_status(scene: Scene):
+    c = sign_in(scene, scene.h.admin_token)
+    bad = c.get("/ui/records", params={"tier": "9"})
+    assert bad.status_code == 422 and "<html" in bad.text
+    assert c.get("/ui/records/no-such-record").status_code == 404
+    assert c.get("/ui/fingerprints/nope").status_code == 422
+    assert c.get("/ui/nope").status_code == 404
+
+
+def test_every_page_renders_and_erasing_from_the_console_is_logged(scene: Scene):
+    c = sign_in(scene, scene.h.admin_token)
+    for path in (
+        "/ui/records",
+        "/ui/records?verdict=none&held=false&content=complete",
+        f"/ui/fingerprints/{scene.fp}",
+        f"/ui/diff?a={scene.fp}&b={scene.fp}",
+        "/ui/pools",
+        "/ui/log",
+    ):
+        assert c.get(path).status_code == 200, path
+    first = c.get("/v1/records", params={"limit": 1}).status_code  # no bearer: API refuses
+    assert first == 401
+    victim = scene.h.client().get("/v1/records", params={"limit": 1}).json()["items"][0]
+    rid = victim["request_id"]
+    page = c.get(f"/ui/records/{rid}")
+    resp = c.post(f"/ui/records/{rid}/erase", data={"csrf": csrf_of(page.text), "reason": "gdpr"})
+    assert resp.status_code == 303
+    after = c.get(f"/ui/records/{rid}").text
+    assert "content erased" in after and "gdpr" in after
+    assert audit(scene.h.db, scene.h.log_key.public_key).ok
