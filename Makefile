@@ -47,13 +47,19 @@ GPU_CHECK_ARGS ?=
 gpu-check: $(STAMP)
 	$(VENV)/bin/ledger gpu-check --device cuda --engine-python "$$(command -v $(GPU_ENGINE_PYTHON))" $(GPU_CHECK_ARGS)
 
-# Debian's docker-compose validates docker-compose.yml (no Docker engine needed). Installed when
-# missing and this is a root shell with apt; otherwise that one test is skipped (fails in CI).
+# Debian's docker-compose validates docker-compose.yml (no Docker engine needed), and Debian's
+# chromium runs the console's browser tests (Playwright drives it; its own browser download is
+# not used). Each is installed when missing and this is a root shell with apt; otherwise the
+# tests that need it are skipped, with the reason.
+APT_INSTALL = { apt-get install -y -q --no-install-recommends $(1) >/dev/null 2>&1 || \
+	{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends $(1) >/dev/null; }; }
 tools:
 	@command -v docker-compose >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-		{ apt-get install -y -q --no-install-recommends docker-compose >/dev/null 2>&1 || \
-		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends docker-compose >/dev/null; }; }; } || \
+		$(call APT_INSTALL,docker-compose); } || \
 		echo "note: docker-compose is not installed; the Compose validation test will be skipped"
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		$(call APT_INSTALL,chromium); } || \
+		echo "note: chromium is not installed; the console's browser tests will be skipped"
 
 test: $(STAMP) $(ENGINE_STAMP) tools
 	$(VENV)/bin/ruff check .

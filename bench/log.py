@@ -141,6 +141,8 @@ def build(url: str, leaves: int, data_dir: Path) -> None:
             print(f"  built {size:,} leaves ({time.perf_counter() - t0:.0f} s)", flush=True)
     checkpoints.sign_if_new(db, log_key, checkpoints.default_origin(log_key))
     db.dispose()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE")  # planner statistics, as autovacuum keeps them on a live ledger
 
 
 def _has_cache_keys(url: str) -> bool:
@@ -191,6 +193,31 @@ def latency(url: str, data_dir: Path, token: str, requests: int) -> None:
         proc.wait(timeout=20)
 
 
+def ensure_log(pg: str, leaves: int) -> tuple[str, Path, str]:
+    """The database of a ``leaves``-leaf log (built unless a complete one exists), its data
+    directory (the log key) and the server's version."""
+    name = f"ledger_bench_log_{leaves}"
+    url = pg.rpartition("/")[0] + "/" + name
+    data_dir = Path(tempfile.gettempdir()) / name
+    with psycopg.connect(pg, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        pg_version = conn.execute("SHOW server_version").fetchone()[0]
+    if exists and not _has_cache_keys(url):
+        exists = None  # built before cache keys were loaded: the full audit would fail it
+    if not exists or not (data_dir / "log-key.pem").exists():
+        with psycopg.connect(pg, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        data_dir.mkdir(parents=True, exist_ok=True)
+        for f in data_dir.iterdir():
+            f.unlink()
+        print(f"building a {leaves:,}-leaf log in {name} ...")
+        build(url, leaves, data_dir)
+    return url, data_dir, str(pg_version)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -208,25 +235,7 @@ def main() -> None:
         ),
     )
     args = ap.parse_args()
-    name = f"ledger_bench_log_{args.leaves}"
-    url = args.pg.rpartition("/")[0] + "/" + name
-    data_dir = Path(tempfile.gettempdir()) / name
-    with psycopg.connect(args.pg, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        pg_version = conn.execute("SHOW server_version").fetchone()[0]
-    if exists and not _has_cache_keys(url):
-        exists = None  # built before cache keys were loaded: the full audit would fail it
-    if not exists or not (data_dir / "log-key.pem").exists():
-        with psycopg.connect(args.pg, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        data_dir.mkdir(parents=True, exist_ok=True)
-        for f in data_dir.iterdir():
-            f.unlink()
-        print(f"building a {args.leaves:,}-leaf log in {name} ...")
-        build(url, args.leaves, data_dir)
+    url, data_dir, pg_version = ensure_log(args.pg, args.leaves)
     print(f"machine: {machine()}; PostgreSQL {pg_version}; log of {args.leaves:,} leaves")
 
     db = Database(url)

@@ -294,3 +294,15 @@ def test_every_page_renders_and_erasing_from_the_console_is_logged(scene: Scene)
     after = c.get(f"/ui/records/{rid}").text
     assert "content erased" in after and "gdpr" in after
     assert audit(scene.h.db, scene.h.log_key.public_key).ok
+
+
+def test_the_api_docs_load_nothing_from_elsewhere(scene: Scene):
+    c = browser(scene)
+    for path in ("/docs", "/redoc"):
+        page = c.get(path)
+        assert page.status_code == 200
+        assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+        assert assets, path
+        for asset in assets:
+            assert asset.startswith("/"), (path, asset)  # served here, not by a CDN
+            assert c.get(asset).status_code == 200, asset

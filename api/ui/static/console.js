@@ -20,10 +20,10 @@
     replays: "Replay verdicts", disclosures: "Disclosed content", erasure: "Erasure event"
   };
 
-  function pinned() {
+  async function pinned() {
     var text = window.localStorage.getItem(PIN);
     if (!text) return null;
-    try { return window.LedgerVerify.parsePinnedKey(text); } catch (e) { return null; }
+    try { return await window.LedgerVerify.parsePinnedKey(text); } catch (e) { return null; }
   }
 
   function item(cls, text) {
@@ -36,9 +36,10 @@
 
   async function run() {
     steps.textContent = "";
+    delete panel.dataset.state;
     result.textContent = "Verifying…";
     result.className = "result";
-    var key = pinned();
+    var key = await pinned();
     if (key) {
       pinState.className = "ok-box";
       pinState.textContent = "Pinned log key " + key.keyId + " (kept in this browser).";
@@ -83,14 +84,15 @@
       result.textContent = "INVALID: the check “" + (NAMES[out.failed] || out.failed) + "” [" +
         out.failed + "] failed.";
     }
+    panel.dataset.ms = ms.toFixed(2);
     panel.dataset.state = out.valid ? "valid" : "invalid";
     panel.dataset.failed = out.failed || "";
   }
 
-  document.getElementById("pin-save").addEventListener("click", function () {
+  document.getElementById("pin-save").addEventListener("click", async function () {
     pinError.hidden = true;
     try {
-      window.LedgerVerify.parsePinnedKey(pinText.value);
+      await window.LedgerVerify.parsePinnedKey(pinText.value);
     } catch (e) {
       pinError.textContent = e.message;
       pinError.hidden = false;
