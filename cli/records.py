@@ -23,8 +23,13 @@ from cli.common import (
 from client.ledger_client import LedgerClient, read_token_file
 from ledger import record_export
 
-app = typer.Typer(help="Records: search, as the console and GET /v1/records do.")
+app = typer.Typer(help="Records: search them (as the console does).", no_args_is_help=True)
 PAGE = 500
+
+
+@app.callback()
+def _group() -> None:  # a group of one command for now: `ledger records search`
+    pass
 
 
 @app.command("search")
