@@ -184,6 +184,53 @@ def test_a_reader_sees_no_admin_action(page: Page, scene: ConsoleScene):
     assert page.get_by_role("button", name="Erase content (logged, irreversible)").count() == 0
 
 
+PAYLOAD = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+
+
+def test_recorded_content_is_shown_as_text_never_run(page: Page, scene: ConsoleScene):
+    """A prompt, an output and a model name written to attack the officer's browser."""
+    from ledger.record_v2 import commit_record
+    from ledger.records import RECORD_KIND, Choice, build_record_body
+    from ledger.signing import sign_envelope
+
+    key, fp = scene.h.setup_collector()
+    model = 'm"><svg onload="window.__pwned=3">'
+    body = build_record_body(
+        request_id="req-xss-1",
+        fingerprint_id=fp,
+        worker_id="w1",
+        pool="p1",
+        tier=1,
+        endpoint="/v1/completions",
+        model=model,
+        request={"model": model, "prompt": PAYLOAD, "max_tokens": 2},
+        prompt_token_ids=[1, 2],
+        choices=[Choice([3, 4], [-0.1, -0.2], text=PAYLOAD)],
+        started_at="2026-12-01T09:00:00.000000Z",
+        ttft_ns=1,
+        total_ns=2,
+        system_fingerprint=None,
+    )
+    committed, disclosures = commit_record(body)
+    env = sign_envelope(RECORD_KIND, committed, key)
+    resp = scene.h.client().post(
+        "/v1/records", json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    )
+    assert resp.status_code == 201, resp.text
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: dialogs.append(d.message))
+    seen = requests_of(page)
+    sign_in(page, scene.h.url, scene.h.admin_token)
+    for path in ("/ui/records", "/ui/records/req-xss-1"):
+        page.goto(scene.h.url + path)
+        page.wait_for_load_state("networkidle")
+        assert page.evaluate("window.__pwned") is None, path
+        expect(page.get_by_text(model).first).to_be_visible()
+    expect(page.locator("pre.text").first).to_have_text(PAYLOAD)
+    assert dialogs == []
+    assert not [u for u in seen if u.endswith("/x")]  # the <img src=x> never loaded
+
+
 def _pages(scene: ConsoleScene) -> list[str]:
     return [
         "/ui/records",
