@@ -110,6 +110,10 @@ def _fail(message: str) -> VerificationError:
 
 def parse_checkpoint(note: str) -> tuple[Checkpoint, list[tuple[str, bytes]]]:
     """Split a signed note into its checkpoint and its (key name, signature blob) lines."""
+    try:
+        note.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, which JSON can escape: no note is signed so
+        raise _fail("checkpoint note is not UTF-8 text") from None
     body, sep, sigs = note.partition("\n\n")
     if not sep or not note.endswith("\n"):
         raise _fail("checkpoint note has no signature block")

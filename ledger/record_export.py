@@ -1,6 +1,6 @@
-"""Search results as rows for export: one column list for the console's CSV and NDJSON and
-for ``ledger records search --csv``, so a file from either has the same columns in the same
-order as the API's search items."""
+"""Search results as rows for export: one column list for the console's CSV and for
+``ledger records search --csv``, so a file from either has the same columns, in this order;
+each column is the API search item's member of that name."""
 
 from __future__ import annotations
 

@@ -194,7 +194,8 @@ def render_hit(hit: record_search.Hit, with_envelope: bool = True) -> bytes:
 
 @dataclass
 class SearchParams:
-    """The search filters as query parameters (shared by the API and the console)."""
+    """The search filters as query parameters (the console parses the same names from its
+    form, empty fields meaning "any": ``api.ui.routes.search_filter``)."""
 
     since: Annotated[str | None, Query(json_schema_extra={"format": "date-time"})] = None
     until: Annotated[str | None, Query(json_schema_extra={"format": "date-time"})] = None

@@ -54,7 +54,8 @@ TEMPLATES = Jinja2Templates(directory=HERE / "templates")
 router = APIRouter(prefix="/ui", include_in_schema=False)
 PAGE_SIZE = 50
 EXPORT_PAGE = 500
-# Every console answer: nothing loads from elsewhere, nothing frames it, nothing is cached.
+# Every console page, redirect and download (not the static assets): nothing loads from
+# elsewhere, nothing frames it, nothing is cached.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
     "img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
@@ -353,7 +354,11 @@ def _ndjson_line(meta: dict[str, Any]) -> bytes:
 @router.get("/records.csv")
 async def export_csv(request: Request, state: StateDep, who: ViewerDep) -> Response:
     flt = search_filter(_query(request))
-    logger.info("console: %s exported a search as CSV", who.principal.name)
+    logger.info(
+        "console: %s (token %s) exported a search as CSV",
+        who.principal.name,
+        who.principal.token_id,
+    )
 
     async def body() -> AsyncIterator[bytes]:
         yield record_export.csv_header().encode()
@@ -366,7 +371,11 @@ async def export_csv(request: Request, state: StateDep, who: ViewerDep) -> Respo
 @router.get("/records.ndjson")
 async def export_ndjson(request: Request, state: StateDep, who: ViewerDep) -> Response:
     flt = search_filter(_query(request))
-    logger.info("console: %s exported a search as NDJSON", who.principal.name)
+    logger.info(
+        "console: %s (token %s) exported a search as NDJSON",
+        who.principal.name,
+        who.principal.token_id,
+    )
     response = StreamingResponse(
         _export(state, flt, _ndjson_line), media_type="application/x-ndjson"
     )
@@ -473,7 +482,12 @@ async def erase(request_id: str, request: Request, state: StateDep, who: ViewerD
     )
     if result.status == "erased":
         state.metrics.erasures.labels("request").inc()
-    logger.info("console: %s erased the content of record %s", who.principal.name, request_id)
+    logger.info(
+        "console: %s (token %s) erased the content of record %s",
+        who.principal.name,
+        who.principal.token_id,
+        request_id,
+    )
     return _redirect(f"/ui/records/{quote(request_id, safe='')}?done={result.status}")
 
 
@@ -493,7 +507,12 @@ async def hold(request_id: str, request: Request, state: StateDep, who: ViewerDe
             placed_by=who.principal.name,
         )
     )
-    logger.info("console: %s placed a hold on record %s", who.principal.name, request_id)
+    logger.info(
+        "console: %s (token %s) placed a hold on record %s",
+        who.principal.name,
+        who.principal.token_id,
+        request_id,
+    )
     return _redirect(f"/ui/records/{quote(request_id, safe='')}?done=held")
 
 

@@ -159,6 +159,7 @@ def _verdict(h: Harness, body: dict[str, Any], index: int, verdict: str, at: int
             "worker_id": "gpu-0",
             "verdict": verdict,
             "reason": None if at is None else "an output token differs",
+            "replayed_at": "2026-12-01T10:15:00.000000Z",
             **({"comparison": comparison} if comparison else {}),
         },
     )

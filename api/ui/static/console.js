@@ -23,7 +23,11 @@
   async function pinned() {
     var text = window.localStorage.getItem(PIN);
     if (!text) return null;
-    try { return await window.LedgerVerify.parsePinnedKey(text); } catch (e) { return null; }
+    try {
+      return await window.LedgerVerify.parsePinnedKey(text);
+    } catch (e) {  // a stored key this verifier cannot read: say so, never pretend none is set
+      return { error: e.message };
+    }
   }
 
   function item(cls, text) {
@@ -40,7 +44,12 @@
     result.textContent = "Verifying…";
     result.className = "result";
     var key = await pinned();
-    if (key) {
+    if (key && key.error) {
+      pinState.className = "warn-box";
+      pinState.textContent = "The pinned log key cannot be read (" + key.error + "): pin it " +
+        "again below. Until then the bundle is checked against the key it carries.";
+      key = null;
+    } else if (key) {
       pinState.className = "ok-box";
       pinState.textContent = "Pinned log key " + key.keyId + " (kept in this browser).";
     } else {
@@ -53,7 +62,7 @@
     try {
       var resp = await fetch(panel.dataset.evidence, { credentials: "same-origin", cache: "no-store" });
       if (!resp.ok) throw new Error("the ledger answered " + resp.status);
-      bundle = await resp.json();
+      bundle = await resp.text();  // the exact text: verify.js reads it as `ledger verify` does
     } catch (e) {
       result.className = "result invalid";
       result.textContent = "Could not fetch the evidence bundle: " + e.message;
@@ -66,10 +75,20 @@
       return;
     }
     var t0 = performance.now();
-    var out = await window.LedgerVerify.verifyBundle(bundle, key);
+    var out;
+    try {
+      out = await window.LedgerVerify.verifyBundle(bundle, key);
+    } catch (e) {  // no Ed25519 in this browser's WebCrypto, for one
+      result.className = "result invalid";
+      result.textContent = "This browser cannot verify the bundle: " + e.message;
+      panel.dataset.state = "error";
+      return;
+    }
     var ms = performance.now() - t0;
     out.steps.forEach(function (s) {
       var label = (NAMES[s.check] || s.check) + " [" + s.check + "]";
+      // passed, not_pinned (ok: the key it carries), skipped (a v1 bundle's fingerprint
+      // checks), failed, not_run (after a failure)
       var cls = s.ok === true ? "pass" : (s.ok === false ? "fail" : "skip");
       var li = item(cls, label + (s.message ? ": " + s.message : ""));
       li.dataset.check = s.check;

@@ -17,6 +17,9 @@
  * from 1 (read as 1), and an integral number beyond 2**53 fails the format check loudly rather
  * than being guessed at.
  *
+ * Step messages and summary values quote what the bundle holds (names, reasons, IDs): a page
+ * renders them as text (textContent), never as HTML.
+ *
  * Each member is checked as the Python modules check it: ledger/evidence_format.py (format),
  * ledger/canonical.py (RFC 8785), ledger/signing.py (envelopes, key IDs, roles),
  * ledger/checkpoint.py (C2SP signed note), ledger/merkle.py (RFC 9162 inclusion),
@@ -1985,10 +1988,11 @@
    * onStep: optional callback(step), called for each step in order as it is settled.
    *
    * Resolves to {valid, pinned, steps: [{check, ok, status, message}], failed, code, message,
-   * summary, elapsed_ms}. status is "passed", "not_pinned" (log_key_pin without a pinned key:
-   * ok, pinned false), "skipped" (the fingerprint checks of a v1 bundle), "failed" (ok false:
-   * the first check that failed; verification stops there, as in Python) or "not_run" (ok
-   * null). summary (null unless valid) holds what ledger verify reports: VerifiedBundle's
+   * summary, elapsed_ms}; steps lists every check of CHECKS, in order. status is "passed" (ok
+   * true), "not_pinned" (log_key_pin without a pinned key: ok true, pinned false), "skipped"
+   * (ok null: the fingerprint checks, which a v1 bundle cannot be checked for), "failed" (ok
+   * false: the first check that failed; verification stops there, as in Python) or "not_run"
+   * (ok null: the checks after it). summary (null unless valid) holds what ledger verify reports: VerifiedBundle's
    * fields, with Python's names.
    */
   async function verifyBundle(bundle, pinnedKey, onStep) {
@@ -2023,7 +2027,7 @@
         });
       } else notify({ check, ok: true, status: "passed", message });
     };
-    const skip = (checks, message) => checks.forEach((check) => notify({ check, ok: true, status: "skipped", message }));
+    const skip = (checks, message) => checks.forEach((check) => notify({ check, ok: null, status: "skipped", message }));
 
     let summary = null;
     let failure = null;
@@ -2070,7 +2074,17 @@
     if (/^-----BEGIN [A-Z ]*PRIVATE KEY-----/.test(trimmed)) {
       throw new Error("this is a private key: pin the log's public key (log-key.pub.pem, or its vkey)");
     }
-    const isVkey = !trimmed.startsWith("-----BEGIN") && !trimmed.startsWith(KEY_ID_PREFIX) && trimmed.includes("+");
+    let bare = null;
+    try {
+      bare = a2b(trimmed);
+    } catch (e) {
+      bare = null;
+    }
+    const isVkey =
+      !trimmed.startsWith("-----BEGIN") &&
+      !trimmed.startsWith(KEY_ID_PREFIX) &&
+      !(bare && bare.length === 32) && // bare base64 of the raw key, as load_public_key reads it
+      trimmed.includes("+");
     if (isVkey) {
       const first = trimmed.indexOf("+");
       const name = trimmed.slice(0, first);
