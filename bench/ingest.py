@@ -9,6 +9,13 @@ the same run it loads the v1 rows (log entry + index columns) with psycopg COPY 
 table and prints the ratio. Repeats --runs times and reports the medians.
 
     .venv/bin/python bench/ingest.py --records 10000 --batch 500 --runs 3
+
+Fleet mode (``--fleet``): many collectors at moderate rates each ship a few records at a time.
+--clients concurrent clients (default 64) post schema v2 batches of 1-8 records (sizes drawn
+at random, the same sequence each run) until --records are in; reports records/s and batches/s
+(no v1 or COPY comparison).
+
+    .venv/bin/python bench/ingest.py --fleet --records 10000 --runs 3
 """
 
 from __future__ import annotations
@@ -130,6 +137,74 @@ def post_all(url: str, token: str, bodies: list[bytes], concurrency: int) -> flo
     return time.perf_counter() - start
 
 
+def post_fleet(url: str, token: str, bodies: list[bytes], clients: int) -> float:
+    """Post ``bodies`` from ``clients`` concurrent keep-alive connections (asyncio)."""
+    import asyncio
+
+    async def run() -> float:
+        queue = list(reversed(bodies))
+        failures: list[str] = []
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        async with httpx.AsyncClient(
+            base_url=url,
+            timeout=120,
+            limits=limits,
+            headers={"Authorization": f"Bearer {token}", "content-type": "application/json"},
+        ) as c:
+
+            async def client() -> None:
+                while queue and not failures:
+                    body = queue.pop()
+                    r = await c.post("/v1/records", content=body)
+                    if r.status_code == 503:  # busy: back off as a collector's shipper does
+                        queue.append(body)
+                        await asyncio.sleep(float(r.headers.get("retry-after", "1")) / 10)
+                    elif r.status_code != 201:
+                        failures.append(r.text[:300])
+
+            start = time.perf_counter()
+            await asyncio.gather(*(client() for _ in range(clients)))
+            elapsed = time.perf_counter() - start
+        if failures:
+            raise SystemExit(f"ingest failed: {failures[0]}")
+        return elapsed
+
+    return asyncio.run(run())
+
+
+def fleet(url: str, token: str, key: SigningKey, fp_id: str, args: argparse.Namespace) -> None:
+    import random
+
+    rng = random.Random(7)
+    sizes: list[int] = []
+    while sum(sizes) < args.records:
+        sizes.append(rng.randint(1, 8))
+    print(
+        f"fleet: {args.records} records/run in {len(sizes)} batches of 1-8, "
+        f"{args.clients} clients, {args.workers} API worker(s)"
+    )
+    rates = []
+    for run in range(args.runs):
+        items = [
+            wire_item(env.canonical, disclosures)
+            for env, disclosures in (
+                record_v2(key, fp_id, prompt_len=512, out_len=256, top_k=5, text_prompt=True)
+                for _ in range(sum(sizes))
+            )
+        ]
+        bodies, at = [], 0
+        for n in sizes:
+            bodies.append(b'{"records":[' + b",".join(items[at : at + n]) + b"]}")
+            at += n
+        seconds = post_fleet(url, token, bodies, args.clients)
+        rates.append(len(items) / seconds)
+        print(
+            f"run {run + 1}: {rates[-1]:,.0f} records/s, {len(bodies) / seconds:,.0f} batches/s",
+            flush=True,
+        )
+    print(f"median: {statistics.median(rates):,.0f} records/s (fleet, {args.clients} clients)")
+
+
 COPY_TYPES = [
     "int8",
     "text",
@@ -212,6 +287,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--workers", type=int, default=1, help="API worker processes")
+    ap.add_argument("--fleet", action="store_true", help="many clients, batches of 1-8")
+    ap.add_argument("--clients", type=int, default=64, help="fleet mode: concurrent clients")
     ap.add_argument(
         "--prompt",
         choices=["text", "ids"],
@@ -248,6 +325,9 @@ def main() -> None:
             fp.raise_for_status()
             fp_id = fp.json()["fingerprint_id"]
         print(f"machine: {machine()}; PostgreSQL {pg_version}")
+        if args.fleet:
+            fleet(url, token, key, fp_id, args)
+            return
         print(
             f"{args.records} records/run, batches of {args.batch}, {args.concurrency} client(s), "
             f"{args.workers} API worker(s), prompt as {args.prompt}"

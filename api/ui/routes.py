@@ -402,11 +402,7 @@ def _record_context(state: AppState, request_id: str) -> dict[str, Any]:
     raw = erasures.erasure_of(state.db, request_id)
     erasure = json.loads(raw)["body"] if raw else None
     page = views.record_page(stored, hit, bodies, erasure)
-    fp = ingest.get_fingerprint(state.db, stored.fingerprint_id)
-    fp_env = Envelope.from_bytes(fp.envelope)
-    page["fingerprint"] = FingerprintFacts.of(
-        fp_env.body, fp_env.body_digest, fp.log_index, fp_env.key_id
-    ).to_dict()
+    page["fingerprint"] = _fingerprint(state, stored.fingerprint_id)[0].to_dict()
     return page
 
 

@@ -10,6 +10,7 @@ import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from api.ui.session import Sessions, session_key
 from ledger.storage import tokenstore
 from ledger.storage.audit import audit
+from tests.api.test_read_paths import superuser
 from tests.support.documents import record_v2
 from tests.support.harness import Harness, start_harness
 
@@ -306,3 +308,32 @@ def test_the_api_docs_load_nothing_from_elsewhere(scene: Scene):
         for asset in assets:
             assert asset.startswith("/"), (path, asset)  # served here, not by a CDN
             assert c.get(asset).status_code == 200, asset
+
+
+def test_a_fingerprint_row_pointed_elsewhere_is_never_shown(tmp_path: Path):
+    """A superuser points the fingerprint's index row at another leaf: the record page and the
+    fingerprint page refuse (500 index_mismatch) rather than show what that leaf holds."""
+    h = start_harness("sqlite", f"sqlite:///{tmp_path}/ledger.db", tmp_path)
+    try:
+        key, fp = h.setup_collector()
+        env, disclosures = record_v2(key, fp, text_prompt=True)
+        resp = h.client().post(
+            "/v1/records",
+            json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]},
+        )
+        assert resp.status_code == 201, resp.text
+        rid, leaf = env.body["request_id"], resp.json()["results"][0]["log_index"]
+        superuser(  # the fingerprint's row now names the record's leaf
+            h,
+            ("fingerprints",),
+            (
+                "UPDATE fingerprints SET log_index = :i WHERE fingerprint_id = :f",
+                {"i": leaf, "f": fp},
+            ),
+        )
+        c = sign_in(Scene(h, rid, fp), h.admin_token)
+        for path in (f"/ui/records/{rid}", f"/ui/fingerprints/{fp}"):
+            page = c.get(path)
+            assert page.status_code == 500 and "index_mismatch" in page.text, path
+    finally:
+        h.close()
