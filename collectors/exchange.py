@@ -14,8 +14,11 @@ stream of chunks.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from collectors.tokens import CONTEXT, TokenRenderer, parse_placeholder
 from collectors.vllm_request import Judged, Unsure, judge, prompt_kind, recordable
@@ -280,6 +283,16 @@ class ClientView:
 
 
 dumps = compact_json
+
+
+def engine_json(data: bytes | str) -> Any:
+    """An engine's answer (or streamed chunk) parsed: orjson, which reads every float to the
+    same bits as ``json.loads`` and is about four times faster on a chunk, or, for what orjson
+    refuses (an integer beyond 64 bits, NaN), ``json.loads``. ValueError if neither reads it."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 @dataclass

@@ -44,7 +44,7 @@ from collectors.edge import (
     unless_gone,
 )
 from collectors.errors import error_response
-from collectors.exchange import CHAT, COMPLETIONS, Plan, dumps, plan
+from collectors.exchange import CHAT, COMPLETIONS, Plan, dumps, engine_json, plan
 from collectors.recording import Exchange, count_unrecordable
 from collectors.replay import REPLAY_PATH, handle_replay
 from collectors.streaming import EndsWithTheResponse, forward_stream
@@ -277,7 +277,7 @@ async def forward_whole(request: Request, engine: Upstream, ex: Exchange, own: f
         return _answer(content, status, content_type, request_id)
     after = time.perf_counter()
     try:
-        data = json.loads(content)
+        data = engine_json(content)
     except ValueError:
         data = None
     if not isinstance(data, dict):  # not an answer of vLLM's OpenAI server: as it came

@@ -87,9 +87,10 @@ async def _run(engine: Upstream, endpoint: str, raw: bytes) -> tuple[Accumulator
                 f"the engine answered HTTP {upstream.status}: {text}", code="engine_error"
             )
         if body.get("stream"):
-            async for line in upstream.lines():
-                if line.startswith("data: ") and line[6:].strip() != "[DONE]":
-                    acc.feed(json.loads(line[6:]))
+            async for lines in upstream.lines():
+                for line in lines:
+                    if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+                        acc.feed(json.loads(line[6:]))
         else:
             acc.feed(json.loads(await upstream.read()))
     return acc, time.perf_counter_ns() - began

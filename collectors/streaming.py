@@ -14,7 +14,6 @@ record is in the durable spool before ``data: [DONE]`` is sent.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -26,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from collectors.edge import REQUEST_ID_HEADER, engine_headers
 from collectors.errors import error_response
+from collectors.exchange import engine_json
 from collectors.recording import Exchange, count_unrecordable, spool_aborted
 from collectors.upstream import Streamed, Upstream
 from ledger.errors import InvalidInput, Unreachable
@@ -88,44 +88,51 @@ async def relay(
     finished = False
     ex.streaming = True
     try:
-        async for line in upstream.lines():
-            if not line.startswith("data: "):
-                if line:
-                    yield line.encode() + b"\n\n"
-                continue
-            payload = line[6:]
-            if payload.strip() == "[DONE]":
-                began = time.perf_counter()
-                try:
-                    await ex.spool_async()
-                except InvalidInput as exc:
-                    # Nothing a record can hold (an error chunk alone): the client still
-                    # gets the stream as vLLM sent it, and /metrics counts it.
-                    count_unrecordable(ex, exc, metrics)
+        async for lines in upstream.lines():
+            out: list[bytes] = []  # this read's events, relayed in one write
+            for line in lines:
+                if not line.startswith("data: "):
+                    if line:
+                        out.append(line.encode() + b"\n\n")
+                    continue
+                payload = line[6:]
+                if payload.strip() == "[DONE]":
+                    if out:  # what came before goes out before the record's commit
+                        yield b"".join(out)
+                        out = []
+                    began = time.perf_counter()
+                    try:
+                        await ex.spool_async()
+                    except InvalidInput as exc:
+                        # Nothing a record can hold (an error chunk alone): the client still
+                        # gets the stream as vLLM sent it, and /metrics counts it.
+                        count_unrecordable(ex, exc, metrics)
+                    else:
+                        metrics.added_latency.observe(ex.own_s + time.perf_counter() - began)
+                        outcome = "engine_error" if ex.engine_error else "recorded"
+                        metrics.requests.labels(ex.endpoint, outcome).inc()
+                    finished = True
+                    out.append(b"data: [DONE]\n\n")
+                    continue
+                data = _chunk(payload)
+                if data is None:
+                    out.append(line.encode() + b"\n\n")
+                    continue
+                if "error" in data and not data.get("choices"):
+                    # vLLM failed mid-stream: the client gets its error as sent, and the
+                    # record, of what came before, is marked aborted.
+                    ex.engine_error = True
+                    metrics.engine_errors.labels("stream").inc()
+                    out.append(line.encode() + b"\n\n")
+                    continue
+                if ex.acc.feed(data) and ex.ttft_ns is None:
+                    ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
+                if ex.plan.reshapes:
+                    out.append(b"data: " + ex.for_client(data) + b"\n\n")
                 else:
-                    metrics.added_latency.observe(ex.own_s + time.perf_counter() - began)
-                    outcome = "engine_error" if ex.engine_error else "recorded"
-                    metrics.requests.labels(ex.endpoint, outcome).inc()
-                finished = True
-                yield b"data: [DONE]\n\n"
-                continue
-            data = _chunk(payload)
-            if data is None:
-                yield line.encode() + b"\n\n"
-                continue
-            if "error" in data and not data.get("choices"):
-                # vLLM failed mid-stream: the client gets its error as sent, and the record,
-                # of what came before, is marked aborted.
-                ex.engine_error = True
-                metrics.engine_errors.labels("stream").inc()
-                yield line.encode() + b"\n\n"
-                continue
-            if ex.acc.feed(data) and ex.ttft_ns is None:
-                ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
-            if ex.plan.reshapes:
-                yield b"data: " + ex.for_client(data) + b"\n\n"
-            else:
-                yield line.encode() + b"\n\n"
+                    out.append(line.encode() + b"\n\n")
+            if out:
+                yield b"".join(out)
     finally:
         if not finished:
             # The client went away (or the engine did): record what was generated. This runs
@@ -136,7 +143,7 @@ async def relay(
 
 def _chunk(payload: str) -> dict[str, Any] | None:
     try:
-        data = json.loads(payload)
+        data = engine_json(payload)
     except ValueError:
         return None
     return data if isinstance(data, dict) else None

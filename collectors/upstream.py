@@ -54,19 +54,21 @@ class Streamed:
         except _FAILURES as exc:
             raise self._upstream.unreachable(exc) from exc
 
-    async def lines(self) -> AsyncIterator[str]:
-        """The body split at line ends (``\\n``, ``\\r\\n``), as server-sent events need."""
+    async def lines(self) -> AsyncIterator[list[str]]:
+        """The body split at line ends (``\\n``, ``\\r\\n``), as server-sent events need:
+        the complete lines of each read from the engine, together (a busy engine's events
+        arrive several to a read, and are relayed in one write)."""
         pending = b""
         try:
             async for chunk in self._response.content.iter_any():
                 pending += chunk
                 *complete, pending = pending.split(b"\n")
-                for line in complete:
-                    yield line.removesuffix(b"\r").decode("utf-8")
+                if complete:
+                    yield [line.removesuffix(b"\r").decode("utf-8") for line in complete]
         except _FAILURES as exc:
             raise self._upstream.unreachable(exc) from exc
         if pending:
-            yield pending.removesuffix(b"\r").decode("utf-8")
+            yield [pending.removesuffix(b"\r").decode("utf-8")]
 
 
 class Upstream:
