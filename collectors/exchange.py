@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -245,7 +246,7 @@ class ClientView:
                 if parse_placeholder(sent) == token_id:
                     # ...except where it had no logprob for the position: a plain decode.
                     text = self._plain(token_id)
-                    rendered["bytes"] = list(text.encode("utf-8", errors="replace"))
+                    rendered["bytes"] = list(_utf8(text))
                 elif sent != text:
                     self.mismatches += 1
                     text = sent
@@ -259,7 +260,7 @@ class ClientView:
                     {
                         **alt,
                         "token": alt_text,
-                        "bytes": list(alt_text.encode("utf-8", errors="replace"))
+                        "bytes": list(_utf8(alt_text))
                         if isinstance(alt_text, str)
                         else alt.get("bytes"),
                     }
@@ -283,6 +284,12 @@ class ClientView:
 
 
 dumps = compact_json
+
+
+@lru_cache(maxsize=65536)
+def _utf8(text: str) -> tuple[int, ...]:
+    """A token's UTF-8 bytes as vLLM lists them (encoded once per token text)."""
+    return tuple(text.encode("utf-8", errors="replace"))
 
 
 def engine_json(data: bytes | str) -> Any:

@@ -102,8 +102,13 @@ def make(member: str, value: Any, salt: str | None = None) -> Disclosure:
 
 
 def commit(members: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """Disclosures of ``members`` (name -> value) and their digests, sorted."""
-    made = [make(member, value) for member, value in members.items()]
+    """Disclosures of ``members`` (name -> value) and their digests, sorted. Each salt is its
+    own 16 bytes of one draw from the system's CSPRNG (one draw per record, not per member)."""
+    random = secrets.token_bytes(SALT_BYTES * len(members))
+    made = [
+        make(member, value, _b64url(random[i * SALT_BYTES : (i + 1) * SALT_BYTES]))
+        for i, (member, value) in enumerate(members.items())
+    ]
     return sorted(d.digest for d in made), [d.encoded for d in made]
 
 
