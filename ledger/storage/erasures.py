@@ -94,7 +94,7 @@ def active_holds(session: Session) -> list[HoldScope]:
     return [HoldScope.of(json.loads(bytes(env))["body"]) for env in rows]
 
 
-def _holding(holds: Sequence[HoldScope], record: StoredRecord) -> HoldScope | None:
+def holding(holds: Sequence[HoldScope], record: StoredRecord) -> HoldScope | None:
     for hold in holds:
         if hold.covers(
             request_id=record.request_id,
@@ -179,7 +179,7 @@ def erase(
                 "cannot be erased",
                 code="not_erasable",
             )
-        hold = _holding(active_holds(s), record)
+        hold = holding(active_holds(s), record)
         if hold is not None:
             raise Conflict(
                 f"record {request_id!r} is under legal hold {hold.hold_id}",
@@ -249,7 +249,7 @@ def erase_matching(
                 continue
             if not stored.record.erasable:
                 result.not_erasable += 1
-            elif _holding(holds, stored) is not None:
+            elif holding(holds, stored) is not None:
                 result.held.append(stored.request_id)
             else:
                 todo.append(stored)

@@ -26,7 +26,7 @@ from ledger.errors import IndexMismatch, InvalidInput
 from ledger.replay import VERDICT_KIND
 from ledger.storage import queries
 from ledger.storage.database import Database
-from ledger.storage.erasures import active_holds
+from ledger.storage.erasures import active_holds, holding
 from ledger.storage.models import Erasure, LogEntry, Record, Replay
 from ledger.storage.queries import (
     MAX_PAGE,
@@ -118,18 +118,9 @@ def logged_verdicts(session: Session, records: list[StoredRecord]) -> dict[str, 
     return {k: tuple(v) for k, v in out.items()}
 
 
-def _holding(holds: list[HoldScope], record: StoredRecord) -> str | None:
-    for hold in holds:
-        if hold.covers(
-            request_id=record.request_id,
-            model=record.model,
-            fingerprint_id=record.fingerprint_id,
-            pool=record.pool,
-            tier=record.tier,
-            received_at=record.received_at,
-        ):
-            return hold.hold_id
-    return None
+def _held_by(holds: list[HoldScope], record: StoredRecord) -> str | None:
+    hold = holding(holds, record)
+    return hold.hold_id if hold is not None else None
 
 
 class _Matcher:
@@ -158,7 +149,7 @@ class _Matcher:
                 continue
             if flt.content is not None and record.content != flt.content:
                 continue
-            held_by = _holding(self.holds, record)
+            held_by = _held_by(self.holds, record)
             if flt.held is not None and (held_by is not None) != flt.held:
                 continue
             logged = verdicts.get(record.request_id, ())
@@ -246,4 +237,4 @@ def hit_of(db: Database, request_id: str) -> Hit:
     with db.read() as s:
         record = queries.record_in(s, request_id)
         verdicts = logged_verdicts(s, [record]).get(request_id, ())
-        return Hit(record, verdicts, _holding(active_holds(s), record))
+        return Hit(record, verdicts, _held_by(active_holds(s), record))

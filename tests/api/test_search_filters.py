@@ -12,14 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from ledger.canonical import digest_of
 from ledger.record_v2 import commit_record
 from ledger.records import RECORD_KIND
 from ledger.signing import SigningKey, sign_envelope
 from ledger.storage import verdicts
 from tests.api.test_read_paths import superuser
 from tests.conftest import BACKENDS, fresh_url
-from tests.support.documents import record_body
+from tests.support.documents import record_body, verdict_body
 from tests.support.harness import Harness, start_harness
 
 
@@ -43,26 +42,8 @@ def _post(h: Harness, key: SigningKey, fp: str, model: str, **edits: Any) -> tup
 
 
 def _verdict(h: Harness, rid: str, index: int, verdict: str) -> None:
-    record = h.client().get(f"/v1/records/{rid}").json()
-    body = record["envelope"]["body"]
-    verdicts.append_verdict(
-        h.db,
-        h.log_key,
-        {
-            "schema_version": 1,
-            "replay_id": f"rep-{uuid.uuid4().hex[:12]}",
-            "request_id": rid,
-            "record": {
-                "log_index": index,
-                "content_hash": digest_of(body),
-                "fingerprint_id": body["fingerprint_id"],
-            },
-            "pool": body["pool"],
-            "worker_id": "w-replay",
-            "verdict": verdict,
-            "reason": None,
-        },
-    )
+    body = h.client().get(f"/v1/records/{rid}").json()["envelope"]["body"]
+    verdicts.append_verdict(h.db, h.log_key, verdict_body(body, index, verdict))
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

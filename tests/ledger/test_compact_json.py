@@ -25,6 +25,6 @@ def test_floats_are_written_as_pydantic_core_writes_them():
 
 
 def test_text_and_structure_as_vllm_writes_them():
-    value = {"text": "é \u2028 \x1f \"q\" \\", "ids": [1, 2], "none": None, "ok": True}
+    value = {"text": 'é \u2028 \x1f "q" \\', "ids": [1, 2], "none": None, "ok": True}
     assert compact_json(value) == TypeAdapter(dict).dump_json(value)
     assert compact_json({"big": 2**70}) == b'{"big":1180591620717411303424}'  # every digit

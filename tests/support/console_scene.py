@@ -11,13 +11,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.canonical import digest_of
 from ledger.certify import certificate
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.record_v2 import commit_record
 from ledger.records import RECORD_KIND, Choice, build_record_body
 from ledger.signing import SigningKey, sign_envelope
 from ledger.storage import verdicts
+from tests.support.documents import verdict_body
 from tests.support.harness import Harness
 from tests.support.workers import heartbeat, post_heartbeat
 
@@ -143,26 +143,15 @@ def _verdict(h: Harness, body: dict[str, Any], index: int, verdict: str, at: int
                 }
             ],
         }
-    verdicts.append_verdict(
-        h.db,
-        h.log_key,
-        {
-            "schema_version": 1,
-            "replay_id": f"rep-{uuid.uuid4().hex[:12]}",
-            "request_id": body["request_id"],
-            "record": {
-                "log_index": index,
-                "content_hash": digest_of(record),
-                "fingerprint_id": record["fingerprint_id"],
-            },
-            "pool": "strict",
-            "worker_id": "gpu-0",
-            "verdict": verdict,
-            "reason": None if at is None else "an output token differs",
-            "replayed_at": "2026-12-01T10:15:00.000000Z",
-            **({"comparison": comparison} if comparison else {}),
-        },
-    )
+    extra = {
+        "pool": "strict",
+        "worker_id": "gpu-0",
+        "reason": None if at is None else "an output token differs",
+        "replayed_at": "2026-12-01T10:15:00.000000Z",
+    }
+    if comparison:
+        extra["comparison"] = comparison
+    verdicts.append_verdict(h.db, h.log_key, verdict_body(record, index, verdict, **extra))
 
 
 def build_scene(h: Harness, records: int = 8) -> ConsoleScene:

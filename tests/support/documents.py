@@ -6,6 +6,7 @@ import random
 import uuid
 from typing import Any
 
+from ledger.canonical import digest_of
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.record_v2 import commit_record
 from ledger.records import RECORD_KIND, Choice, build_record_body
@@ -87,3 +88,25 @@ def record_item_v2(key: SigningKey, fingerprint_id: str, **kw: Any) -> RecordIte
 def resign(key: SigningKey, body: dict[str, Any], kind: str = RECORD_KIND) -> dict[str, Any]:
     """Sign a (possibly invalid) body and return the envelope as a plain dict."""
     return sign_envelope(kind, body, key).to_dict()
+
+
+def verdict_body(
+    record: dict[str, Any], log_index: int, verdict: str, **extra: Any
+) -> dict[str, Any]:
+    """A replay verdict's body about ``record`` (a record body, as logged at ``log_index``), as
+    the replayer writes one; sign and log it with ``verdicts.append_verdict``."""
+    return {
+        "schema_version": 1,
+        "replay_id": f"rep-{uuid.uuid4().hex[:12]}",
+        "request_id": record["request_id"],
+        "record": {
+            "log_index": log_index,
+            "content_hash": digest_of(record),
+            "fingerprint_id": record["fingerprint_id"],
+        },
+        "pool": record["pool"],
+        "worker_id": "w-replay",
+        "verdict": verdict,
+        "reason": None,
+        **extra,
+    }
