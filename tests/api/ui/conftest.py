@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from tests.support.browser import chromium_path
+
 STATIC = Path(__file__).resolve().parents[3] / "api" / "ui" / "static"
 
 # The test page: verify.js, and helpers that keep a test to one round trip into the page.
@@ -112,9 +114,7 @@ def chromium() -> Iterator[Browser]:
     Module scope, not session: Playwright's sync API runs one driver per thread, and a driver
     left running for the session would make every later ``sync_playwright()`` of the run fail
     ("using Playwright Sync API inside the asyncio loop")."""
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.skip("chromium is not on PATH")
+    executable = chromium_path()  # skipped without chromium, except in CI (a failure)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable)
         try:
