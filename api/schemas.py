@@ -169,6 +169,21 @@ class CacheKeyRequest(StrictInput):
     )
 
 
+class CacheLookupRequest(StrictInput):
+    endpoint: str = Field(description="/v1/completions or /v1/chat/completions")
+    request: dict[str, Any] = Field(description="the OpenAI request body, as sent to vLLM")
+    pool: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        description="key under the fingerprint this pool's live workers serve",
+    )
+    fingerprint_id: str | None = Field(default=None, description="or key under this fingerprint")
+    prompt_token_ids: list[int] | None = Field(
+        default=None, description="completions: key the prompt by these token IDs"
+    )
+
+
 class CertifyCreate(StrictInput):
     pool: str = Field(min_length=1, max_length=100)
     prompts: int = Field(default=8, ge=1, le=256)

@@ -18,6 +18,7 @@ from api.settings import Settings
 from api.workers_client import new_client
 from ledger.errors import Pushback
 from ledger.signing import SigningKey
+from ledger.storage.cache_lookup import HotAnswers, PoolContracts
 from ledger.storage.database import Database
 from ledger.tokens import Principal
 
@@ -81,6 +82,9 @@ class AppState:
     origin: str
     token_cache: TokenCache
     ingest_limit: InflightLimit
+    # One-call cache lookups: verified answers by key, and pools resolved to fingerprints.
+    hot_answers: HotAnswers = field(default_factory=HotAnswers)
+    pool_contracts: PoolContracts = field(default_factory=PoolContracts)
     # For replay orders and certification probes to workers' collectors: made on first use
     # (inside the event loop), closed when the app shuts down.
     http: httpx.AsyncClient | None = None

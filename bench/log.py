@@ -3,8 +3,9 @@
 Builds (or reuses) a Postgres database holding a log of --leaves leaves: a log key, a
 collector key, a fingerprint, then signed inference records (16 prompt and 16 output tokens,
 float32 logprobs; about 1 KiB each), loaded with binary COPY together with their record rows,
-cache keys (as ingest derives them) and Merkle nodes, and one signed checkpoint. Generation is
-spread over two processes. A database built before cache keys were loaded is rebuilt.
+cache keys (as ingest derives them) and Merkle nodes, and one signed checkpoint; every other
+record names a seed (a cache answer). The log key and the collector key are written beside it.
+Generation is spread over two processes. A database built before any of this is rebuilt.
 
 Then, with `ledger serve` on that database:
 - p50/p99 latency of GET /v1/log/proof/inclusion (random index, current tree size) and of
@@ -62,7 +63,11 @@ def _generate(args: tuple[bytes, str, int, int]) -> list[Generated]:
     key = SigningKey.from_pem(pem)
     out = []
     for i in range(start, start + count):
-        body = record_body(fp, request_id=f"bench-{i:08d}", prompt_len=16, out_len=16, seed=i)
+        # Every other record names a seed, so it is a cache answer (bench/cache.py looks them up).
+        extra = {"seed": i} if i % 2 == 0 else None
+        body = record_body(
+            fp, request_id=f"bench-{i:08d}", prompt_len=16, out_len=16, seed=i, request_extra=extra
+        )
         env = sign_envelope(RECORD_KIND, body, key)
         keys = keys_of_record(parse_record(body), None)  # the write path's derivation
         det = is_deterministic(body["request"])
@@ -77,6 +82,7 @@ def build(url: str, leaves: int, data_dir: Path) -> None:
     log_key.write(data_dir / "log-key.pem", data_dir / "log-key.pub.pem")
     seeded = seed_ledger(db, log_key, name="bench")
     collector, fp = seeded.collector, seeded.fingerprint_id
+    collector.write(data_dir / "collector-key.pem", data_dir / "collector-key.pub.pem")
     size = 3
     with db.read() as s:
         frontier = tree.node_reader(s)(merkle.append_plan(size))
@@ -204,6 +210,8 @@ def ensure_log(pg: str, leaves: int) -> tuple[str, Path, str]:
         pg_version = conn.execute("SHOW server_version").fetchone()[0]
     if exists and not _has_cache_keys(url):
         exists = None  # built before cache keys were loaded: the full audit would fail it
+    if not (data_dir / "collector-key.pem").exists():
+        exists = None  # built before half its records were deterministic (bench/cache.py)
     if not exists or not (data_dir / "log-key.pem").exists():
         with psycopg.connect(pg, autocommit=True) as conn:
             conn.execute(

@@ -44,7 +44,7 @@ from ledger.storage.queries import (
 _KEY_HEX = frozenset("0123456789abcdef")
 # Candidate envelopes read per query while looking for the earliest reusable record, and how
 # many of the records the index marks as not reusable a miss reads to say why.
-_CHUNK = 16
+CHUNK = 16
 
 
 def chat_template_digest(fingerprint_body: dict[str, Any]) -> str | None:
@@ -199,41 +199,68 @@ class _Verifier:
         return stored
 
 
-def lookup(db: Database, key: str) -> CacheHit:
+@dataclass(frozen=True)
+class Found:
+    """What the rows under one key hold: the earliest reusable record (None: none), the marked
+    rows read up to it, how many rows the key has, and why the others are not answers."""
+
+    hit: StoredRecord | None
+    marked: tuple[tuple[int, str], ...]
+    rows: int
+    reasons: frozenset[str]
+
+
+def _marked(row: Any) -> bool:
+    return bool(row.tier >= 1 and row.deterministic)
+
+
+def find_reusable(session: Session, key: str) -> Found:
     """The earliest reusable record under ``key``, re-derived from the log (module docstring).
 
     Every row read is checked against the envelope it points to, its ``tier`` and
     ``deterministic`` columns included; the rows those columns mark reusable are read first,
     in log order, 16 envelopes per query, until one is reusable as logged (it is not when it
     was ``aborted``). A miss reads up to 16 of the other rows to say why they do not qualify.
-    NotFound: no answer; IndexMismatch: the index disagrees with the log (never an answer).
-    """
+    IndexMismatch: the index disagrees with the log (never an answer)."""
+    rows = session.execute(
+        select(CacheKey.request_id, CacheKey.log_index, CacheKey.tier, CacheKey.deterministic)
+        .where(CacheKey.cache_key == key)
+        .order_by(CacheKey.log_index, CacheKey.request_id)
+    ).all()
+    verifier = _Verifier(session, key)
+    marked = [r for r in rows if _marked(r)]
+    reasons: set[str] = set()
+    for start in range(0, len(marked), CHUNK):
+        chunk = marked[start : start + CHUNK]
+        for i, record in enumerate(verifier.records(chunk)):
+            why = unusable(record)
+            if why is None:
+                seen = tuple((r.log_index, r.request_id) for r in marked[: start + i + 1])
+                return Found(record, seen, len(rows), frozenset(reasons))
+            reasons.add(why)
+    others = [r for r in rows if not _marked(r)]
+    reasons.update(str(unusable(r)) for r in verifier.records(others[:CHUNK]))
+    return Found(None, (), len(rows), frozenset(reasons))
+
+
+def miss_message(found: Found) -> str:
+    return (
+        f"{found.rows} record(s) have this key, none reusable ({', '.join(sorted(found.reasons))})"
+        ": a cache answer needs tier >= 1, temperature 0 or a seed, and a record that was not "
+        "aborted"
+    )
+
+
+def lookup(db: Database, key: str) -> CacheHit:
+    """The earliest reusable record under ``key``, re-derived from the log (:func:`find_reusable`).
+    NotFound: no answer; IndexMismatch: the index disagrees with the log (never an answer)."""
     check_key(key)
     with db.read() as s:
-        rows = s.execute(
-            select(CacheKey.request_id, CacheKey.log_index, CacheKey.tier, CacheKey.deterministic)
-            .where(CacheKey.cache_key == key)
-            .order_by(CacheKey.log_index, CacheKey.request_id)
-        ).all()
-        verifier = _Verifier(s, key)
-        marked = [r for r in rows if r.tier >= 1 and r.deterministic]
-        reasons: set[str] = set()
-        for start in range(0, len(marked), _CHUNK):
-            for record in verifier.records(marked[start : start + _CHUNK]):
-                why = unusable(record)
-                if why is None:
-                    return CacheHit(key, record)
-                reasons.add(why)
-        others = [r for r in rows if not (r.tier >= 1 and r.deterministic)]
-        reasons.update(str(unusable(r)) for r in verifier.records(others[:_CHUNK]))
-    if rows:
-        raise NotFound(
-            f"{len(rows)} record(s) have this key, none reusable ({', '.join(sorted(reasons))}): "
-            "a cache answer needs tier >= 1, temperature 0 or a seed, and a record that was "
-            "not aborted",
-            code="cache_miss",
-            details={"records": len(rows)},
-        )
+        found = find_reusable(s, key)
+    if found.hit is not None:
+        return CacheHit(key, found.hit)
+    if found.rows:
+        raise NotFound(miss_message(found), code="cache_miss", details={"records": found.rows})
     raise NotFound("no record has this cache key", code="cache_miss")
 
 

@@ -1,0 +1,351 @@
+"""The one-call cache lookup, ``POST /v1/cache/lookup``, over real HTTP on SQLite and Postgres:
+it agrees with the two-call path (``POST /v1/cache/key`` then ``GET /v1/cache/{key}``) on every
+case; a hit is vLLM's answer rebuilt from the record (text, token IDs, logprobs where they can
+be rebuilt, an SSE stream for a streamed request); a miss says why; a pool resolves to its
+live workers' fingerprint; and an answer kept in the process is never served once the index
+rows it was verified through change (edited, erased)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from ledger.cachekey import CHAT, COMPLETIONS
+from ledger.packing import unpack_float32, unpack_int32
+from ledger.records import RECORD_KIND, Choice, build_record_body
+from ledger.signing import SigningKey, sign_envelope
+from tests.api.test_read_paths import superuser
+from tests.support.documents import record_body, record_v2
+from tests.support.harness import Harness
+from tests.support.http import assert_error
+from tests.support.workers import heartbeat, post_heartbeat, register_fingerprint
+
+GREEDY = {"temperature": 0}
+
+
+def _post(api: Harness, key: SigningKey, *bodies: dict[str, Any]) -> list[tuple[str, int]]:
+    envs = [sign_envelope(RECORD_KIND, b, key).to_dict() for b in bodies]
+    resp = api.client().post("/v1/records", json={"envelopes": envs})
+    assert resp.status_code == 201, resp.text
+    return [
+        (b["request_id"], r["log_index"])
+        for b, r in zip(bodies, resp.json()["results"], strict=True)
+    ]
+
+
+def _one_call(c: httpx.Client, request: dict[str, Any], **where: Any) -> httpx.Response:
+    endpoint = where.pop("endpoint", COMPLETIONS)
+    return c.post("/v1/cache/lookup", json={"endpoint": endpoint, "request": request, **where})
+
+
+def agree(c: httpx.Client, request: dict[str, Any], fp: str, endpoint: str = COMPLETIONS) -> Any:
+    """The one-call answer to ``request`` under ``fp``, asserted to agree with the two-call
+    path: the same key; a hit of the same record, or a miss on both (the same status for an
+    index that disagrees with the log)."""
+    key = c.post(
+        "/v1/cache/key", json={"endpoint": endpoint, "request": request, "fingerprint_id": fp}
+    )
+    assert key.status_code == 200, key.text
+    two = c.get(f"/v1/cache/{key.json()['key']}")
+    one = _one_call(c, request, fingerprint_id=fp, endpoint=endpoint)
+    if two.status_code >= 500:
+        assert one.status_code == two.status_code, one.text
+        assert one.json()["error"]["code"] == two.json()["error"]["code"]
+        return one.json()
+    assert one.status_code == 200, one.text
+    data = one.json()
+    assert data["key"] == key.json()["key"] and data["fingerprint_id"] == fp
+    if two.status_code == 200:
+        assert data["hit"] is True, data
+        assert (data["request_id"], data["log_index"]) == (
+            two.json()["request_id"],
+            two.json()["log_index"],
+        )
+    else:
+        assert two.json()["error"]["code"] == "cache_miss"
+        assert data["hit"] is False and data["reason"] in {
+            "no_record",
+            "not_reusable",
+            "not_deterministic",
+            "fingerprint_changed",
+        }, data
+    return data
+
+
+def test_it_agrees_with_the_two_call_path_on_every_case(api: Harness) -> None:
+    key, fp = api.setup_collector()
+    c = api.client()
+    base = record_body(fp, seed=7001, text_prompt=True, request_extra=GREEDY)
+    cases = {
+        "aborted": record_body(fp, seed=7002, text_prompt=True, request_extra=GREEDY),
+        "sampled": record_body(fp, seed=7003, text_prompt=True),
+        "tier 0": record_body(fp, seed=7004, text_prompt=True, tier=0, request_extra=GREEDY),
+        "seeded": record_body(fp, seed=7005, request_extra={"seed": 9, "temperature": 0.8}),
+    }
+    cases["aborted"]["aborted"] = True
+    twins = [record_body(fp, seed=7006, request_extra=GREEDY) for _ in range(3)]
+    made = dict(_post(api, key, base, *cases.values(), *twins))
+    request = base["request"]
+    # the recorded request, and requests the key treats as the same one
+    same = [
+        request,
+        {**request, "stream": False, "user": "u", "model": "other", "logprobs": None},
+        {**request, "top_p": 0.5, "seed": 3},  # greedy: sampler randomness does not count
+        {**request, "n": 1, "stop": [], "ignore_eos": False},  # defaults given
+    ]
+    for r in same:
+        assert agree(c, r, fp)["request_id"] == base["request_id"]
+    # keyed by the token IDs the engine saw
+    ids = unpack_int32(base["prompt_token_ids"])
+    one = _one_call(c, request, fingerprint_id=fp, prompt_token_ids=ids).json()
+    assert one["hit"] and one["request_id"] == base["request_id"]
+    # requests that differ in what matters miss on both paths
+    for r in ({**request, "max_tokens": 9}, {**request, "prompt": "another"}):
+        assert agree(c, r, fp)["reason"] == "no_record"
+    for name in ("aborted", "tier 0"):
+        data = agree(c, cases[name]["request"], fp)
+        assert data["reason"] == "not_reusable" and name in data["message"]
+    assert agree(c, cases["sampled"]["request"], fp)["reason"] == "not_deterministic"
+    assert agree(c, cases["seeded"]["request"], fp)["hit"]
+    # several reusable records under one key: the earliest in log order, every time
+    for _ in range(3):
+        assert agree(c, twins[0]["request"], fp)["request_id"] == twins[0]["request_id"]
+    assert made[twins[0]["request_id"]] < made[twins[1]["request_id"]]
+
+
+def test_a_hit_is_vllms_answer_rebuilt_from_the_record(api: Harness) -> None:
+    key, fp = api.setup_collector()
+    c = api.client()
+    body = record_body(fp, seed=7020, text_prompt=True, top_k=5, request_extra=GREEDY)
+    body["choices"][0]["text"] = "the recorded text"
+    [(rid, idx)] = _post(api, key, body)
+    request = body["request"]
+    data = _one_call(c, request, fingerprint_id=fp).json()
+    assert data["hit"] and (data["request_id"], data["log_index"]) == (rid, idx)
+    answer = data["response"]
+    assert answer["id"] == f"cmpl-{rid}" and answer["object"] == "text_completion"
+    assert answer["model"] == body["model"] and answer["usage"] == body["usage"]
+    assert answer["system_fingerprint"] == body["system_fingerprint"]
+    (choice,) = answer["choices"]
+    assert choice["text"] == "the recorded text" and choice["finish_reason"] == "length"
+    assert choice["token_ids"] is None and choice["logprobs"] is None  # not asked for
+    out_ids = unpack_int32(body["choices"][0]["token_ids"])
+    asked = {**request, "return_token_ids": True}
+    (choice,) = _one_call(c, asked, fingerprint_id=fp).json()["response"]["choices"]
+    assert choice["token_ids"] == out_ids
+    assert choice["prompt_token_ids"] == unpack_int32(body["prompt_token_ids"])
+    # logprobs, tokens named by ID (as vLLM names them with return_tokens_as_token_ids)
+    asked = {**request, "logprobs": 2, "return_tokens_as_token_ids": True}
+    (choice,) = _one_call(c, asked, fingerprint_id=fp).json()["response"]["choices"]
+    lps = unpack_float32(body["choices"][0]["logprobs"])
+    top = body["choices"][0]["top_logprobs"]
+    top_ids, top_lps = unpack_int32(top["token_ids"]), unpack_float32(top["logprobs"])
+    names = [f"token_id:{t}" for t in out_ids]
+    assert choice["logprobs"]["tokens"] == names
+    assert choice["logprobs"]["token_logprobs"] == lps  # float32 values, exactly
+    assert choice["logprobs"]["text_offset"][1] == len(names[0])
+    for i, row in enumerate(choice["logprobs"]["top_logprobs"]):
+        expected = {
+            f"token_id:{t}": v
+            for t, v in zip(top_ids[i * 5 : i * 5 + 2], top_lps[i * 5 : i * 5 + 2], strict=True)
+        }
+        expected.setdefault(names[i], lps[i])
+        assert row == expected
+    # what the record cannot rebuild is a miss that says so, never another answer
+    for unservable in (
+        {**request, "logprobs": 1},  # token strings need the tokenizer
+        {**request, "logprobs": 6, "return_tokens_as_token_ids": True},  # deeper than recorded
+    ):
+        miss = _one_call(c, unservable, fingerprint_id=fp).json()
+        assert miss["hit"] is False and miss["reason"] == "not_servable", unservable
+
+
+def test_a_streamed_request_gets_its_hit_as_server_sent_events(api: Harness) -> None:
+    key, fp = api.setup_collector()
+    c = api.client()
+    body = record_body(fp, seed=7021, text_prompt=True, request_extra=GREEDY)
+    body["choices"][0]["text"] = "streamed text"
+    [(rid, idx)] = _post(api, key, body)
+    asked = {**body["request"], "stream": True, "stream_options": {"include_usage": True}}
+    resp = _one_call(c, asked, fingerprint_id=fp)
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    assert resp.headers["ledger-cache"] == "hit" and resp.headers["ledger-request-id"] == rid
+    assert resp.headers["ledger-log-index"] == str(idx)
+    assert resp.headers["ledger-fingerprint-id"] == fp
+    events = resp.text.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(ch["id"] == f"cmpl-{rid}" for ch in chunks)
+    assert "".join(ch["choices"][0]["text"] for ch in chunks if ch["choices"]) == "streamed text"
+    assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]][-1] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == body["usage"]
+    # a streamed miss is JSON, like any miss
+    miss = _one_call(c, {**asked, "max_tokens": 99}, fingerprint_id=fp)
+    assert miss.headers["content-type"] == "application/json" and miss.json()["hit"] is False
+
+
+def _chat_fingerprint(api: Harness, key: SigningKey) -> str:
+    return register_fingerprint(api, key, {"name": "vllm"})
+
+
+def test_chat_hits_misses_and_a_changed_fingerprint(api: Harness) -> None:
+    key = api.collector()
+    fp, newer = _chat_fingerprint(api, key), _chat_fingerprint(api, key)
+    c = api.client()
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    body = build_record_body(
+        request_id=f"req-chat-{uuid.uuid4().hex[:8]}",
+        fingerprint_id=fp,
+        worker_id="w1",
+        pool="p1",
+        tier=1,
+        endpoint=CHAT,
+        model="m",
+        request=request,
+        prompt_token_ids=[1, 2, 3],
+        choices=[Choice([4, 5], [-0.5, -0.25], None, None, finish_reason="stop", text="hello")],
+        started_at="2026-11-29T09:00:00.123456Z",
+        ttft_ns=1,
+        total_ns=2,
+        system_fingerprint=None,
+    )
+    [(rid, _)] = _post(api, key, body)
+    data = agree(c, request, fp, CHAT)
+    assert data["request_id"] == rid
+    answer = data["response"]
+    assert answer["id"] == f"chatcmpl-{rid}" and answer["object"] == "chat.completion"
+    assert answer["created"] == int(datetime(2026, 11, 29, 9, tzinfo=UTC).timestamp())
+    (choice,) = answer["choices"]
+    assert choice["message"]["role"] == "assistant" and choice["message"]["content"] == "hello"
+    assert choice["finish_reason"] == "stop"
+    streamed = _one_call(c, {**request, "stream": True}, fingerprint_id=fp, endpoint=CHAT)
+    chunks = [json.loads(e[6:]) for e in streamed.text.split("\n\n")[:-2]]
+    deltas = [ch["choices"][0]["delta"] for ch in chunks]
+    assert deltas[0]["role"] == "assistant"
+    assert "".join(d.get("content", "") for d in deltas) == "hello"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    # chat logprobs name each token's bytes: not rebuilt, a miss that says so
+    logprobs = _one_call(c, {**request, "logprobs": True}, fingerprint_id=fp, endpoint=CHAT)
+    assert logprobs.json()["reason"] == "not_servable"
+    # the same request under a newer fingerprint: a miss that names the one it was answered under
+    changed = agree(c, request, newer, CHAT)
+    assert changed["reason"] == "fingerprint_changed" and fp in changed["message"]
+
+
+def test_a_pool_resolves_to_its_live_workers_fingerprint(api: Harness) -> None:
+    key = api.collector()
+    fp, other = _chat_fingerprint(api, key), _chat_fingerprint(api, key)
+    pool = f"pool-{uuid.uuid4().hex[:8]}"
+    for i, served in enumerate((fp, fp, other)):
+        worker = {
+            "worker_id": f"w-{uuid.uuid4().hex[:8]}",
+            "pool": pool,
+            "url": "http://127.0.0.1:9",
+        }
+        assert (
+            post_heartbeat(api, heartbeat(key, **worker, fingerprint_id=served)).status_code == 200
+        ), i
+    body = record_body(fp, seed=7030, text_prompt=True, request_extra=GREEDY)
+    [(rid, _)] = _post(api, key, body)
+    reader = api.client(api.token("cache:read"))
+    data = _one_call(reader, body["request"], pool=pool).json()
+    assert data["hit"] and data["request_id"] == rid and data["fingerprint_id"] == fp
+    assert data["pool"] == pool and data["pool_fingerprint_ids"] == sorted([fp, other])
+    assert_error(_one_call(reader, body["request"], pool="no-such-pool"), 404, "pool_not_found")
+
+
+def test_bad_lookups_are_refused_with_a_clear_error(api: Harness) -> None:
+    _, fp = api.setup_collector()
+    c = api.client()
+    request = {"prompt": "x", "temperature": 0}
+    assert_error(_one_call(c, request), 422, "invalid_parameters")  # neither pool nor fingerprint
+    assert_error(_one_call(c, request, pool="p", fingerprint_id=fp), 422, "invalid_parameters")
+    unknown = "sha256:" + "0" * 64
+    assert_error(_one_call(c, request, fingerprint_id=unknown), 404, "fingerprint_not_found")
+    assert_error(_one_call(c, request, fingerprint_id="nope"), 422, "invalid_parameters")
+    assert_error(
+        _one_call(c, request, fingerprint_id=fp, endpoint="/v1/embeddings"), 422, "invalid_request"
+    )
+    assert_error(
+        _one_call(c, {"temperature": 0}, fingerprint_id=fp, endpoint=CHAT), 422, "invalid_request"
+    )
+    assert_error(c.post("/v1/cache/lookup", content=b"[1]"), 422, "schema_violation")
+    assert_error(c.post("/v1/cache/lookup", json={"endpoint": COMPLETIONS}), 422, "schema_violation")
+    # scopes: cache:read (or records:read) only
+    assert_error(
+        _one_call(api.client(api.token("records:write")), request, fingerprint_id=fp),
+        403,
+        "insufficient_scope",
+    )
+    assert_error(_one_call(api.client(None), request, fingerprint_id=fp), 401, "missing_token")
+    assert (
+        _one_call(api.client(api.token("records:read")), request, fingerprint_id=fp).json()["hit"]
+        is False
+    )
+
+
+def test_a_kept_answer_is_never_served_once_its_index_rows_change(api: Harness) -> None:
+    key, fp = api.setup_collector()
+    c = api.client()
+    a, b = (record_body(fp, seed=s, text_prompt=True, request_extra=GREEDY) for s in (7040, 7041))
+    (ra, ia), (rb, ib) = _post(api, key, a, b)
+    for _ in range(2):  # the second answer is the kept one
+        assert _one_call(c, a["request"], fingerprint_id=fp).json()["request_id"] == ra
+    key_a = c.post(
+        "/v1/cache/key",
+        json={"endpoint": COMPLETIONS, "request": a["request"], "fingerprint_id": fp},
+    ).json()["key"]
+    # a row put before it that points at another record: an error, never the kept answer
+    superuser(
+        api,
+        ("cache_keys",),
+        (
+            "INSERT INTO cache_keys (cache_key, request_id, log_index, tier, deterministic) "
+            "VALUES (:k, :r, :i, 1, true)",
+            {"k": key_a, "r": rb, "i": ia - 1},
+        ),
+    )
+    assert_error(_one_call(c, a["request"], fingerprint_id=fp), 500, "index_mismatch")
+    superuser(
+        api,
+        ("cache_keys",),
+        ("DELETE FROM cache_keys WHERE cache_key = :k AND request_id = :r", {"k": key_a, "r": rb}),
+    )
+    assert _one_call(c, a["request"], fingerprint_id=fp).json()["request_id"] == ra
+    # the row deleted: the record is hidden, nothing more
+    superuser(api, ("cache_keys",), ("DELETE FROM cache_keys WHERE cache_key = :k", {"k": key_a}))
+    assert _one_call(c, a["request"], fingerprint_id=fp).json()["reason"] == "no_record"
+    assert ib > ia
+
+
+def test_erased_content_is_never_served(api: Harness) -> None:
+    key, fp = api.setup_collector()
+    c = api.client()
+    env, disclosures = record_v2(key, fp, tier=1, seed=7050, text_prompt=True, request_extra=GREEDY)
+    resp = c.post(
+        "/v1/records", json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    )
+    assert resp.status_code == 201, resp.text
+    rid = env.body["request_id"]
+    request = record_body(fp, seed=7050, text_prompt=True, request_extra=GREEDY)["request"]
+    for _ in range(2):  # kept in the process after the second
+        assert _one_call(c, request, fingerprint_id=fp).json()["request_id"] == rid
+    erased = c.post(f"/v1/records/{rid}/erasure", json={"reason": "Art. 17"})
+    assert erased.status_code == 201, erased.text
+    data = _one_call(c, request, fingerprint_id=fp).json()
+    # an erasure deletes the key with the content: nothing tells the prompt was ever sent
+    assert data["hit"] is False and data["reason"] == "no_record" and "response" not in data
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_non_deterministic_request_is_never_looked_up(api: Harness, stream: bool) -> None:
+    key, fp = api.setup_collector()
+    body = record_body(fp, seed=7060, text_prompt=True, request_extra={"temperature": 0.7})
+    _post(api, key, body)
+    data = _one_call(api.client(), {**body["request"], "stream": stream}, fingerprint_id=fp).json()
+    assert data["hit"] is False and data["reason"] == "not_deterministic"
