@@ -12,6 +12,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
 from api import certifier, errors, ui
+from api.cache_fast import CacheFastPath
 from api.gate import Gate
 from api.metrics import LogGauges, Metrics, MetricsMiddleware, utc_now
 from api.openapi_doc import install as document_openapi
@@ -109,6 +110,8 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
             with suppress(asyncio.CancelledError):
                 await purge
         await certifier.shutdown(state)
+        if state.cache_rows is not None:
+            await state.cache_rows.aclose()
         if state.http is not None:
             await state.http.aclose()
         if task is not None:
@@ -129,6 +132,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
     app.state.ledger = state
     # The gate (token, scope, body size and time) runs before the router reads any body; the
     # metrics around it count its refusals too.
+    app.add_middleware(CacheFastPath, state=state)  # inside the gate: see api/cache_fast.py
     app.add_middleware(Gate, routes=app.router.routes, state=state)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.add_middleware(RequestIds)  # outermost: every log line of a request names it

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from api.state import AppState, get_state
+from api.state import AppState, StateDep
 from ledger.errors import AuthenticationError, PermissionDenied
 from ledger.storage import tokenstore
 from ledger.tokens import Principal
@@ -34,9 +34,7 @@ async def principal_for(state: AppState, header: str) -> Principal:
     return principal
 
 
-async def authenticate(
-    request: Request, state: Annotated[AppState, Depends(get_state)]
-) -> Principal:
+async def authenticate(request: Request, state: StateDep) -> Principal:
     principal: Principal | None = getattr(request.state, "principal", None)  # set by the gate
     if principal is None:
         principal = await principal_for(state, request.headers.get("authorization", ""))

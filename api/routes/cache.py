@@ -86,6 +86,11 @@ async def lookup_request(
     state: StateDep,
 ) -> Response:
     found, context = await run_in_threadpool(_lookup, state, payload)
+    return render_answer(found, context, payload)
+
+
+def render_answer(found: Answer, context: dict[str, Any], payload: CacheLookupRequest) -> Response:
+    """A lookup's answer: JSON, or a streamed request's hit as server-sent events."""
     head: dict[str, Any] = {
         "hit": found.hit,
         "key": found.key,

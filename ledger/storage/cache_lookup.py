@@ -25,6 +25,7 @@ serve when they differ; the resolution is kept for one second.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -32,11 +33,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.engine import make_url
 
 from ledger.cache_answer import not_servable, response
 from ledger.cachekey import CHAT, COMPLETIONS, cache_key, is_deterministic
+from ledger.canonical import digest_of
 from ledger.errors import Conflict, InvalidInput
 from ledger.storage import workers
 from ledger.storage.cache import (
@@ -47,7 +50,7 @@ from ledger.storage.cache import (
     fingerprint_body,
     miss_message,
 )
-from ledger.storage.database import Database
+from ledger.storage.database import Database, translated_errors
 from ledger.storage.models import CacheKey, Fingerprint
 from ledger.storage.queries import StoredRecord
 
@@ -72,109 +75,293 @@ class Answer:
         return self.record is not None
 
 
+Rows = tuple[tuple[int, str, int, bool], ...]  # (log_index, request_id, tier, deterministic)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    rows: Rows  # the key's index rows the answer was verified through, as read then
+    found: Found
+
+
 class HotAnswers:
     """The last verified answers by key, each with the rows it was verified through (LRU)."""
 
-    def __init__(self, size: int = 8192) -> None:
+    def __init__(self, size: int = 16384) -> None:
         self._size = size
-        self._items: OrderedDict[str, Found] = OrderedDict()
+        self._items: OrderedDict[str, _Kept] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> Found | None:
+    def get(self, key: str) -> _Kept | None:
         with self._lock:
-            found = self._items.get(key)
-            if found is not None:
+            kept = self._items.get(key)
+            if kept is not None:
                 self._items.move_to_end(key)
-            return found
+            return kept
 
-    def put(self, key: str, found: Found) -> None:
+    def put(self, key: str, kept: _Kept) -> None:
         with self._lock:
-            self._items[key] = found
+            self._items[key] = kept
             self._items.move_to_end(key)
             while len(self._items) > self._size:
                 self._items.popitem(last=False)
 
 
-_TEMPLATES: dict[str, str | None] = {}
-_TEMPLATES_MAX = 4096
+@dataclass(frozen=True)
+class _Facts:
+    """What a lookup needs of a registered fingerprint, read once from its log entry."""
+
+    chat_template: str | None
+    model: str  # the digest of its model section: fingerprints of one model share it
 
 
-def _template(session: Session, fingerprint_id: str) -> str | None:
-    """The fingerprint's chat template digest (NotFound when it is not registered)."""
-    if fingerprint_id not in _TEMPLATES:
-        digest = chat_template_digest(fingerprint_body(session, fingerprint_id))
-        if len(_TEMPLATES) >= _TEMPLATES_MAX:
-            _TEMPLATES.clear()
-        _TEMPLATES[fingerprint_id] = digest
-    return _TEMPLATES[fingerprint_id]
+class _Fingerprints:
+    """Registered fingerprints' facts (a fingerprint ID is the digest of its body, checked
+    when read, so facts never go stale), and each database's list of registered IDs, re-read
+    when older than ``seconds`` or without the fingerprint asked about (for the other
+    environments of a model, :func:`_answered_elsewhere`)."""
+
+    def __init__(self, seconds: float = 5.0) -> None:
+        self._seconds = seconds
+        self._facts: dict[str, _Facts] = {}
+        self._ids: dict[str, tuple[float, list[str]]] = {}  # by database URL
+        self._lock = threading.Lock()
+
+    def facts(self, db: Database, fingerprint_id: str) -> _Facts:
+        """NotFound when the fingerprint is not registered."""
+        facts = self._facts.get(fingerprint_id)
+        if facts is None:
+            with db.read() as s:
+                body = fingerprint_body(s, fingerprint_id)
+            facts = _Facts(chat_template_digest(body), digest_of(body.get("model")))
+            with self._lock:
+                if len(self._facts) >= 4096:
+                    self._facts.clear()
+                self._facts[fingerprint_id] = facts
+        return facts
+
+    def known(self, fingerprint_id: str) -> _Facts | None:
+        """The facts when already read (no database access)."""
+        return self._facts.get(fingerprint_id)
+
+    def known_siblings(self, db: Database, fingerprint_id: str) -> list[str] | None:
+        """:meth:`siblings` when the list is fresh and every fact known (None otherwise)."""
+        at, ids = self._ids.get(db.url, (-1e9, []))
+        if time.monotonic() - at > self._seconds or fingerprint_id not in ids:
+            return None
+        facts = [self._facts.get(fp) for fp in ids]
+        if any(f is None for f in facts):
+            return None
+        model = self._facts[fingerprint_id].model
+        return [
+            fp
+            for fp, f in zip(ids, facts, strict=True)
+            if fp != fingerprint_id and f and f.model == model
+        ][:_SIBLINGS]
+
+    def siblings(self, db: Database, fingerprint_id: str) -> list[str]:
+        """Other registered fingerprints of the same model, newest first (at most 64)."""
+        at, ids = self._ids.get(db.url, (-1e9, []))
+        if time.monotonic() - at > self._seconds or fingerprint_id not in ids:
+            with db.read() as s:
+                ids = list(
+                    s.scalars(
+                        select(Fingerprint.fingerprint_id)
+                        .order_by(Fingerprint.log_index.desc())
+                        .limit(1024)
+                    )
+                )
+            with self._lock:
+                self._ids[db.url] = (time.monotonic(), ids)
+        model = self.facts(db, fingerprint_id).model
+        return [fp for fp in ids if fp != fingerprint_id and self.facts(db, fp).model == model][
+            :_SIBLINGS
+        ]
+
+
+_FINGERPRINTS = _Fingerprints()
+_ROWS_LIMIT = CHUNK + 1
+_ROWS_SQL = (
+    "SELECT log_index, request_id, tier, deterministic FROM cache_keys WHERE cache_key = {p} "
+    f"ORDER BY log_index, request_id LIMIT {_ROWS_LIMIT}"
+)
+
+
+def _rows(db: Database, key: str) -> Rows:
+    """The key's first index rows, in log order: one statement, outside a transaction (a
+    single statement reads one consistent snapshot), prepared on Postgres."""
+    with translated_errors():
+        pooled = db.engine.raw_connection()
+        try:
+            conn: Any = pooled.driver_connection
+            if db.is_postgres:
+                conn.autocommit = True  # no BEGIN and COMMIT round trips; put back below
+                try:
+                    cursor = conn.execute(_ROWS_SQL.format(p="%s"), (key,), prepare=True)
+                    rows = cursor.fetchall()
+                finally:
+                    conn.autocommit = False
+            else:  # SQLite's connections are in autocommit mode outside BEGIN
+                rows = conn.execute(_ROWS_SQL.format(p="?"), (key,)).fetchall()
+        finally:
+            pooled.close()
+    return tuple((int(i), str(r), int(t), bool(d)) for i, r, t, d in rows)
 
 
 def _key(
-    session: Session,
+    db: Database,
     endpoint: str,
-    request: dict[str, Any],
+    request: Mapping[str, Any],
     fingerprint_id: str,
     prompt_token_ids: list[int] | None,
 ) -> str:
     return cache_key(
         endpoint,
-        request,
+        dict(request),
         fingerprint_id,
         prompt_token_ids=prompt_token_ids,
-        chat_template=_template(session, fingerprint_id),  # NotFound: not registered
+        chat_template=_FINGERPRINTS.facts(db, fingerprint_id).chat_template,
     )
 
 
-def _reusable_rows(session: Session, key: str, limit: int) -> tuple[tuple[int, str], ...]:
-    rows = session.execute(
-        select(CacheKey.log_index, CacheKey.request_id)
-        .where(CacheKey.cache_key == key, CacheKey.tier >= 1, CacheKey.deterministic)
-        .order_by(CacheKey.log_index, CacheKey.request_id)
-        .limit(limit)
-    ).all()
-    return tuple((r.log_index, r.request_id) for r in rows)
-
-
-def _found(session: Session, key: str, hot: HotAnswers) -> Found:
+def _found(db: Database, key: str, hot: HotAnswers) -> tuple[Found, Rows]:
+    """The key's answer: the kept one while the key's index rows are those it was verified
+    through, else verified afresh against the log (and kept when the rows did not change
+    meanwhile and its answer lies within them)."""
+    rows = _rows(db, key)
+    if not rows:
+        return Found(None, (), 0, frozenset()), rows
     kept = hot.get(key)
-    if (
-        kept is not None
-        and len(kept.marked) <= CHUNK
-        and _reusable_rows(session, key, len(kept.marked)) == kept.marked
-    ):
-        return kept
-    found = find_reusable(session, key)
-    if found.hit is not None:
-        hot.put(key, found)
-    return found
+    if kept is not None and kept.rows == rows:
+        return kept.found, rows
+    with db.read() as s:
+        found = find_reusable(s, key)
+    within = len(rows) < _ROWS_LIMIT or (found.hit is not None and len(found.marked) <= _ROWS_LIMIT)
+    if within and _rows(db, key) == rows:
+        hot.put(key, _Kept(rows, found))
+    return found, rows
 
 
 def _answered_elsewhere(
-    session: Session,
+    db: Database,
     endpoint: str,
-    request: dict[str, Any],
+    request: Mapping[str, Any],
     fingerprint_id: str,
     prompt_token_ids: list[int] | None,
 ) -> str | None:
-    """Another registered fingerprint under which this request has a reusable record."""
-    others = session.scalars(
-        select(Fingerprint.fingerprint_id)
-        .where(Fingerprint.fingerprint_id != fingerprint_id)
-        .order_by(Fingerprint.log_index.desc())
-        .limit(_SIBLINGS)
-    ).all()
-    keys = {_key(session, endpoint, request, other, prompt_token_ids): other for other in others}
-    if not keys:
+    """Another environment of the same model (a registered fingerprint whose model section is
+    this one's) under which this request has a reusable record, re-derived from the log."""
+    others = _FINGERPRINTS.siblings(db, fingerprint_id)
+    if not others:
         return None
-    found = session.scalars(
-        select(CacheKey.cache_key)
-        .where(CacheKey.cache_key.in_(keys), CacheKey.tier >= 1, CacheKey.deterministic)
-        .distinct()
-    ).all()
-    for key in sorted(found, key=lambda k: others.index(keys[k])):  # the newest first
-        if find_reusable(session, key).hit is not None:
-            return keys[key]
+    keys = {_key(db, endpoint, request, other, prompt_token_ids): other for other in others}
+    with db.read() as s:
+        found = s.scalars(
+            select(CacheKey.cache_key)
+            .where(CacheKey.cache_key.in_(keys), CacheKey.tier >= 1, CacheKey.deterministic)
+            .distinct()
+        ).all()
+        for key in sorted(found, key=lambda k: others.index(keys[k])):  # the newest first
+            if find_reusable(s, key).hit is not None:
+                return keys[key]
     return None
+
+
+def _not_deterministic(key: str, fingerprint_id: str) -> Answer:
+    return Answer(
+        key,
+        fingerprint_id,
+        reason="not_deterministic",
+        message="the request samples at temperature > 0 without a seed (vLLM's default "
+        "temperature is 1): its output is not reproducible, so never a cache answer",
+    )
+
+
+def _no_record(key: str, fingerprint_id: str) -> Answer:
+    return Answer(key, fingerprint_id, reason="no_record", message="no record has this cache key")
+
+
+class AsyncRows:
+    """:func:`_rows` for the event loop: on Postgres through a few autocommit connections of
+    its own (psycopg's async driver, statements prepared), on SQLite the same statement at
+    once (a local read of microseconds). One per app, used on one event loop."""
+
+    def __init__(self, db: Database, keep: int = 8) -> None:
+        self.db, self._keep = db, keep
+        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self._url = (
+            make_url(db.url).set(drivername="postgresql").render_as_string(hide_password=False)
+            if db.is_postgres
+            else ""
+        )
+
+    async def rows(self, key: str) -> Rows:
+        if not self.db.is_postgres:
+            return _rows(self.db, key)
+        with translated_errors():
+            conn = self._idle.pop() if self._idle else await self._connect()
+            try:
+                cursor = await conn.execute(_ROWS_SQL.format(p="%s"), (key,), prepare=True)
+                rows = await cursor.fetchall()
+            except BaseException:
+                await conn.close()
+                raise
+        if len(self._idle) < self._keep:
+            self._idle.append(conn)
+        else:
+            await conn.close()
+        return tuple((int(i), str(r), int(t), bool(d)) for i, r, t, d in rows)
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        await asyncio.gather(*(c.close() for c in idle), return_exceptions=True)
+
+
+async def kept_answer(
+    reader: AsyncRows,
+    hot: HotAnswers,
+    endpoint: str,
+    request: dict[str, Any],
+    fingerprint_id: str,
+    *,
+    prompt_token_ids: list[int] | None = None,
+) -> Answer | None:
+    """The kept answer to ``request``, checked against the key's index rows read now; None
+    whenever :func:`answer` must decide (nothing kept, rows changed, a fingerprint not read
+    yet, a request that is not deterministic, cannot be keyed or served from the record)."""
+    facts = _FINGERPRINTS.known(fingerprint_id)
+    if facts is None or endpoint not in (COMPLETIONS, CHAT):
+        return None
+    try:
+        key = cache_key(
+            endpoint,
+            request,
+            fingerprint_id,
+            prompt_token_ids=prompt_token_ids,
+            chat_template=facts.chat_template,
+        )
+    except InvalidInput:
+        return None
+    if not is_deterministic(request):
+        return _not_deterministic(key, fingerprint_id)
+    kept = hot.get(key)
+    if kept is None:
+        # A key with no row is a miss, unless another environment of the model answered it
+        # (the route looks there): answered here only when the model has no other.
+        if _FINGERPRINTS.known_siblings(reader.db, fingerprint_id) == [] and not (
+            await reader.rows(key)
+        ):
+            return _no_record(key, fingerprint_id)
+        return None
+    if kept.found.hit is None or await reader.rows(key) != kept.rows:
+        return None
+    record = kept.found.hit.record
+    if not_servable(endpoint, request, record) is not None:
+        return None
+    return Answer(key, fingerprint_id, kept.found.hit, response(endpoint, request, record))
 
 
 def answer(
@@ -193,33 +380,25 @@ def answer(
         raise InvalidInput(f"endpoint must be {COMPLETIONS} or {CHAT}", code="invalid_request")
     if not isinstance(request, Mapping):
         raise InvalidInput("the request must be a JSON object", code="invalid_request")
-    with db.read() as s:
-        key = _key(s, endpoint, request, fingerprint_id, prompt_token_ids)
-        if not is_deterministic(request):
+    key = _key(db, endpoint, request, fingerprint_id, prompt_token_ids)
+    if not is_deterministic(request):
+        return _not_deterministic(key, fingerprint_id)
+    found, rows = _found(db, key, hot)
+    if not rows:
+        other = _answered_elsewhere(db, endpoint, request, fingerprint_id, prompt_token_ids)
+        if other is not None:
             return Answer(
                 key,
                 fingerprint_id,
-                reason="not_deterministic",
-                message="the request samples at temperature > 0 without a seed (vLLM's default "
-                "temperature is 1): its output is not reproducible, so never a cache answer",
+                reason="fingerprint_changed",
+                message=f"this request was answered under fingerprint {other}, another "
+                f"environment of the same model, not under {fingerprint_id}: a new "
+                "environment is a new contract",
             )
-        found = _found(s, key, hot)
-        if found.hit is None and not found.rows:
-            other = _answered_elsewhere(s, endpoint, request, fingerprint_id, prompt_token_ids)
-            if other is not None:
-                return Answer(
-                    key,
-                    fingerprint_id,
-                    reason="fingerprint_changed",
-                    message=f"this request was answered under fingerprint {other}, not "
-                    f"{fingerprint_id}: a new environment is a new contract",
-                )
     if found.hit is None:
         if found.rows:
             return Answer(key, fingerprint_id, reason="not_reusable", message=miss_message(found))
-        return Answer(
-            key, fingerprint_id, reason="no_record", message="no record has this cache key"
-        )
+        return _no_record(key, fingerprint_id)
     record = found.hit.record
     why = not_servable(endpoint, request, record)
     if why is not None:
@@ -243,6 +422,14 @@ class PoolContracts:
         self._seconds = seconds
         self._items: dict[str, tuple[float, PoolContract]] = {}
         self._lock = threading.Lock()
+
+    def kept(self, pool: str) -> PoolContract | None:
+        """The pool's resolution while it is fresh (no database access)."""
+        with self._lock:
+            kept = self._items.get(pool)
+        if kept is not None and time.monotonic() - kept[0] < self._seconds:
+            return kept[1]
+        return None
 
     def resolve(self, db: Database, pool: str, ttl: float) -> PoolContract:
         """NotFound ``pool_not_found``; Conflict ``no_live_worker``."""

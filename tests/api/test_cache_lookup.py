@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from ledger.cachekey import CHAT, COMPLETIONS
+from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.packing import unpack_float32, unpack_int32
 from ledger.records import RECORD_KIND, Choice, build_record_body
 from ledger.signing import SigningKey, sign_envelope
@@ -23,7 +24,7 @@ from tests.api.test_read_paths import superuser
 from tests.support.documents import record_body, record_v2
 from tests.support.harness import Harness
 from tests.support.http import assert_error
-from tests.support.workers import heartbeat, post_heartbeat, register_fingerprint
+from tests.support.workers import heartbeat, post_heartbeat
 
 GREEDY = {"temperature": 0}
 
@@ -189,13 +190,22 @@ def test_a_streamed_request_gets_its_hit_as_server_sent_events(api: Harness) -> 
     assert miss.headers["content-type"] == "application/json" and miss.json()["hit"] is False
 
 
-def _chat_fingerprint(api: Harness, key: SigningKey) -> str:
-    return register_fingerprint(api, key, {"name": "vllm"})
+def _fingerprint(api: Harness, key: SigningKey, model: str, engine: str = "vllm") -> str:
+    """A registered fingerprint of ``model`` (its model section) in ``engine``."""
+    body = {"schema_version": 1, "model": {"name": model}, "engine": {"name": engine}}
+    resp = api.client().post(
+        "/v1/fingerprints", content=sign_envelope(FINGERPRINT_KIND, body, key).canonical
+    )
+    assert resp.status_code == 201, resp.text
+    fp: str = resp.json()["fingerprint_id"]
+    return fp
 
 
 def test_chat_hits_misses_and_a_changed_fingerprint(api: Harness) -> None:
     key = api.collector()
-    fp, newer = _chat_fingerprint(api, key), _chat_fingerprint(api, key)
+    model = f"m-{uuid.uuid4().hex[:8]}"
+    fp, newer = _fingerprint(api, key, model), _fingerprint(api, key, model, "vllm --flag")
+    another_model = _fingerprint(api, key, f"m-{uuid.uuid4().hex[:8]}")
     c = api.client()
     request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
     body = build_record_body(
@@ -235,11 +245,13 @@ def test_chat_hits_misses_and_a_changed_fingerprint(api: Harness) -> None:
     # the same request under a newer fingerprint: a miss that names the one it was answered under
     changed = agree(c, request, newer, CHAT)
     assert changed["reason"] == "fingerprint_changed" and fp in changed["message"]
+    # another model's fingerprint: simply no record
+    assert agree(c, request, another_model, CHAT)["reason"] == "no_record"
 
 
 def test_a_pool_resolves_to_its_live_workers_fingerprint(api: Harness) -> None:
     key = api.collector()
-    fp, other = _chat_fingerprint(api, key), _chat_fingerprint(api, key)
+    fp, other = (_fingerprint(api, key, f"m-{uuid.uuid4().hex[:8]}") for _ in range(2))
     pool = f"pool-{uuid.uuid4().hex[:8]}"
     for i, served in enumerate((fp, fp, other)):
         worker = {
@@ -275,7 +287,9 @@ def test_bad_lookups_are_refused_with_a_clear_error(api: Harness) -> None:
         _one_call(c, {"temperature": 0}, fingerprint_id=fp, endpoint=CHAT), 422, "invalid_request"
     )
     assert_error(c.post("/v1/cache/lookup", content=b"[1]"), 422, "schema_violation")
-    assert_error(c.post("/v1/cache/lookup", json={"endpoint": COMPLETIONS}), 422, "schema_violation")
+    assert_error(
+        c.post("/v1/cache/lookup", json={"endpoint": COMPLETIONS}), 422, "schema_violation"
+    )
     # scopes: cache:read (or records:read) only
     assert_error(
         _one_call(api.client(api.token("records:write")), request, fingerprint_id=fp),
