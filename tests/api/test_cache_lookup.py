@@ -363,3 +363,40 @@ def test_a_non_deterministic_request_is_never_looked_up(api: Harness, stream: bo
     _post(api, key, body)
     data = _one_call(api.client(), {**body["request"], "stream": stream}, fingerprint_id=fp).json()
     assert data["hit"] is False and data["reason"] == "not_deterministic"
+
+
+def test_a_kept_answer_is_the_routes_answer_and_refusals_stay_refusals(api: Harness) -> None:
+    """The second lookup of a key is answered from the process (api/cache_fast.py): the same
+    bytes as the first, for JSON and for SSE; the gate's checks and the body's strictness
+    still apply to it."""
+    key, fp = api.setup_collector()
+    c = api.client()
+    body = record_body(fp, seed=7070, text_prompt=True, request_extra=GREEDY)
+    _post(api, key, body)
+    for request in (body["request"], {**body["request"], "stream": True}):
+        first, second = (_one_call(c, request, fingerprint_id=fp) for _ in range(2))
+        assert first.status_code == second.status_code == 200
+        assert first.content == second.content
+        assert first.headers["content-type"] == second.headers["content-type"]
+    lookup = {"endpoint": COMPLETIONS, "request": body["request"], "fingerprint_id": fp}
+    raw = json.dumps(lookup).encode()
+    twice = raw[:-1] + b', "fingerprint_id": "' + fp.encode() + b'"}'  # a duplicate member
+    assert_error(
+        c.post("/v1/cache/lookup", content=twice, headers={"content-type": "application/json"}),
+        400,
+        "invalid_json",
+    )
+    assert_error(
+        c.post("/v1/cache/lookup", content=raw, headers={"content-type": "text/plain"}),
+        400,
+        "invalid_json",
+    )
+    writer = api.client(api.token("records:write"))
+    assert_error(writer.post("/v1/cache/lookup", json=lookup), 403, "insufficient_scope")
+    extra = {**lookup, "unknown": 1}
+    assert_error(c.post("/v1/cache/lookup", json=extra), 422, "schema_violation")
+    # a miss answered from the process is the route's miss too
+    other = {**body["request"], "max_tokens": 77}
+    misses = [_one_call(c, other, fingerprint_id=fp) for _ in range(3)]
+    assert {m.content for m in misses} == {misses[0].content}
+    assert misses[0].json()["reason"] == "no_record"
