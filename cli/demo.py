@@ -20,9 +20,11 @@ import typer
 from api.app import create_app
 from cli.common import (
     console,
+    err_console,
     fail,
     ledger_errors,
     load_settings,
+    print_json,
     show_progress,
     table,
 )
@@ -42,6 +44,9 @@ def demo(
         "--engine-python",
         help="the vLLM environment's Python: send real engine traffic through a collector",
     ),
+    as_json: bool = typer.Option(
+        False, "--json", help="print the steps as JSON on stdout (messages go to stderr)"
+    ),
 ) -> None:
     """Run the ledger on embedded defaults and record inference traffic in it."""
     # SIGTERM (docker stop, systemd, kill) stops the demo like Ctrl-C does: the engines run
@@ -57,7 +62,8 @@ def demo(
         server.start()
     except RuntimeError as exc:
         fail(f"{exc} (is port {server.port} in use? try --port 0)")
-    console.print(f"[bold]ledger API[/] on {server.url} (database {db.describe()})")
+    say = err_console.print if as_json else console.print
+    say(f"[bold]ledger API[/] on {server.url} (database {db.describe()})")
     t0 = time.perf_counter()
     engine: EngineDemo | None = None
     if engine_python is not None and not engine_python.exists():
@@ -82,19 +88,34 @@ def demo(
         server.stop()
         raise
     try:  # from here on, Ctrl-C or SIGTERM at any point stops everything and exits 0
-        out = table("step", "result", title=f"demo ({time.perf_counter() - t0:.2f} s)")
-        for step, result in rows:
-            out.add_row(step, result)
-        console.print(out)
+        seconds = time.perf_counter() - t0
+        if as_json:
+            collectors = {
+                w.pool: f"{w.url}/v1" for w in (engine.workers if engine else {}).values()
+            }
+            print_json(
+                {
+                    "url": server.url,
+                    "database": db.describe(),
+                    "seconds": round(seconds, 3),
+                    "steps": [{"step": step, "result": result} for step, result in rows],
+                    "collectors": collectors,
+                }
+            )
+        else:
+            out = table("step", "result", title=f"demo ({seconds:.2f} s)")
+            for step, result in rows:
+                out.add_row(step, result)
+            console.print(out)
         if once:
             return
-        console.print(
+        say(
             f"serving on {server.url} (OpenAPI at {server.url}/docs); admin token in "
             f"{settings.resolved_admin_token_file} if this was the first start. Ctrl-C to stop."
         )
         if engine is not None:
             for worker in engine.workers.values():
-                console.print(
+                say(
                     f"pool {worker.pool}: OpenAI-compatible collector on {worker.url}/v1 "
                     "(records everything)"
                 )

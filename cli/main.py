@@ -15,7 +15,13 @@ from importlib import metadata
 from typing import Any
 
 import typer
+from typer._click.exceptions import (  # typer's own click, which it raises
+    ClickException,
+    NoArgsIsHelpError,
+    UsageError,
+)
 from typer.core import TyperCommand, TyperGroup
+from typer.exceptions import Abort
 
 DEBUG_FLAG = "--debug"
 
@@ -136,6 +142,11 @@ def _root(
     """Fingerprint and audit-trail ledger for self-hosted LLM inference."""
 
 
+def _run(args: list[str]) -> Any:
+    """The command line run, its exit code returned (usage errors raised, not printed)."""
+    return typer.main.get_command(app).main(args, prog_name="ledger", standalone_mode=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI. An error the command did not turn into its one-line message is still one
     line and exit status 2; ``--debug`` (anywhere before a ``--``) shows its traceback."""
@@ -144,7 +155,22 @@ def main(argv: list[str] | None = None) -> None:
     debug = DEBUG_FLAG in args[:end] or os.environ.get("LEDGER_DEBUG", "") not in ("", "0")
     args = [a for i, a in enumerate(args) if i >= end or a != DEBUG_FLAG]
     try:
-        app(args, prog_name="ledger")
+        # standalone_mode=False: usage errors come back here, to be one line like every other
+        # error (click would print a usage block and a boxed message).
+        status = _run(args)
+    except NoArgsIsHelpError as exc:  # a group without its command: its help
+        exc.show()
+        sys.exit(exc.exit_code)
+    except UsageError as exc:
+        where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        sys.stderr.write(f"error: {exc.format_message()}{where}\n")
+        sys.exit(2)
+    except ClickException as exc:
+        sys.stderr.write(f"error: {exc.format_message()}\n")
+        sys.exit(exc.exit_code)
+    except Abort:
+        sys.stderr.write("error: aborted\n")
+        sys.exit(1)
     except Exception as exc:  # the CLI's last line of defence
         if debug:
             raise
@@ -154,3 +180,5 @@ def main(argv: list[str] | None = None) -> None:
             f"condition; run again with {DEBUG_FLAG} for the traceback)\n"
         )
         sys.exit(2)
+    if isinstance(status, int) and status:  # a command's exit code (typer.Exit), returned
+        sys.exit(status)

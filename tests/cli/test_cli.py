@@ -81,6 +81,13 @@ def test_demo_once(tmp_path: Path):
     # a second run on the same data reuses keys and the fingerprint
     again = ledger("demo", "--once", "--port", "0", "--data-dir", str(tmp_path))
     assert "(duplicate)" in again.stdout
+    # --json: stdout is one JSON document with the same steps; messages went to stderr
+    scripted = ledger("demo", "--once", "--json", "--port", "0", "--data-dir", str(tmp_path))
+    report = json.loads(scripted.stdout)
+    steps = {row["step"]: row["result"] for row in report["steps"]}
+    assert {"signature verified", "logprobs bit-exact"} <= set(steps), steps
+    assert report["url"].startswith("http://") and report["collectors"] == {}
+    assert "ledger API" in scripted.stderr
 
 
 @pytest.mark.parametrize(

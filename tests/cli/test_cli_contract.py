@@ -164,7 +164,7 @@ def test_an_unexpected_error_is_one_line_unless_debug(monkeypatch, capsys):
     def boom(*args, **kwargs):
         raise RuntimeError("the disk\nis on fire")
 
-    monkeypatch.setattr("cli.main.app", boom)
+    monkeypatch.setattr("cli.main._run", boom)
     with pytest.raises(SystemExit) as stopped:
         main(["keys", "list"])
     assert stopped.value.code == 2
@@ -182,3 +182,17 @@ def test_json_output_is_json(running):
     common = ["--api", url, "--token-file", str(data / "admin.token")]
     for args in (["keys", "list", *common], ["keys", "show-log", "--api", url]):
         json.loads(ledger(*args, "--json").stdout)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["verify"], "Missing argument 'bundle'. (see 'ledger verify --help')"),
+        (["records", "search", "--bogus"], "No such option: --bogus"),
+        (["records", "search", "--tier", "7"], "Invalid value for '--tier'"),
+        (["nonsense"], "No such command 'nonsense'"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2(args: list[str], says: str) -> None:
+    line = one_error_line(ledger(*args, check=False))
+    assert says in line and "Usage:" not in line
