@@ -11,12 +11,14 @@ answered under another registered fingerprint, named in the message), ``not_reus
 logprob strings).
 
 Fast, and still derived from the log: a process keeps the last verified answers by key
-(:class:`HotAnswers`), each with the index rows it was verified through: the key's
-reusable-marked rows, in log order, up to the record served. Every lookup reads those rows
-again (one index query); the kept answer is served only when they are unchanged, so a new
-index row before it, an edited row or an erasure (which deletes the key's rows) sends the
-lookup back through the full check against the log. A fingerprint's chat template digest is
-kept once read (a fingerprint ID is the digest of its body, checked when read).
+(:class:`HotAnswers`), each with the index rows it was verified through: the key's first 17
+rows in log order, which hold the record served (or all of them). Every lookup reads those
+rows again (one prepared index read, :func:`_rows` or :class:`AsyncRows`); the kept answer is
+served only when they are unchanged, so a new row, an edited row or an erasure (which deletes
+the key's rows) sends the lookup back through the full check against the log
+(:func:`kept_answer` is that check for the event loop: ``api/cache_fast.py``). A
+fingerprint's chat template digest is kept once read (a fingerprint ID is the digest of its
+body, checked when read).
 
 A pool named instead of a fingerprint resolves to the fingerprint its live workers serve
 (:func:`pool_fingerprint`: each worker's signed heartbeat re-verified), the one most of them
@@ -236,7 +238,11 @@ def _found(db: Database, key: str, hot: HotAnswers) -> tuple[Found, Rows]:
         return kept.found, rows
     with db.read() as s:
         found = find_reusable(s, key)
-    within = len(rows) < _ROWS_LIMIT or (found.hit is not None and len(found.marked) <= _ROWS_LIMIT)
+    # Kept only when the rows read cover it: all of the key's rows, or those up to its hit.
+    hit = found.hit
+    within = len(rows) < _ROWS_LIMIT or (
+        hit is not None and any((i, r) == (hit.log_index, hit.request_id) for i, r, _, _ in rows)
+    )
     if within and _rows(db, key) == rows:
         hot.put(key, _Kept(rows, found))
     return found, rows

@@ -29,6 +29,7 @@ POST_ROUTES = [
     "/v1/workers",
     "/v1/replays",
     "/v1/cache/key",
+    "/v1/cache/lookup",
     "/v1/certifications",
     "/v1/log/checkpoint",
     "/v1/records/req-x/erasure",
@@ -252,6 +253,9 @@ def test_record_members_are_not_coerced(api: Harness):
         ("/v1/replays", {"request_id": "r", "force": 1}),
         ("/v1/replays", {"request_id": 5}),
         ("/v1/cache/key", {"endpoint": "/v1/completions", "request": {}, "fingerprint_id": 1}),
+        ("/v1/cache/lookup", {"endpoint": "/v1/completions", "request": {}, "pool": 1}),
+        ("/v1/cache/lookup", {"endpoint": "/v1/completions", "request": [], "pool": "p"}),
+        ("/v1/cache/lookup", {"endpoint": "/v1/completions", "request": {}, "pool": ""}),
         (
             "/v1/cache/key",
             {

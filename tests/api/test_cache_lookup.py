@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,8 +22,9 @@ from ledger.packing import unpack_float32, unpack_int32
 from ledger.records import RECORD_KIND, Choice, build_record_body
 from ledger.signing import SigningKey, sign_envelope
 from tests.api.test_read_paths import superuser
+from tests.conftest import BACKENDS, fresh_url
 from tests.support.documents import record_body, record_v2
-from tests.support.harness import Harness
+from tests.support.harness import Harness, start_harness
 from tests.support.http import assert_error
 from tests.support.workers import heartbeat, post_heartbeat
 
@@ -303,7 +305,22 @@ def test_bad_lookups_are_refused_with_a_clear_error(api: Harness) -> None:
     )
 
 
-def test_a_kept_answer_is_never_served_once_its_index_rows_change(api: Harness) -> None:
+@pytest.fixture(scope="module", params=BACKENDS)
+def tampered(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Harness]:
+    """A ledger of its own per backend: its index rows are edited as a superuser would, which
+    the session's shared ledger must never see (its audit would report them)."""
+    backend = request.param
+    harness = start_harness(
+        backend, fresh_url(request, backend), tmp_path_factory.mktemp(f"cache-{backend}")
+    )
+    yield harness
+    harness.close()
+
+
+def test_a_kept_answer_is_never_served_once_its_index_rows_change(tampered: Harness) -> None:
+    api = tampered
     key, fp = api.setup_collector()
     c = api.client()
     a, b = (record_body(fp, seed=s, text_prompt=True, request_extra=GREEDY) for s in (7040, 7041))
