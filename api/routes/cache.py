@@ -100,7 +100,7 @@ def render_answer(found: Answer, context: dict[str, Any], payload: CacheLookupRe
     if found.record is None:
         body = {**head, "reason": found.reason, "message": found.message}
         return Response(compact_json(body), media_type="application/json")
-    assert found.response is not None and found.key is not None
+    assert found.response is not None
     evidence = {"request_id": found.record.request_id, "log_index": found.record.log_index}
     if payload.request.get("stream") is True:
         headers = {

@@ -62,10 +62,10 @@ _SIBLINGS = 64
 
 @dataclass(frozen=True)
 class Answer:
-    """A lookup's outcome: ``record`` and ``response`` on a hit, ``reason`` and ``message`` on a
-    miss. ``key`` is None only when the request was not keyed (not deterministic)."""
+    """A lookup's outcome under ``key``: ``record`` and ``response`` on a hit, ``reason`` and
+    ``message`` on a miss."""
 
-    key: str | None
+    key: str
     fingerprint_id: str
     record: StoredRecord | None = None
     response: dict[str, Any] | None = None
@@ -146,25 +146,28 @@ class _Fingerprints:
         """The facts when already read (no database access)."""
         return self._facts.get(fingerprint_id)
 
+    def _fresh_ids(self, db: Database, fingerprint_id: str) -> list[str] | None:
+        at, ids = self._ids.get(db.url, (-1e9, []))
+        fresh = time.monotonic() - at <= self._seconds and fingerprint_id in ids
+        return ids if fresh else None
+
+    def _same_model(self, ids: list[str], fingerprint_id: str) -> list[str]:
+        """The IDs (their facts read) of ``fingerprint_id``'s model but itself, at most 64."""
+        model = self._facts[fingerprint_id].model
+        same = [fp for fp in ids if fp != fingerprint_id and self._facts[fp].model == model]
+        return same[:_SIBLINGS]
+
     def known_siblings(self, db: Database, fingerprint_id: str) -> list[str] | None:
         """:meth:`siblings` when the list is fresh and every fact known (None otherwise)."""
-        at, ids = self._ids.get(db.url, (-1e9, []))
-        if time.monotonic() - at > self._seconds or fingerprint_id not in ids:
+        ids = self._fresh_ids(db, fingerprint_id)
+        if ids is None or any(fp not in self._facts for fp in ids):
             return None
-        facts = [self._facts.get(fp) for fp in ids]
-        if any(f is None for f in facts):
-            return None
-        model = self._facts[fingerprint_id].model
-        return [
-            fp
-            for fp, f in zip(ids, facts, strict=True)
-            if fp != fingerprint_id and f and f.model == model
-        ][:_SIBLINGS]
+        return self._same_model(ids, fingerprint_id)
 
     def siblings(self, db: Database, fingerprint_id: str) -> list[str]:
         """Other registered fingerprints of the same model, newest first (at most 64)."""
-        at, ids = self._ids.get(db.url, (-1e9, []))
-        if time.monotonic() - at > self._seconds or fingerprint_id not in ids:
+        ids = self._fresh_ids(db, fingerprint_id)
+        if ids is None:
             with db.read() as s:
                 ids = list(
                     s.scalars(
@@ -175,10 +178,9 @@ class _Fingerprints:
                 )
             with self._lock:
                 self._ids[db.url] = (time.monotonic(), ids)
-        model = self.facts(db, fingerprint_id).model
-        return [fp for fp in ids if fp != fingerprint_id and self.facts(db, fp).model == model][
-            :_SIBLINGS
-        ]
+        for fp in (fingerprint_id, *ids):
+            self.facts(db, fp)  # each read once
+        return self._same_model(ids, fingerprint_id)
 
 
 _FINGERPRINTS = _Fingerprints()
@@ -187,6 +189,12 @@ _ROWS_SQL = (
     "SELECT log_index, request_id, tier, deterministic FROM cache_keys WHERE cache_key = {p} "
     f"ORDER BY log_index, request_id LIMIT {_ROWS_LIMIT}"
 )
+_ROWS_POSTGRES, _ROWS_SQLITE = _ROWS_SQL.format(p="%s"), _ROWS_SQL.format(p="?")
+
+
+def _as_rows(raw: Any) -> Rows:
+    """Driver rows as :data:`Rows` (SQLite's booleans are 0 and 1)."""
+    return tuple((int(i), str(r), int(t), bool(d)) for i, r, t, d in raw)
 
 
 def _rows(db: Database, key: str) -> Rows:
@@ -199,15 +207,15 @@ def _rows(db: Database, key: str) -> Rows:
             if db.is_postgres:
                 conn.autocommit = True  # no BEGIN and COMMIT round trips; put back below
                 try:
-                    cursor = conn.execute(_ROWS_SQL.format(p="%s"), (key,), prepare=True)
+                    cursor = conn.execute(_ROWS_POSTGRES, (key,), prepare=True)
                     rows = cursor.fetchall()
                 finally:
                     conn.autocommit = False
             else:  # SQLite's connections are in autocommit mode outside BEGIN
-                rows = conn.execute(_ROWS_SQL.format(p="?"), (key,)).fetchall()
+                rows = conn.execute(_ROWS_SQLITE, (key,)).fetchall()
         finally:
             pooled.close()
-    return tuple((int(i), str(r), int(t), bool(d)) for i, r, t, d in rows)
+    return _as_rows(rows)
 
 
 def _key(
@@ -307,7 +315,7 @@ class AsyncRows:
         with translated_errors():
             conn = self._idle.pop() if self._idle else await self._connect()
             try:
-                cursor = await conn.execute(_ROWS_SQL.format(p="%s"), (key,), prepare=True)
+                cursor = await conn.execute(_ROWS_POSTGRES, (key,), prepare=True)
                 rows = await cursor.fetchall()
             except BaseException:
                 await conn.close()
@@ -316,7 +324,7 @@ class AsyncRows:
             self._idle.append(conn)
         else:
             await conn.close()
-        return tuple((int(i), str(r), int(t), bool(d)) for i, r, t, d in rows)
+        return _as_rows(rows)
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(self._url, autocommit=True)
