@@ -90,7 +90,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         metrics=Metrics(LogGauges(db, log_key, settings.worker_ttl, utc_now)),
         origin=settings.log_origin or checkpoints.default_origin(log_key),
         token_cache=TokenCache(settings.token_cache_seconds),
-        ingest_limit=InflightLimit(settings.max_inflight_batches),
+        ingest_limit=InflightLimit(settings.max_inflight_batches, settings.max_inflight_bytes),
     )
 
     @asynccontextmanager

@@ -74,7 +74,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_json(request: Request, limit: int) -> Any:
+async def read_json_bytes(request: Request, limit: int) -> bytes:
+    """The body of a request that must carry a JSON document, unparsed (checks the content
+    type and that there is a body)."""
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
     if ctype not in ("application/json", ""):
         raise InvalidInput(
@@ -83,6 +85,11 @@ async def read_json(request: Request, limit: int) -> Any:
     raw = await read_body(request, limit)
     if not raw:
         raise InvalidInput("body is empty; a JSON document is required", code="invalid_json")
+    return raw
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    raw = await read_json_bytes(request, limit)
     if len(raw) > 65536:  # parsing megabytes takes milliseconds: keep the event loop free
         return await run_in_threadpool(parse_json, raw)
     return parse_json(raw)

@@ -139,6 +139,12 @@ class Metrics:
             buckets=(1, 10, 50, 100, 250, 500, 1000, 5000),
             registry=self.registry,
         )
+        self.group_size = Histogram(
+            "ledger_ingest_group_batches",
+            "Ingest batches appended per transaction (group commit)",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+            registry=self.registry,
+        )
 
     def render(self) -> Response:
         """The exposition (call it off the event loop: the log gauges read the database)."""

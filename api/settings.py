@@ -45,7 +45,13 @@ class Settings(BaseSettings):
         default=5.0, ge=0, description="how long a verified token is trusted without a lookup"
     )
     max_inflight_batches: int = Field(
-        default=8, ge=1, description="ingest batches processed at once per worker; more get 503"
+        default=64, ge=1, description="ingest batches processed at once per worker; more get 503"
+    )
+    max_inflight_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024,
+        description="bytes of ingest bodies in flight per worker (Content-Length, or the body "
+        "limit when a body declares none); more get 503, one batch is always admitted",
     )
     worker_ttl: float = Field(
         default=15.0, gt=0, description="a worker is live while its last heartbeat is this recent"

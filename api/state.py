@@ -6,6 +6,8 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -18,8 +20,11 @@ from api.settings import Settings
 from api.workers_client import new_client
 from ledger.errors import Pushback
 from ledger.signing import SigningKey
+from ledger.storage import ingest
 from ledger.storage.cache_lookup import AsyncRows, HotAnswers, PoolContracts
 from ledger.storage.database import Database
+from ledger.storage.group_commit import GroupCommit
+from ledger.storage.ingest import CheckedBatch, IngestResult
 from ledger.tokens import Principal
 
 
@@ -50,27 +55,41 @@ class TokenCache:
         self._items[secret] = (time.monotonic() + self.ttl, principal)
 
 
-class InflightLimit:
-    """At most ``limit`` ingest batches in flight per process; beyond it, push back (503).
+# Records one ingest transaction appends at most (a larger batch still goes, alone).
+GROUP_RECORDS = 2000
 
-    Used from the event loop only, so a plain counter is enough.
+
+class InflightLimit:
+    """At most ``limit`` ingest batches, and ``max_bytes`` of their bodies, in flight per
+    process; beyond either, push back (503). A batch counts its Content-Length (the body
+    limit when it declares none); one batch is always admitted, whatever its size.
+
+    Used from the event loop only, so plain counters are enough.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, max_bytes: int | None = None) -> None:
         self.limit, self.inflight = limit, 0
+        self.max_bytes, self.bytes = max_bytes, 0
 
-    def __enter__(self) -> InflightLimit:
-        if self.inflight >= self.limit:
+    @contextmanager
+    def admit(self, size: int = 0) -> Iterator[None]:
+        busy = self.inflight >= self.limit or (
+            self.inflight > 0 and self.max_bytes is not None and self.bytes + size > self.max_bytes
+        )
+        if busy:
             raise Pushback(
-                f"the ledger is busy ({self.inflight} batches in flight); retry shortly",
+                f"the ledger is busy ({self.inflight} batches, {self.bytes} bytes in flight); "
+                "retry shortly",
                 code="busy",
                 retry_after=1.0,
             )
         self.inflight += 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.inflight -= 1
+        self.bytes += size
+        try:
+            yield
+        finally:
+            self.inflight -= 1
+            self.bytes -= size
 
 
 @dataclass
@@ -92,9 +111,19 @@ class AppState:
     # Certification jobs this process runs (api.certifier.Run by ID); their state is in the
     # database, under leases held by runner_id (unique per process and app).
     jobs: dict[str, Any] = field(default_factory=dict)
+    # Checked ingest batches are appended by one writer per process, many to a transaction.
+    ingest_writer: GroupCommit[CheckedBatch, list[IngestResult]] = field(init=False)
     runner_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
+
+    def __post_init__(self) -> None:
+        self.ingest_writer = GroupCommit(
+            lambda batches: ingest.write_batches(self.db, batches),
+            max_group=GROUP_RECORDS,
+            name="ledger-ingest",
+            on_group=self.metrics.group_size.observe,
+        )
 
     @property
     def workers_http(self) -> httpx.AsyncClient:

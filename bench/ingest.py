@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -137,34 +138,90 @@ def post_all(url: str, token: str, bodies: list[bytes], concurrency: int) -> flo
     return time.perf_counter() - start
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its live children."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [pid]
+    try:
+        pids += map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+        for p in pids:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    except (OSError, ValueError):
+        return float("nan")
+    return total
+
+
+def postgres_cpu() -> float:
+    """CPU seconds used so far by every process named postgres (the server and backends)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, _, rest = text.partition(" (")[2].rpartition(")")
+        if name.startswith("postgres"):
+            fields = rest.split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+async def _post(reader: Any, writer: Any, head: bytes, body: bytes) -> tuple[int, float, bytes]:
+    """One HTTP/1.1 POST on a kept-alive connection: (status, Retry-After, body)."""
+    writer.write(head + str(len(body)).encode() + b"\r\n\r\n" + body)
+    status_line = await reader.readline()
+    status = int(status_line.split()[1])
+    length, retry = 0, 1.0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"retry-after":
+            retry = float(value)
+    return status, retry, await reader.readexactly(length)
+
+
 def post_fleet(url: str, token: str, bodies: list[bytes], clients: int) -> float:
-    """Post ``bodies`` from ``clients`` concurrent keep-alive connections (asyncio)."""
+    """Post ``bodies`` from ``clients`` concurrent keep-alive connections.
+
+    A bare asyncio HTTP/1.1 client (requests with Content-Length, answers with
+    Content-Length, as the API sends them): the load generator shares the 2 cores with the
+    server and Postgres, and httpx's per-request cost would be charged to the ledger."""
     import asyncio
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    head = (
+        f"POST /v1/records HTTP/1.1\r\nHost: {where.netloc}\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        "Content-Length: "
+    ).encode()
 
     async def run() -> float:
         queue = list(reversed(bodies))
         failures: list[str] = []
-        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-        async with httpx.AsyncClient(
-            base_url=url,
-            timeout=120,
-            limits=limits,
-            headers={"Authorization": f"Bearer {token}", "content-type": "application/json"},
-        ) as c:
 
-            async def client() -> None:
+        async def client() -> None:
+            reader, writer = await asyncio.open_connection(where.hostname, where.port)
+            try:
                 while queue and not failures:
                     body = queue.pop()
-                    r = await c.post("/v1/records", content=body)
-                    if r.status_code == 503:  # busy: back off as a collector's shipper does
+                    status, retry, answer = await _post(reader, writer, head, body)
+                    if status == 503:  # busy: back off as a collector's shipper does
                         queue.append(body)
-                        await asyncio.sleep(float(r.headers.get("retry-after", "1")) / 10)
-                    elif r.status_code != 201:
-                        failures.append(r.text[:300])
+                        await asyncio.sleep(retry / 10)
+                    elif status != 201:
+                        failures.append(f"{status} {answer[:300]!r}")
+            finally:
+                writer.close()
 
-            start = time.perf_counter()
-            await asyncio.gather(*(client() for _ in range(clients)))
-            elapsed = time.perf_counter() - start
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed = time.perf_counter() - start
         if failures:
             raise SystemExit(f"ingest failed: {failures[0]}")
         return elapsed
@@ -172,7 +229,19 @@ def post_fleet(url: str, token: str, bodies: list[bytes], clients: int) -> float
     return asyncio.run(run())
 
 
-def fleet(url: str, token: str, key: SigningKey, fp_id: str, args: argparse.Namespace) -> None:
+def group_sizes(url: str) -> tuple[float, float]:
+    """(batches, transactions) appended so far, from ``ledger_ingest_group_batches``."""
+    found = {"sum": 0.0, "count": 0.0}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        for part in found:
+            if line.startswith(f"ledger_ingest_group_batches_{part}"):
+                found[part] += float(line.split()[-1])
+    return found["sum"], found["count"]
+
+
+def fleet(
+    url: str, token: str, key: SigningKey, fp_id: str, args: argparse.Namespace, server_pid: int
+) -> None:
     import random
 
     rng = random.Random(7)
@@ -196,10 +265,18 @@ def fleet(url: str, token: str, key: SigningKey, fp_id: str, args: argparse.Name
         for n in sizes:
             bodies.append(b'{"records":[' + b",".join(items[at : at + n]) + b"]}")
             at += n
+        groups_before = group_sizes(url)
+        before = (process_cpu(server_pid), time.process_time(), postgres_cpu())
         seconds = post_fleet(url, token, bodies, args.clients)
+        after = (process_cpu(server_pid), time.process_time(), postgres_cpu())
+        ms = [(b - a) * 1000 / len(bodies) for a, b in zip(before, after, strict=True)]
+        summed, count = (b - a for a, b in zip(groups_before, group_sizes(url), strict=True))
         rates.append(len(items) / seconds)
         print(
-            f"run {run + 1}: {rates[-1]:,.0f} records/s, {len(bodies) / seconds:,.0f} batches/s",
+            f"run {run + 1}: {rates[-1]:,.0f} records/s, {len(bodies) / seconds:,.0f} batches/s; "
+            f"CPU per batch: ledger {ms[0]:.2f} ms, Postgres {ms[2]:.2f} ms, "
+            f"load generator {ms[1]:.2f} ms; {summed / max(count, 1):.1f} batches per "
+            "transaction (as sampled by one API worker's /metrics)",
             flush=True,
         )
     print(f"median: {statistics.median(rates):,.0f} records/s (fleet, {args.clients} clients)")
@@ -326,7 +403,7 @@ def main() -> None:
             fp_id = fp.json()["fingerprint_id"]
         print(f"machine: {machine()}; PostgreSQL {pg_version}")
         if args.fleet:
-            fleet(url, token, key, fp_id, args)
+            fleet(url, token, key, fp_id, args, proc.pid)
             return
         print(
             f"{args.records} records/run, batches of {args.batch}, {args.concurrency} client(s), "

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import hashlib
 import itertools
 import re
@@ -38,6 +37,7 @@ import orjson
 
 from ledger.canonical import canonicalize
 from ledger.errors import InvalidInput, VerificationError
+from ledger.lazy import lazy
 
 SALT_BYTES = 16
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -65,7 +65,7 @@ class Disclosure:
     member: str
     value: Any
 
-    @functools.cached_property
+    @lazy
     def digest(self) -> str:
         return digest_of(self.encoded)
 

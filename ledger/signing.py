@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from ledger.canonical import canonicalize, sha256_digest
 from ledger.errors import InvalidInput, VerificationError
+from ledger.lazy import lazy
 from ledger.secretfile import PUBLIC_MODE, stage_secret_file
 
 ALG = "ed25519"
@@ -272,7 +273,7 @@ class Envelope:
     def signature(self) -> dict[str, str]:
         return {"alg": ALG, "key_id": self.key_id, "sig": self.sig}
 
-    @functools.cached_property
+    @lazy
     def body_digest(self) -> str:
         """``sha256:`` digest of the canonical body: the content identity of the document
         (computed on first use, once: an envelope parsed once is compared in many bundles)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -10,7 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import ReadRecords, WriteRecords
-from api.body import read_json
+from api.body import parse_json, read_json_bytes
 from api.schemas import ERRORS, RECORD_BATCH_SCHEMA, IngestResponse
 from api.state import AppState, StateDep
 from ledger.compare import VERDICTS
@@ -38,16 +39,45 @@ router = APIRouter(prefix="/v1/records", tags=["records"], responses=ERRORS)
         }
     },
 )
-async def ingest_records(
-    request: Request, state: StateDep, _: WriteRecords, response: Response
-) -> dict[str, object]:
-    with state.ingest_limit:
-        return await _ingest(request, state, response)
+async def ingest_records(request: Request, state: StateDep, _: WriteRecords) -> Response:
+    with state.ingest_limit.admit(_declared_size(request, state.settings.max_body_bytes)):
+        return await _ingest(request, state)
 
 
-async def _ingest(request: Request, state: AppState, response: Response) -> dict[str, object]:
-    data = await read_json(request, state.settings.max_body_bytes)
-    items = batch_items(data)
+def _declared_size(request: Request, limit: int) -> int:
+    """The body's Content-Length, capped at ``limit`` (the body limit refuses larger ones);
+    ``limit`` when it declares none or an unreadable one."""
+    try:
+        return max(0, min(int(request.headers.get("content-length", "")), limit))
+    except ValueError:
+        return limit
+
+
+async def _ingest(request: Request, state: AppState) -> Response:
+    raw = await read_json_bytes(request, state.settings.max_body_bytes)
+    # Parsed, validated and signature-checked in one worker thread (no lock, no write) ...
+    checked = await run_in_threadpool(_checked, raw, state)
+    # ... then appended by the process's writer with whatever other batches are waiting (one
+    # lock and one commit for all), and answered once the transaction holding it committed.
+    results = await asyncio.wrap_future(state.ingest_writer.submit(checked, len(checked)))
+    created = sum(r.status == "created" for r in results)
+    state.metrics.batch_size.observe(len(results))
+    state.metrics.records.labels("created").inc(created)
+    state.metrics.records.labels("duplicate").inc(len(results) - created)
+    body = {
+        "created": created,
+        "duplicates": len(results) - created,
+        "results": [r.to_dict() for r in results],
+    }
+    return Response(
+        json.dumps(body).encode(),
+        status_code=201 if created else 200,
+        media_type="application/json",
+    )
+
+
+def _checked(raw: bytes, state: AppState) -> ingest.CheckedBatch:
+    items = batch_items(parse_json(raw))
     limit = state.settings.max_batch_records
     if len(items) > limit:
         raise TooLarge(
@@ -55,18 +85,7 @@ async def _ingest(request: Request, state: AppState, response: Response) -> dict
             code="batch_too_large",
             details={"limit": limit},
         )
-    results = await run_in_threadpool(ingest.ingest_records, state.db, items)
-    created = sum(r.status == "created" for r in results)
-    state.metrics.batch_size.observe(len(results))
-    state.metrics.records.labels("created").inc(created)
-    state.metrics.records.labels("duplicate").inc(len(results) - created)
-    if not created:
-        response.status_code = 200
-    return {
-        "created": created,
-        "duplicates": len(results) - created,
-        "results": [r.to_dict() for r in results],
-    }
+    return ingest.check_batch(state.db, items)
 
 
 _BATCH_SHAPE = (

@@ -86,26 +86,24 @@ class Keyed:
     deterministic: bool
 
 
-def prepare(session: Session, records: Sequence[InferenceRecord]) -> dict[str, Keyed]:
+def prepare(
+    records: Sequence[InferenceRecord], templates: dict[str, str | None]
+) -> dict[str, Keyed]:
     """Compute the keys of validated records with all their content (outside the write
-    transaction: the append lock then only covers the inserts). Reads the chat templates it
-    needs."""
-    templates: dict[str, str | None] = {}
-    out: dict[str, Keyed] = {}
-    for record in records:
-        fp = record.fingerprint_id
-        if record.endpoint == CHAT and fp not in templates:
-            try:
-                templates[fp] = chat_template_digest(fingerprint_body(session, fp))
-            except NotFound:  # the ingest refuses the batch for it, under the lock
-                templates[fp] = None
-        out[record.request_id] = Keyed(
+    transaction: the append lock then only covers the inserts). ``templates``: the chat
+    template digest of each registered fingerprint the chat records name
+    (``registered.chat_templates``); one not there is refused by the ingest, under the lock."""
+    return {
+        record.request_id: Keyed(
             record.request_id,
-            keys_of_record(record, templates.get(fp)),
+            keys_of_record(
+                record, templates.get(record.fingerprint_id) if record.endpoint == CHAT else None
+            ),
             record.tier,
             is_deterministic(record.sampling),
         )
-    return out
+        for record in records
+    }
 
 
 def index_records(session: Session, items: Sequence[tuple[Keyed, int]]) -> None:

@@ -16,12 +16,13 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
+from ledger.cachekey import CHAT
+from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound, VerificationError
 from ledger.fingerprint import FINGERPRINT_KIND, validate_fingerprint_body
 from ledger.inference_record import InferenceRecord, parse_record
 from ledger.records import RECORD_KIND, RecordSummary
 from ledger.signing import Envelope
-from ledger.storage import cache, keystore, log
+from ledger.storage import cache, keystore, log, registered
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import Disclosure, Fingerprint, Record
@@ -153,10 +154,25 @@ _RECORD_COLUMNS = (
 )
 
 
-def ingest_records(db: Database, batch: Sequence[RecordItem | Any]) -> list[IngestResult]:
-    """Validate, verify and append a batch of records atomically (a v2 record with all of
-    its disclosures, which are stored apart from the log). An item that is not a RecordItem
-    is an envelope without disclosures."""
+@dataclass(frozen=True)
+class CheckedBatch:
+    """A batch parsed, validated and signature-checked outside the append lock: what
+    ``write_batches`` needs to append it."""
+
+    checked: list[_Checked]
+    first: dict[str, int]  # request ID -> index of its first item in the batch
+    keyed: dict[str, cache.Keyed]
+    key_ids: frozenset[str]
+
+    def __len__(self) -> int:
+        return len(self.checked)
+
+
+def check_batch(db: Database, batch: Sequence[RecordItem | Any]) -> CheckedBatch:
+    """Everything about a batch that needs no lock: parse and validate every item, refuse a
+    request ID repeated with different content, verify every signature against its key and
+    compute the cache keys. An item that is not a RecordItem is an envelope without
+    disclosures."""
     items = [i if isinstance(i, RecordItem) else RecordItem(i) for i in batch]
     if not items:
         raise InvalidInput("a batch must hold at least one envelope", code="empty_batch")
@@ -173,102 +189,141 @@ def ingest_records(db: Database, batch: Sequence[RecordItem | Any]) -> list[Inge
             )
         first.setdefault(rid, i)
 
-    # Signatures are verified before the append lock is taken (it is the costly part) ...
-    key_ids = {c.envelope.key_id for c in checked}
-    with db.read() as s:
-        keys = keystore.load_keys(s, key_ids)
-        keyed = cache.prepare(s, [checked[i].record for i in first.values()])
+    # Signatures are verified before the append lock is taken (it is the costly part); the
+    # keys are re-read under the lock, so a revocation that raced us still wins.
+    key_ids = frozenset(c.envelope.key_id for c in checked)
+    keys = registered.signer_keys(db, key_ids)
+    records = [checked[i].record for i in first.values()]
+    chat = {r.fingerprint_id for r in records if r.endpoint == CHAT}
+    keyed = cache.prepare(records, registered.chat_templates(db, chat))
     for i, c in enumerate(checked):
         try:
             keystore.check_signer(c.envelope, keys)
         except LedgerError as exc:
             raise exc.with_details(item=i) from None
-
-    with db.write() as s:
-        # ... and the keys re-read under the lock, so a revocation that raced us still wins.
-        keystore.require_unrevoked(s, key_ids)
-        _check_fingerprints(s, checked)
-        existing = _existing(s, list(first))
-        new: list[_Checked] = []
-        results: dict[str, IngestResult] = {}
-        for rid, i in first.items():
-            c = checked[i]
-            held = existing.get(rid)
-            if held is None:
-                new.append(c)
-                continue
-            if held[1] != c.content_hash:
-                raise Conflict(
-                    f"request ID {rid!r} is already recorded with different content "
-                    f"(held {held[1]}, sent {c.content_hash})",
-                    code="record_conflict",
-                    details={
-                        "request_id": rid,
-                        "item": i,
-                        "held_content_hash": held[1],
-                        "sent_content_hash": c.content_hash,
-                        "log_index": held[0],
-                    },
-                )
-            results[rid] = IngestResult(rid, "duplicate", held[0], held[1])
-        at = utcnow()
-        indexes = log.append(s, [c.envelope for c in new], at)
-        insert_rows(
-            s,
-            Record,
-            _RECORD_COLUMNS,
-            [
-                (
-                    c.summary.request_id,
-                    idx,
-                    c.content_hash,
-                    c.summary.fingerprint_id,
-                    c.envelope.key_id,
-                    c.summary.model,
-                    c.summary.tier,
-                    c.summary.pool,
-                    c.summary.worker_id,
-                    c.summary.endpoint,
-                    at,
-                )
-                for c, idx in zip(new, indexes, strict=True)
-            ],
-        )
-        cache.index_records(
-            s,
-            [(keyed[c.summary.request_id], idx) for c, idx in zip(new, indexes, strict=True)],
-        )
-        insert_rows(
-            s,
-            Disclosure,
-            ("request_id", "digest", "log_index", "disclosure"),
-            [
-                (c.summary.request_id, d.digest, idx, d.encoded)
-                for c, idx in zip(new, indexes, strict=True)
-                for d in c.record.disclosed.values()
-            ],
-        )
-        for c, idx in zip(new, indexes, strict=True):
-            rid = c.summary.request_id
-            results[rid] = IngestResult(rid, "created", idx, c.content_hash)
-    out: list[IngestResult] = []
-    for i, c in enumerate(checked):
-        rid = c.summary.request_id
-        result = results[rid]
-        if first[rid] != i:  # a repeat inside this batch
-            result = IngestResult(rid, "duplicate", result.log_index, result.content_hash)
-        out.append(result)
-    return out
+    return CheckedBatch(checked, first, keyed, key_ids)
 
 
-def _check_fingerprints(s: Session, checked: list[_Checked]) -> None:
-    wanted = {c.summary.fingerprint_id for c in checked}
-    known = set(
-        s.execute(
-            select(Fingerprint.fingerprint_id).where(Fingerprint.fingerprint_id.in_(wanted))
-        ).scalars()
+def ingest_records(db: Database, batch: Sequence[RecordItem | Any]) -> list[IngestResult]:
+    """Validate, verify and append a batch of records atomically (a v2 record with all of
+    its disclosures, which are stored apart from the log)."""
+    (outcome,) = write_batches(db, [check_batch(db, batch)])
+    if isinstance(outcome, LedgerError):
+        raise outcome
+    return outcome
+
+
+Outcome = list[IngestResult] | LedgerError
+
+
+def write_batches(db: Database, batches: Sequence[CheckedBatch]) -> list[Outcome]:
+    """Append checked batches in one transaction (group commit: one lock, one log append,
+    one commit for all), each keeping its own atomicity: a batch refused under the lock
+    (revoked key, unknown fingerprint, request ID held with other content) gets its error
+    and writes nothing; the others are written as if they had come one after the other, in
+    order, so a request ID in two of them is a duplicate (or a conflict) of the first.
+
+    Should the joint transaction fail at the database, each batch is tried again alone, so
+    that one batch the database refuses does not fail the others."""
+    try:
+        with db.write() as s:
+            return _write(s, batches)
+    except LedgerError as exc:
+        if len(batches) == 1:
+            return [exc]
+    return [write_batches(db, [b])[0] for b in batches]
+
+
+@dataclass
+class _Plan:
+    """One batch's place in a group: its new records and, per request ID, where its result
+    comes from (a held row, or a record new in this group)."""
+
+    batch: CheckedBatch
+    held: dict[str, tuple[int, str]]  # request ID -> (log index, content hash) already held
+    new: dict[str, int]  # request ID -> position among the group's new records
+
+
+def _write(s: Session, batches: Sequence[CheckedBatch]) -> list[Outcome]:
+    key_ids = frozenset().union(*(b.key_ids for b in batches))
+    revoked = keystore.revoked_among(s, key_ids)
+    known = _registered(s, {c.summary.fingerprint_id for b in batches for c in b.checked})
+    existing = _existing(s, list(dict.fromkeys(rid for b in batches for rid in b.first)))
+    new: list[tuple[CheckedBatch, _Checked]] = []
+    position: dict[str, int] = {}  # request ID -> position in new
+    plans: list[_Plan | LedgerError] = []
+    for b in batches:
+        try:
+            plans.append(_plan(b, revoked, known, existing, new, position))
+        except LedgerError as exc:
+            plans.append(exc)
+            continue
+        plan = plans[-1]
+        assert isinstance(plan, _Plan)
+        for rid, place in plan.new.items():
+            if place < 0:  # new in this batch: its place among the group's appends
+                plan.new[rid] = position[rid] = len(new)
+                new.append((b, b.checked[b.first[rid]]))
+    at = utcnow()
+    indexes = log.append(s, [c.envelope for _, c in new], at)
+    insert_rows(
+        s,
+        Record,
+        _RECORD_COLUMNS,
+        [
+            (
+                c.summary.request_id,
+                idx,
+                c.content_hash,
+                c.summary.fingerprint_id,
+                c.envelope.key_id,
+                c.summary.model,
+                c.summary.tier,
+                c.summary.pool,
+                c.summary.worker_id,
+                c.summary.endpoint,
+                at,
+            )
+            for (_, c), idx in zip(new, indexes, strict=True)
+        ],
     )
-    for i, c in enumerate(checked):
+    cache.index_records(
+        s,
+        [(b.keyed[c.summary.request_id], idx) for (b, c), idx in zip(new, indexes, strict=True)],
+    )
+    insert_rows(
+        s,
+        Disclosure,
+        ("request_id", "digest", "log_index", "disclosure"),
+        [
+            (c.summary.request_id, d.digest, idx, d.encoded)
+            for (_, c), idx in zip(new, indexes, strict=True)
+            for d in c.record.disclosed.values()
+        ],
+    )
+    return [
+        plan if isinstance(plan, LedgerError) else _results(plan, new, indexes) for plan in plans
+    ]
+
+
+def _plan(
+    b: CheckedBatch,
+    revoked: set[str],
+    known: set[str],
+    existing: dict[str, tuple[int, str]],
+    new: list[tuple[CheckedBatch, _Checked]],
+    position: dict[str, int],
+) -> _Plan:
+    """Where each record of ``b`` stands against what is held and what the group appends
+    before it; raises the batch's refusal."""
+    for key_id in sorted(b.key_ids & revoked):
+        raise VerificationError(
+            f"key {key_id} is revoked (read again when the batch was appended): "
+            "nothing it signed is appended",
+            code="revoked_key",
+            details={"key_id": key_id},
+        )
+    for i, c in enumerate(b.checked):
         if c.summary.fingerprint_id not in known:
             raise InvalidInput(
                 f"record {c.summary.request_id!r} names fingerprint "
@@ -276,6 +331,68 @@ def _check_fingerprints(s: Session, checked: list[_Checked]) -> None:
                 code="unknown_fingerprint",
                 details={"item": i, "fingerprint_id": c.summary.fingerprint_id},
             )
+    plan = _Plan(b, {}, {})
+    for rid, i in b.first.items():
+        c = b.checked[i]
+        if rid in position:  # appended earlier in this group: held once it commits
+            earlier = new[position[rid]][1].content_hash
+            if earlier != c.content_hash:
+                raise _held_conflict(rid, i, earlier, c.content_hash, None)
+            plan.new[rid] = position[rid]
+            continue
+        held = existing.get(rid)
+        if held is None:
+            plan.new[rid] = -1  # a new record, placed by the caller
+        elif held[1] != c.content_hash:
+            raise _held_conflict(rid, i, held[1], c.content_hash, held[0])
+        else:
+            plan.held[rid] = held
+    return plan
+
+
+def _held_conflict(rid: str, item: int, held: str, sent: str, log_index: int | None) -> Conflict:
+    details: dict[str, Any] = {
+        "request_id": rid,
+        "item": item,
+        "held_content_hash": held,
+        "sent_content_hash": sent,
+    }
+    if log_index is not None:
+        details["log_index"] = log_index
+    return Conflict(
+        f"request ID {rid!r} is already recorded with different content (held {held}, sent {sent})",
+        code="record_conflict",
+        details=details,
+    )
+
+
+def _results(
+    plan: _Plan, new: list[tuple[CheckedBatch, _Checked]], indexes: list[int]
+) -> list[IngestResult]:
+    """The batch's answer, item by item: created for the records this batch appended,
+    duplicate for the rest (held before, appended earlier in the group, or repeated)."""
+    b = plan.batch
+    out: list[IngestResult] = []
+    for i, c in enumerate(b.checked):
+        rid = c.summary.request_id
+        if rid in plan.held:
+            idx, content_hash = plan.held[rid]
+            out.append(IngestResult(rid, "duplicate", idx, content_hash))
+            continue
+        at = plan.new[rid]
+        status = "created" if new[at][0] is b and b.first[rid] == i else "duplicate"
+        out.append(IngestResult(rid, status, indexes[at], c.content_hash))
+    return out
+
+
+def _registered(s: Session, fingerprint_ids: set[str]) -> set[str]:
+    return set(
+        s.execute(
+            select(Fingerprint.fingerprint_id).where(
+                Fingerprint.fingerprint_id.in_(fingerprint_ids)
+            )
+        ).scalars()
+    )
 
 
 def _existing(s: Session, request_ids: list[str]) -> dict[str, tuple[int, str]]:

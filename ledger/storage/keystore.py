@@ -245,6 +245,16 @@ def check_signer(envelope: Envelope, keys: dict[str, KeyInfo]) -> KeyInfo:
     return info
 
 
+def revoked_among(session: Session, key_ids: Iterable[str]) -> set[str]:
+    """Which of ``key_ids`` are revoked, read under the append lock (see require_unrevoked)."""
+    ids = sorted(set(key_ids))
+    if not ids:
+        return set()
+    return set(
+        session.execute(select(KeyRevocation.key_id).where(KeyRevocation.key_id.in_(ids))).scalars()
+    )
+
+
 def require_unrevoked(session: Session, checked_key_ids: Iterable[str]) -> None:
     """Re-check, under the append lock, that keys verified earlier were not revoked since.
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import logging
 import re
 from collections.abc import Iterable, Sequence
@@ -27,6 +26,7 @@ from sqlalchemy.orm import Session
 from ledger.canonical import canonicalize, sha256_digest
 from ledger.errors import IndexMismatch, InvalidInput, LedgerError, NotFound
 from ledger.inference_record import InferenceRecord, parse_record
+from ledger.lazy import lazy
 from ledger.records import RECORD_KIND
 from ledger.storage.database import Database, as_utc
 from ledger.storage.models import Disclosure, Erasure, LogEntry, Record
@@ -71,7 +71,7 @@ class StoredRecord:
     disclosures: tuple[str, ...] = field(default=(), repr=False, compare=False)
     erased: bool = field(default=False, compare=False)
 
-    @functools.cached_property
+    @lazy
     def record(self) -> InferenceRecord:
         """The typed record, its stored disclosures opened against the signed digests;
         IndexMismatch when the body is no record or a stored disclosure opens none."""

@@ -5,10 +5,14 @@ from __future__ import annotations
 import base64
 import json
 import math
+import threading
 
+import httpx
 import pytest
 
+from api.state import InflightLimit
 from ledger.canonical import canonicalize
+from ledger.errors import Pushback
 from ledger.packing import pack_float32, pack_int32
 from ledger.signing import Envelope, verify_envelope
 from tests.support.documents import record_body, resign
@@ -264,3 +268,49 @@ def test_overload_is_pushed_back_with_retry_after(api: Harness):
     err = assert_error(resp, 503, "busy")
     assert "retry" in err["message"] and resp.headers["retry-after"] == "1"
     assert api.post([api.record(key, fp)]).status_code == 201
+
+
+def test_concurrent_batches_sharing_request_ids_each_get_one_consistent_answer(api: Harness):
+    """Batches posted at once are appended by the group writer, many to a transaction: every
+    record is created exactly once, each repeat answers the index it got, and the log stays
+    contiguous (the session's audit rechecks it)."""
+    key, fp = api.setup_collector()
+    shared = [api.record(key, fp) for _ in range(4)]
+    batches = [[shared[i % 4], shared[(i + 1) % 4], api.record(key, fp)] for i in range(24)]
+    answers: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def post(batch: list[Envelope]) -> None:
+        resp = api.post(batch)
+        with lock:
+            answers.append(resp)
+
+    threads = [threading.Thread(target=post, args=(b,)) for b in batches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.status_code for r in answers) == [201] * 24
+    results = [item for r in answers for item in r.json()["results"]]
+    created = [r for r in results if r["status"] == "created"]
+    assert len(created) == 4 + 24  # each shared record once, each batch's own once
+    index_of = {r["request_id"]: r["log_index"] for r in created}
+    assert len(set(index_of.values())) == len(index_of)
+    assert all(r["log_index"] == index_of[r["request_id"]] for r in results)
+    assert sum(r.json()["duplicates"] for r in answers) == 24 * 3 - 28
+    for env in shared:
+        got = api.client().get(f"/v1/records/{env.body['request_id']}").json()
+        assert got["log_index"] == index_of[env.body["request_id"]]
+
+
+def test_bytes_in_flight_are_bounded_but_one_batch_always_goes():
+    limit = InflightLimit(64, max_bytes=1000)
+    with limit.admit(5000):  # alone: admitted whatever its size
+        with pytest.raises(Pushback) as err, limit.admit(1):
+            pass
+        assert err.value.code == "busy" and "5000 bytes in flight" in err.value.message
+    with limit.admit(600), limit.admit(400):
+        assert (limit.inflight, limit.bytes) == (2, 1000)
+        with pytest.raises(Pushback), limit.admit(1):
+            pass
+    assert (limit.inflight, limit.bytes) == (0, 0)

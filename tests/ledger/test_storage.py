@@ -223,7 +223,7 @@ def test_a_revocation_between_verification_and_append_wins(ledger, monkeypatch):
     with pytest.raises(VerificationError) as err:
         ingest.ingest_records(db, [record.to_dict()])
     assert err.value.code == "revoked_key"
-    assert "revoked while the request was being processed" in err.value.message
+    assert "read again when the batch was appended" in err.value.message
     assert err.value.details == {"key_id": collector.key_id}
     with pytest.raises(NotFound):
         queries.get_record(db, record.body["request_id"])
