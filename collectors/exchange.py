@@ -233,11 +233,15 @@ class ClientView:
         content = logprobs.get("content")
         if not isinstance(content, list):
             return logprobs
+        renderer = self._renderer
         items = []
         for item in content:
             token = item.get("token")
             token_id = parse_placeholder(token)
-            text = self._piece(token, context)
+            if token_id is None or renderer is None:
+                text = token
+            else:
+                text = renderer.piece(token_id, context)
             exact = item.get("bytes")
             rendered = {**item}
             if token_id is not None and isinstance(exact, list):
@@ -250,24 +254,29 @@ class ClientView:
                 elif sent != text:
                     self.mismatches += 1
                     text = sent
-            alternatives = []
-            for alt in item.get("top_logprobs") or []:
-                alt_id = parse_placeholder(alt.get("token"))
-                alt_text = text if alt_id is not None and alt_id == token_id else None
-                if alt_text is None:
-                    alt_text = self._piece(alt.get("token"), context)
-                alternatives.append(
-                    {
-                        **alt,
-                        "token": alt_text,
-                        "bytes": list(_utf8(alt_text))
-                        if isinstance(alt_text, str)
-                        else alt.get("bytes"),
-                    }
-                )
-            rendered["token"] = text
-            if item.get("top_logprobs") is not None:
+            top = item.get("top_logprobs")
+            if top is not None:
+                alternatives = []
+                for alt in top or ():
+                    alt_token = alt.get("token")
+                    alt_id = parse_placeholder(alt_token)
+                    if alt_id is not None and alt_id == token_id:
+                        alt_text = text
+                    elif alt_id is None or renderer is None:
+                        alt_text = alt_token
+                    else:
+                        alt_text = renderer.piece(alt_id, context)
+                    alternatives.append(
+                        {
+                            **alt,
+                            "token": alt_text,
+                            "bytes": list(_utf8(alt_text))
+                            if isinstance(alt_text, str)
+                            else alt.get("bytes"),
+                        }
+                    )
                 rendered["top_logprobs"] = alternatives
+            rendered["token"] = text
             items.append(rendered)
             self._advance(context, token_id)
         return {**logprobs, "content": items}
@@ -300,6 +309,10 @@ def engine_json(data: bytes | str) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return json.loads(data)
+
+
+def _descending(entry: tuple[Any, float]) -> float:
+    return -entry[1]
 
 
 @dataclass
@@ -345,6 +358,9 @@ class Accumulator:
             ids = choice.get("token_ids") or []
             state.token_ids.extend(int(t) for t in ids)
             produced = produced or bool(ids)
+            if self._feed_chat_positions(state, choice.get("logprobs"), len(ids)):
+                self._feed_text(state, choice)
+                continue
             values = self._logprobs(choice.get("logprobs"), len(ids))
             if values is None:
                 if ids:
@@ -360,15 +376,59 @@ class Accumulator:
                     for row in rows:
                         state.top_ids.append([token_id for token_id, _ in row])
                         state.top_logprobs.append([value for _, value in row])
-            text = self._text(choice)
-            if text:
-                state.text.append(text)
-            if choice.get("finish_reason") is not None:
-                state.finish_reason = choice["finish_reason"]
-            if choice.get("stop_reason") is not None:
-                state.stop_reason = choice["stop_reason"]
+            self._feed_text(state, choice)
         self.first_token_seen = self.first_token_seen or produced
         return produced
+
+    def _feed_text(self, state: _ChoiceState, choice: dict[str, Any]) -> None:
+        text = self._text(choice)
+        if text:
+            state.text.append(text)
+        if choice.get("finish_reason") is not None:
+            state.finish_reason = choice["finish_reason"]
+        if choice.get("stop_reason") is not None:
+            state.stop_reason = choice["stop_reason"]
+
+    def _feed_chat_positions(self, state: _ChoiceState, logprobs: Any, count: int) -> bool:
+        """A chat choice's logprobs, margins and alternatives read in one pass, for the
+        common case only: one content item per output token, every logprob a float, at least
+        two alternatives per position and, with ``top_k``, exactly ``top_k`` of them, each a
+        ``token_id:N``. There the three readers below would give the very same values; for
+        anything else (False) they run instead, and nothing was taken here."""
+        if self.endpoint != CHAT or count == 0 or not isinstance(logprobs, dict):
+            return False
+        content = logprobs.get("content")
+        if not isinstance(content, list) or len(content) != count:
+            return False
+        top_k = self.top_k
+        values: list[float] = []
+        margins: list[float] = []
+        top_ids: list[list[int]] = []
+        top_values: list[list[float]] = []
+        for item in content:
+            value = item.get("logprob")
+            alternatives = item.get("top_logprobs") or []
+            if type(value) is not float or len(alternatives) < 2:
+                return False
+            row = []
+            for alt in alternatives:
+                alt_value = alt.get("logprob")
+                if type(alt_value) is not float:
+                    return False
+                row.append((parse_placeholder(alt.get("token")) if top_k else None, alt_value))
+            if top_k and (len(row) != top_k or any(token_id is None for token_id, _ in row)):
+                return False
+            row.sort(key=_descending)  # stable: the engine's order kept among equals
+            values.append(value)
+            margins.append(row[0][1] - row[1][1])
+            if top_k:
+                top_ids.append([token_id for token_id, _ in row])  # type: ignore[misc]
+                top_values.append([alt_value for _, alt_value in row])
+        state.logprobs.extend(values)
+        state.margins.extend(margins)
+        state.top_ids.extend(top_ids)
+        state.top_logprobs.extend(top_values)
+        return True
 
     def _logprobs(self, logprobs: Any, count: int) -> list[float] | None:
         if count == 0:

@@ -169,36 +169,57 @@ class Spool:
 
     def _commit(self, batch: list[tuple[str, bytes]]) -> list[LedgerError | None]:
         """Insert records in one transaction (the caller holds the write lock); per record,
-        None or the error that kept it out."""
+        None or the error that kept it out. The whole batch goes in with two statements; only
+        when a request ID in it was used already is it inserted again one by one, so that
+        the others still go in."""
         now = time.time()
-        results: list[LedgerError | None] = []
         try:
             self._conn.execute("BEGIN IMMEDIATE")
-            for request_id, envelope in batch:
-                try:
-                    self._conn.execute("SAVEPOINT one")
-                    self._conn.execute(
-                        "INSERT INTO spool (request_id, envelope, spooled_at) VALUES (?, ?, ?)",
-                        (request_id, envelope, now),
-                    )
-                    self._conn.execute("INSERT INTO request_ids VALUES (?, ?)", (request_id, now))
-                    self._conn.execute("RELEASE one")
-                    results.append(None)
-                except sqlite3.IntegrityError:
-                    self._conn.execute("ROLLBACK TO one")
-                    self._conn.execute("RELEASE one")
-                    results.append(
-                        Conflict(
-                            f"request ID {request_id!r} was already used with this collector",
-                            code="request_id_in_use",
-                        )
-                    )
+            try:
+                self._conn.executemany(
+                    "INSERT INTO spool (request_id, envelope, spooled_at) VALUES (?, ?, ?)",
+                    [(request_id, envelope, now) for request_id, envelope in batch],
+                )
+                self._conn.executemany(
+                    "INSERT INTO request_ids VALUES (?, ?)",
+                    [(request_id, now) for request_id, _ in batch],
+                )
+                results: list[LedgerError | None] = [None] * len(batch)
+            except sqlite3.IntegrityError:
+                self._conn.execute("ROLLBACK")
+                self._conn.execute("BEGIN IMMEDIATE")
+                results = self._insert_each(batch, now)
             self._conn.execute("COMMIT")
             self._written += sum(len(envelope) for _, envelope in batch)
         except sqlite3.Error as exc:
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
             results = [StorageError(f"the spool {self.path} failed: {exc}")] * len(batch)
+        return results
+
+    def _insert_each(self, batch: list[tuple[str, bytes]], now: float) -> list[LedgerError | None]:
+        """The batch's records one by one, each in a savepoint: a used request ID is refused
+        alone (inside the caller's transaction)."""
+        results: list[LedgerError | None] = []
+        for request_id, envelope in batch:
+            try:
+                self._conn.execute("SAVEPOINT one")
+                self._conn.execute(
+                    "INSERT INTO spool (request_id, envelope, spooled_at) VALUES (?, ?, ?)",
+                    (request_id, envelope, now),
+                )
+                self._conn.execute("INSERT INTO request_ids VALUES (?, ?)", (request_id, now))
+                self._conn.execute("RELEASE one")
+                results.append(None)
+            except sqlite3.IntegrityError:
+                self._conn.execute("ROLLBACK TO one")
+                self._conn.execute("RELEASE one")
+                results.append(
+                    Conflict(
+                        f"request ID {request_id!r} was already used with this collector",
+                        code="request_id_in_use",
+                    )
+                )
         return results
 
     @contextmanager

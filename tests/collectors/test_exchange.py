@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 import pytest
 
 from collectors.exchange import CHAT, COMPLETIONS, Accumulator, ClientView, plan
@@ -338,3 +341,67 @@ def test_client_view_repairs_split_characters_and_trusts_chat_bytes(renderer):
     # vLLM's own string (in bytes) wins over a rendering that differs, and is counted
     other = view.shape(chunk(trail, "e"))["choices"][0]["logprobs"]["content"][0]
     assert other["token"] == "e" and view.mismatches == 1
+
+
+def _chat_chunk(rng: random.Random, k: int, oddity: str | None) -> dict[str, Any]:
+    """A streamed chat chunk with one token and ``k`` alternatives, ties likely; ``oddity``
+    spoils it in one of the ways the one-pass reader must leave to the general readers."""
+    values = sorted(rng.choice([-0.5, -1.25, -2.0, rng.uniform(-9, 0)]) for _ in range(k))[::-1]
+    if oddity == "unsorted":
+        rng.shuffle(values)
+    top = [{"token": f"token_id:{rng.randrange(500)}", "logprob": v, "bytes": []} for v in values]
+    item: dict[str, Any] = {"token": "token_id:1", "logprob": values[0] if values else -1.0}
+    item["top_logprobs"] = top
+    if oddity == "int_logprob":
+        item["logprob"] = -1
+    elif oddity == "bool_alternative" and top:
+        top[-1]["logprob"] = False
+    elif oddity == "int_alternative" and top:
+        top[-1]["logprob"] = -3
+    elif oddity == "text_token" and top:
+        top[-1]["token"] = "plain"
+    elif oddity == "no_logprob":
+        del item["logprob"]
+    elif oddity == "two_items":
+        item = {"content": [item, dict(item)]}
+    content = item.get("content", [item])
+    return {
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": "x"},
+                "logprobs": None if oddity == "null_logprobs" else {"content": content},
+                "token_ids": [7],
+                "finish_reason": None,
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize("top_k", [0, 1, 2, 5])
+def test_one_pass_chat_reading_records_what_the_general_readers_record(
+    top_k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chat fast path (logprobs, margins and alternatives in one pass) is an
+    optimisation only: over streams with ties, unsorted rows and every spoiled shape, the
+    record's choices and margins equal those of the general readers alone."""
+    oddities = [None, "unsorted", "int_logprob", "bool_alternative", "int_alternative"]
+    oddities += ["text_token", "no_logprob", "two_items", "null_logprobs"]
+    for seed in range(40):
+        rng = random.Random(seed)
+        k = top_k if rng.random() < 0.8 else rng.choice([1, 2, 3, 6])
+        chunks = [
+            _chat_chunk(rng, k, rng.choice(oddities) if rng.random() < 0.3 else None)
+            for _ in range(12)
+        ]
+        fast = Accumulator(CHAT, top_k=top_k)
+        for chunk in chunks:
+            fast.feed(chunk)
+        with monkeypatch.context() as patched:
+            patched.setattr(Accumulator, "_feed_chat_positions", lambda *a: False)
+            general = Accumulator(CHAT, top_k=top_k)
+            for chunk in chunks:
+                general.feed(chunk)
+        assert fast.record_choices() == general.record_choices(), seed
+        assert fast.margins() == general.margins(), seed
