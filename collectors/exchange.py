@@ -206,15 +206,16 @@ class ClientView:
         rows = logprobs.get("top_logprobs") or [None] * len(tokens)
         values = logprobs.get("token_logprobs") or [0.0] * len(tokens)
         out_tokens, out_rows, offsets = [], [], []
+        piece = self._piece
         for token, row, value in zip(tokens, rows, values, strict=False):
             token_id = parse_placeholder(token)
             if token_id is not None and value is None:
                 text = self._plain(token_id)  # no logprob for the position: a plain decode
             else:
-                text = self._piece(token, context)
+                text = piece(token, context)
             out_tokens.append(text)
             out_rows.append(
-                {self._piece(key, context): value for key, value in row.items()}
+                {piece(key, context): value for key, value in row.items()}
                 if isinstance(row, dict)
                 else row
             )
@@ -358,7 +359,12 @@ class Accumulator:
             ids = choice.get("token_ids") or []
             state.token_ids.extend(int(t) for t in ids)
             produced = produced or bool(ids)
-            if self._feed_chat_positions(state, choice.get("logprobs"), len(ids)):
+            fast = self._fast_positions(choice.get("logprobs"), len(ids))
+            if fast is not None:
+                state.logprobs.extend(fast[0])
+                state.margins.extend(fast[1])
+                state.top_ids.extend(fast[2])
+                state.top_logprobs.extend(fast[3])
                 self._feed_text(state, choice)
                 continue
             values = self._logprobs(choice.get("logprobs"), len(ids))
@@ -389,46 +395,60 @@ class Accumulator:
         if choice.get("stop_reason") is not None:
             state.stop_reason = choice["stop_reason"]
 
-    def _feed_chat_positions(self, state: _ChoiceState, logprobs: Any, count: int) -> bool:
-        """A chat choice's logprobs, margins and alternatives read in one pass, for the
-        common case only: one content item per output token, every logprob a float, at least
-        two alternatives per position and, with ``top_k``, exactly ``top_k`` of them, each a
-        ``token_id:N``. There the three readers below would give the very same values; for
-        anything else (False) they run instead, and nothing was taken here."""
-        if self.endpoint != CHAT or count == 0 or not isinstance(logprobs, dict):
-            return False
-        content = logprobs.get("content")
-        if not isinstance(content, list) or len(content) != count:
-            return False
+    def _fast_positions(
+        self, logprobs: Any, count: int
+    ) -> tuple[list[float], list[float], list[list[int]], list[list[float]]] | None:
+        """A choice's logprobs, margins and top-k alternatives (IDs, values) read in one pass,
+        for the common shape only: one logprob per output token and one row of at least two
+        alternatives each, every value a float and, with ``top_k``, every alternative kept a
+        ``token_id:N``. There the general readers below (``_logprobs``, ``_margins``,
+        ``_alternatives``) would give the very same values; for anything else (None) they
+        run instead."""
+        if count == 0 or not isinstance(logprobs, dict):
+            return None
+        values: Any
+        rows: list[list[tuple[Any, Any]] | None]
+        if self.endpoint == CHAT:
+            content = logprobs.get("content")
+            if not isinstance(content, list) or len(content) != count:
+                return None
+            values = [item.get("logprob") for item in content]
+            rows = [
+                [(alt.get("token"), alt.get("logprob")) for alt in item.get("top_logprobs") or ()]
+                for item in content
+            ]
+        else:
+            values = logprobs.get("token_logprobs")
+            top = logprobs.get("top_logprobs")
+            if not isinstance(values, list) or not isinstance(top, list):
+                return None
+            if len(values) != count or len(top) != count:
+                return None  # with echo, the prompt's positions come first
+            rows = [list(row.items()) if isinstance(row, dict) else None for row in top]
         top_k = self.top_k
-        values: list[float] = []
         margins: list[float] = []
         top_ids: list[list[int]] = []
         top_values: list[list[float]] = []
-        for item in content:
-            value = item.get("logprob")
-            alternatives = item.get("top_logprobs") or []
-            if type(value) is not float or len(alternatives) < 2:
-                return False
-            row = []
-            for alt in alternatives:
-                alt_value = alt.get("logprob")
-                if type(alt_value) is not float:
-                    return False
-                row.append((parse_placeholder(alt.get("token")) if top_k else None, alt_value))
-            if top_k and (len(row) != top_k or any(token_id is None for token_id, _ in row)):
-                return False
-            row.sort(key=_descending)  # stable: the engine's order kept among equals
-            values.append(value)
-            margins.append(row[0][1] - row[1][1])
-            if top_k:
-                top_ids.append([token_id for token_id, _ in row])  # type: ignore[misc]
-                top_values.append([alt_value for _, alt_value in row])
-        state.logprobs.extend(values)
-        state.margins.extend(margins)
-        state.top_ids.extend(top_ids)
-        state.top_logprobs.extend(top_values)
-        return True
+        for value, row in zip(values, rows, strict=True):
+            if type(value) is not float or row is None or len(row) < 2:
+                return None
+            if any(type(alt_value) is not float for _, alt_value in row):
+                return None
+            ranked = sorted((alt_value for _, alt_value in row), reverse=True)
+            margins.append(ranked[0] - ranked[1])
+            if not top_k:
+                continue
+            # completions list the sampled token first when it is outside the top-k
+            kept = row[1:] if len(row) == top_k + 1 and self.endpoint != CHAT else row
+            if len(kept) != top_k:
+                return None
+            parsed = [(parse_placeholder(token), alt_value) for token, alt_value in kept]
+            if any(token_id is None for token_id, _ in parsed):
+                return None
+            parsed.sort(key=_descending)  # stable: the engine's order kept among equals
+            top_ids.append([token_id for token_id, _ in parsed])  # type: ignore[misc]
+            top_values.append([alt_value for _, alt_value in parsed])
+        return values, margins, top_ids, top_values
 
     def _logprobs(self, logprobs: Any, count: int) -> list[float] | None:
         if count == 0:

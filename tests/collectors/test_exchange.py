@@ -379,29 +379,83 @@ def _chat_chunk(rng: random.Random, k: int, oddity: str | None) -> dict[str, Any
     }
 
 
+def _completions_chunk(rng: random.Random, k: int, oddity: str | None) -> dict[str, Any]:
+    """A completions chunk of two tokens, each row ``k`` alternatives keyed by token string
+    (and the sampled token first, when ``oddity`` is "sampled_outside"), or spoiled."""
+    positions = 3 if oddity == "echo" else 2
+    values, rows = [], []
+    for _ in range(positions):
+        row = {
+            f"token_id:{rng.randrange(500)}": rng.choice([-0.5, -2.0, rng.uniform(-9, 0)])
+            for _ in range(k)
+        }
+        if oddity == "sampled_outside":
+            row = {"token_id:999": -12.0, **row}
+        values.append(max(row.values()) if row else -1.0)
+        rows.append(row)
+    if oddity == "int_logprob":
+        values[0] = -1
+    elif oddity == "int_alternative" and rows[0]:
+        rows[0][next(iter(rows[0]))] = -4
+    elif oddity == "text_token":
+        rows[1]["plain"] = -0.25
+    elif oddity == "null_row":
+        rows[1] = None  # type: ignore[call-overload]
+    elif oddity == "short_logprobs":
+        values = values[1:]
+    logprobs = {"tokens": ["token_id:7"] * positions, "token_logprobs": values}
+    logprobs["top_logprobs"] = rows
+    return {
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "text": "xy",
+                "logprobs": None if oddity == "null_logprobs" else logprobs,
+                "token_ids": [7, 8],
+                "finish_reason": None,
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
 @pytest.mark.parametrize("top_k", [0, 1, 2, 5])
-def test_one_pass_chat_reading_records_what_the_general_readers_record(
-    top_k: int, monkeypatch: pytest.MonkeyPatch
+def test_one_pass_reading_records_what_the_general_readers_record(
+    endpoint: str, top_k: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The chat fast path (logprobs, margins and alternatives in one pass) is an
-    optimisation only: over streams with ties, unsorted rows and every spoiled shape, the
-    record's choices and margins equal those of the general readers alone."""
-    oddities = [None, "unsorted", "int_logprob", "bool_alternative", "int_alternative"]
-    oddities += ["text_token", "no_logprob", "two_items", "null_logprobs"]
-    for seed in range(40):
+    """The one-pass reader (logprobs, margins and alternatives together) is an optimisation
+    only: over chunks with ties, unsorted rows and every spoiled shape, the record's choices
+    and margins equal those of the general readers alone."""
+    if endpoint == CHAT:
+        make = _chat_chunk
+        oddities = [None, "unsorted", "int_logprob", "bool_alternative", "int_alternative"]
+        oddities += ["text_token", "no_logprob", "two_items", "null_logprobs"]
+    else:
+        make = _completions_chunk
+        oddities = [None, "sampled_outside", "echo", "int_logprob", "int_alternative"]
+        oddities += ["text_token", "null_row", "short_logprobs", "null_logprobs"]
+    fast_taken = 0
+    for seed in range(60):
+        # a third of the streams clean, a third with another number of alternatives than
+        # asked (the sampled token's extra entry among them), a third with spoiled chunks
         rng = random.Random(seed)
-        k = top_k if rng.random() < 0.8 else rng.choice([1, 2, 3, 6])
+        k = top_k if seed % 3 != 1 else rng.choice([1, 2, 3, 6, top_k + 1])
+        spoil = 0.3 if seed % 3 == 2 else 0.0
         chunks = [
-            _chat_chunk(rng, k, rng.choice(oddities) if rng.random() < 0.3 else None)
-            for _ in range(12)
+            make(rng, k, rng.choice(oddities) if rng.random() < spoil else None) for _ in range(12)
         ]
-        fast = Accumulator(CHAT, top_k=top_k)
+        fast = Accumulator(endpoint, top_k=top_k)
         for chunk in chunks:
             fast.feed(chunk)
+            choice = chunk["choices"][0]
+            count = len(choice["token_ids"])
+            fast_taken += fast._fast_positions(choice["logprobs"], count) is not None
         with monkeypatch.context() as patched:
-            patched.setattr(Accumulator, "_feed_chat_positions", lambda *a: False)
-            general = Accumulator(CHAT, top_k=top_k)
+            patched.setattr(Accumulator, "_fast_positions", lambda *a: None)
+            general = Accumulator(endpoint, top_k=top_k)
             for chunk in chunks:
                 general.feed(chunk)
         assert fast.record_choices() == general.record_choices(), seed
         assert fast.margins() == general.margins(), seed
+    assert fast_taken > 0 or top_k <= 1  # the one-pass reader did run
