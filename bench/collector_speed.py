@@ -10,7 +10,7 @@ concurrency (default 1, 16, 64, 256), connections send the shape's request back 
 
 - sustained recorded requests/s (every answered request is a spooled record: checked at the
   end against the collector's ``collector_records_total``);
-- p50 and p99 latency, and at concurrency 1 the added p50 (through minus straight);
+- p50 and p99 latency, and at concurrency 1 the added p50 and p99 (through minus straight);
 - the collector process's CPU per request (user + system, from /proc), and the ledger's.
 
 Medians of --runs runs. Targets (issue: keep up with a GPU): 16-token completions with top-5
@@ -296,12 +296,21 @@ def main() -> None:
                     n = len(lat)
                     collector_cpu = (cpu_seconds(stack.collector.pid) - before[0]) / n * 1000
                     ledger_cpu = (cpu_seconds(stack.ledger.pid) - before[1]) / n * 1000
-                    added = None
+                    added = added_p99 = None
                     if conc == 1:
                         _, direct = load(engine_port, request, 1, args.seconds / 2)
                         added = pct(lat, 0.5) - pct(direct, 0.5)
+                        added_p99 = pct(lat, 0.99) - pct(direct, 0.99)
                     rows.append(
-                        (rps, pct(lat, 0.5), pct(lat, 0.99), collector_cpu, ledger_cpu, added)
+                        (
+                            rps,
+                            pct(lat, 0.5),
+                            pct(lat, 0.99),
+                            collector_cpu,
+                            ledger_cpu,
+                            added,
+                            added_p99,
+                        )
                     )
                     if recorded != n:
                         print(f"  warning: {n} answered, {recorded:.0f} recorded")
@@ -309,9 +318,13 @@ def main() -> None:
                     statistics.median(r[k] for r in rows if r[k] is not None)
                     if any(r[k] is not None for r in rows)
                     else None
-                    for k in range(6)
+                    for k in range(7)
                 ]
-                extra = f", added p50 {med[5]:.2f} ms" if med[5] is not None else ""
+                extra = (
+                    f", added p50 {med[5]:.2f} ms, added p99 {med[6]:.2f} ms"
+                    if med[5] is not None
+                    else ""
+                )
                 print(
                     f"{name}, concurrency {conc}: {med[0]:,.0f} req/s, p50 {med[1]:.2f} ms, "
                     f"p99 {med[2]:.2f} ms, collector CPU {med[3]:.2f} ms/req, ledger CPU "
