@@ -65,6 +65,40 @@ def test_concurrent_puts_are_group_committed(tmp_path: Path):
     spool.close()
 
 
+def test_a_group_with_used_request_ids_refuses_only_those(tmp_path: Path):
+    """One group commit holding an ID used before and an ID twice: those are refused, each
+    alone, and every other record of the group is in, whole, exactly once."""
+    spool = Spool(tmp_path / "s.sqlite")
+    spool.put("used", b"old")
+    with spool._write_lock:  # the writer waits here while the group queues up
+        futures = [
+            spool.submit(request_id, envelope)
+            for request_id, envelope in [
+                ("a", b"A"),
+                ("used", b"new"),
+                ("b", b"B"),
+                ("a", b"again"),
+                ("c", b"C"),
+            ]
+        ]
+    outcomes = []
+    for future in futures:
+        try:
+            future.result(5)
+            outcomes.append("ok")
+        except Conflict as exc:
+            outcomes.append(exc.code)
+    assert outcomes == ["ok", "request_id_in_use", "ok", "request_id_in_use", "ok"]
+    assert [(i.request_id, i.envelope) for i in spool.oldest(10)] == [
+        ("used", b"old"),
+        ("a", b"A"),
+        ("b", b"B"),
+        ("c", b"C"),
+    ]
+    assert all(spool.holds(request_id) for request_id in ("a", "b", "c", "used"))
+    spool.close()
+
+
 def test_fingerprints_wait_for_registration(tmp_path: Path):
     spool = Spool(tmp_path / "s.sqlite")
     spool.add_fingerprint("sha256:a", b"{}")
