@@ -1,7 +1,7 @@
 """Console speed: search and record pages at 1M records on Postgres, and in-browser verification.
 
 Uses (or builds) the Postgres log of ``bench/log.py`` (--leaves records of 16 prompt and 16
-output tokens, schema v1, loaded with binary COPY), adds a few schema v2 records through the
+output tokens, schema v1, loaded with binary COPY), adds 20 schema v2 records through the
 API, and starts ``ledger serve`` (one worker) on it. Then, signed in through the console's form
 with an admin token, one client over keep-alive HTTP times --requests requests of each page:
 
@@ -10,11 +10,13 @@ with an admin token, one client over keep-alive HTTP times --requests requests o
 - ``search, aborted only``: no record matches; the page scans its 1,000-row budget and
   answers an empty page with a cursor (the worst case of a filter the index cannot narrow);
 - ``record``: /ui/records/{id} of a random record (v1: its content is in its leaf);
+- ``record, schema v2``: a random one of the v2 records (its disclosures opened);
 
-and reports p50 and p95 per run, client-observed on the loopback (an upper bound of the
-server's own time). Last, Debian's chromium (Playwright) opens a v1 and a v2 record page
---browser-runs times and reads the time the page's own script took to verify the bundle with
-WebCrypto (``data-ms`` of the verification panel): median and p95.
+and reports p50 and p95 per run: the server's own time (its ``Server-Timing`` header, taken
+when the page's head is sent, which for these pages is after the whole body is rendered) and
+the client-observed time on the loopback. Last, Debian's chromium (Playwright) opens a v1 and
+a v2 record page --browser-runs times and reads the time the page's own script took to verify
+the bundle with WebCrypto (``data-ms`` of the verification panel): median and p95.
 
     .venv/bin/python bench/ui.py --leaves 1000000 --runs 3
 """
@@ -35,6 +37,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.cache import server_ms  # noqa: E402
 from bench.ingest import machine, start_server  # noqa: E402
 from bench.log import ensure_log, percentile  # noqa: E402
 from ledger.signing import SigningKey, public_key_pem  # noqa: E402
@@ -83,8 +86,9 @@ def add_v2_records(api: str, token: str, n: int) -> list[str]:
 
 
 def time_pages(
-    c: httpx.Client, leaves: int, requests: int, rng: random.Random
-) -> dict[str, tuple[float, float]]:
+    c: httpx.Client, leaves: int, v2: list[str], requests: int, rng: random.Random
+) -> dict[str, tuple[float, float, float, float]]:
+    """Per page: server p50 and p95 (its Server-Timing), client-observed p50 and p95."""
     pages = {
         "search": lambda: ("/ui/records", None),
         "search, filtered": lambda: (
@@ -96,20 +100,34 @@ def time_pages(
             {"aborted": "true"},
         ),
         "record": lambda: (f"/ui/records/bench-{rng.randrange(leaves - 3):08d}", None),
+        "record, schema v2 (disclosures opened)": lambda: (f"/ui/records/{rng.choice(v2)}", None),
     }
     out = {}
     for label, make in pages.items():
         for _ in range(10):  # warm up
             path, params = make()
             c.get(path, params=params).raise_for_status()
-        times = []
+        server, client = [], []
         for _ in range(requests):
             path, params = make()
             t = time.perf_counter()
-            c.get(path, params=params).raise_for_status()
-            times.append((time.perf_counter() - t) * 1000)
-        out[label] = (percentile(times, 50), percentile(times, 95))
+            resp = c.get(path, params=params)
+            client.append((time.perf_counter() - t) * 1000)
+            resp.raise_for_status()
+            server.append(server_ms(resp))
+        out[label] = (
+            percentile(server, 50),
+            percentile(server, 95),
+            percentile(client, 50),
+            percentile(client, 95),
+        )
     return out
+
+
+def _figures(f: tuple[float, ...]) -> str:
+    return (
+        f"server p50 {f[0]:.2f} ms, p95 {f[1]:.2f} ms; client p50 {f[2]:.2f} ms, p95 {f[3]:.2f} ms"
+    )
 
 
 def browser_verification(
@@ -153,21 +171,21 @@ def main() -> None:
     db.dispose()
     proc, api, _ = start_server(url, data_dir, 1)
     try:
-        v2 = add_v2_records(api, token, 3)
+        v2 = add_v2_records(api, token, 20)
         rng = random.Random(1)
-        per_run: dict[str, list[tuple[float, float]]] = {}
+        per_run: dict[str, list[tuple[float, ...]]] = {}
         c = console_client(api, token)
         try:
             for run in range(args.runs):
-                for label, (p50, p95) in time_pages(c, args.leaves, args.requests, rng).items():
-                    per_run.setdefault(label, []).append((p50, p95))
-                    print(f"run {run + 1}: {label}: p50 {p50:.2f} ms, p95 {p95:.2f} ms")
+                timed = time_pages(c, args.leaves, v2, args.requests, rng)
+                for label, figures in timed.items():
+                    per_run.setdefault(label, []).append(figures)
+                    print(f"run {run + 1}: {label}: {_figures(figures)}")
         finally:
             c.close()
         for label, values in per_run.items():
-            p50 = statistics.median(v[0] for v in values)
-            p95 = statistics.median(v[1] for v in values)
-            print(f"{label}: median of {args.runs} runs: p50 {p50:.2f} ms, p95 {p95:.2f} ms")
+            median = tuple(statistics.median(v[i] for v in values) for i in range(4))
+            print(f"{label}: median of {args.runs} runs: {_figures(median)}")
         pages = {"v1 record": f"bench-{args.leaves // 2:08d}", "v2 record": v2[0]}
         for label, times in browser_verification(api, token, pages, args.browser_runs).items():
             print(

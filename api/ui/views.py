@@ -164,6 +164,7 @@ def record_page(
                 "digest": digest,
                 "member": d.member if d else None,
                 "state": "disclosed" if d else ("erased" if digest in erased else "missing"),
+                "held": hit.held_by is not None,
             }
         )
     return {
@@ -179,6 +180,11 @@ def record_page(
         "timings": dict(record.timings),
         "system_fingerprint": record.system_fingerprint,
         "prompt": prompt_text(record.request),
+        "prompt_tokens": (
+            unpack_int32(record.prompt_token_ids, "prompt_token_ids")
+            if record.prompt_token_ids
+            else []
+        ),
         "choices": choices,
         "members": members,
         "erasure": dict(erasure) if erasure else None,

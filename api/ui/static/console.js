@@ -38,7 +38,10 @@
     return li;
   }
 
+  var runs = 0;  // a later run (a key pinned meanwhile) owns the list of steps
+
   async function run() {
+    var mine = ++runs;
     steps.textContent = "";
     delete panel.dataset.state;
     result.textContent = "Verifying…";
@@ -74,18 +77,8 @@
         "(or on localhost) to verify in the browser.";
       return;
     }
-    var t0 = performance.now();
-    var out;
-    try {
-      out = await window.LedgerVerify.verifyBundle(bundle, key);
-    } catch (e) {  // no Ed25519 in this browser's WebCrypto, for one
-      result.className = "result invalid";
-      result.textContent = "This browser cannot verify the bundle: " + e.message;
-      panel.dataset.state = "error";
-      return;
-    }
-    var ms = performance.now() - t0;
-    out.steps.forEach(function (s) {
+    var shown = function (s) {  // each step as it is settled
+      if (mine !== runs) return;
       var label = (NAMES[s.check] || s.check) + " [" + s.check + "]";
       // passed, not_pinned (ok: the key it carries), skipped (a v1 bundle's fingerprint
       // checks), failed, not_run (after a failure)
@@ -93,7 +86,19 @@
       var li = item(cls, label + (s.message ? ": " + s.message : ""));
       li.dataset.check = s.check;
       li.dataset.state = cls;
-    });
+    };
+    var t0 = performance.now();
+    var out;
+    try {
+      out = await window.LedgerVerify.verifyBundle(bundle, key, shown);
+    } catch (e) {  // no Ed25519 in this browser's WebCrypto, for one
+      result.className = "result invalid";
+      result.textContent = "This browser cannot verify the bundle: " + e.message;
+      panel.dataset.state = "error";
+      return;
+    }
+    var ms = performance.now() - t0;
+    if (mine !== runs) return;
     if (out.valid) {
       result.className = "result valid";
       result.textContent = "VALID: every step passed in this browser (" + ms.toFixed(1) + " ms)" +

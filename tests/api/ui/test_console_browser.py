@@ -17,6 +17,8 @@ from playwright.sync_api import Browser, Page, Route, expect
 from typer.testing import CliRunner
 
 from cli.main import app as cli
+from ledger import disclosures
+from ledger.packing import unpack_int32
 from ledger.signing import public_key_pem
 from tests.support.browser import axe_violations, chromium, requests_of, sign_in
 from tests.support.console_scene import ConsoleScene, build_scene
@@ -182,6 +184,47 @@ def test_a_reader_sees_no_admin_action(page: Page, scene: ConsoleScene):
     expect(page.get_by_role("heading", name="Prompt")).to_be_visible()
     assert page.get_by_role("button", name="Place legal hold").count() == 0
     assert page.get_by_role("button", name="Erase content (logged, irreversible)").count() == 0
+
+
+def test_a_form_posted_without_its_csrf_token_is_refused(page: Page, scene: ConsoleScene):
+    sign_in(page, scene.h.url, scene.h.admin_token)
+    rid = scene.ids["plain"]
+    page.goto(f"{scene.h.url}/ui/records/{rid}")
+    form = page.locator("form.action", has=page.get_by_role("button", name="Place legal hold"))
+    form.locator('input[name="csrf"]').evaluate("e => { e.value = ''; }")
+    page.get_by_label("Reason for a legal hold").fill("forged by another page")
+    with page.expect_response(f"**/ui/records/{rid}/hold") as info:
+        page.get_by_role("button", name="Place legal hold").click()
+    assert info.value.status == 403
+    expect(page.get_by_text("CSRF token is missing or wrong")).to_be_visible()
+    held = scene.h.client().get("/v1/records", params={"held": "true", "limit": 1000}).json()
+    assert rid not in [i["request_id"] for i in held["items"]]
+
+
+def test_search_with_several_filters_and_the_record_in_tokens(page: Page, scene: ConsoleScene):
+    sign_in(page, scene.h.url, scene.h.admin_token)
+    page.get_by_label("Pool").fill("strict")
+    page.get_by_label("Tier").select_option("2")
+    page.get_by_label("Legal hold").select_option("true")
+    page.get_by_role("button", name="Search").click()
+    rows = page.locator("table.results tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text(scene.ids["held"])
+    page.get_by_label("Pool").fill("no-such-pool")
+    page.get_by_role("button", name="Search").click()
+    expect(rows).to_have_count(0)
+    page.goto(f"{scene.h.url}/ui/records/{scene.ids['held']}")
+    record = scene.h.client().get(f"/v1/records/{scene.ids['held']}").json()
+    opened = {d.member: d.value for d in map(disclosures.parse, record["disclosures"])}
+    ids = unpack_int32(opened["prompt_token_ids"], "prompt_token_ids")
+    assert ids
+    shown = page.locator("#prompt-tokens .tok").all_inner_texts()
+    assert [int(t) for t in shown] == ids
+    members = page.locator("table", has=page.locator("caption", has_text="Committed members"))
+    states = members.locator("tbody tr").evaluate_all(
+        "rows => rows.map(r => [r.cells[1].innerText, r.cells[2].innerText])"
+    )
+    assert states and all(hold == "held" for _, hold in states), states
 
 
 PAYLOAD = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'

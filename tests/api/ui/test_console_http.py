@@ -101,6 +101,30 @@ def test_sign_in_sets_a_strict_http_only_session(scene: Scene):
     assert "default-src 'self'" in page.headers["content-security-policy"]
 
 
+def test_the_session_cookie_is_secure_behind_a_tls_proxy(scene: Scene):
+    # A TLS proxy on this host says https with X-Forwarded-Proto (uvicorn takes it from the
+    # addresses in FORWARDED_ALLOW_IPS, 127.0.0.1 by default): the cookie is then Secure.
+    c = browser(scene)
+    c.headers["X-Forwarded-Proto"] = "https"
+    form = c.get("/ui/signin")
+    token = re.search(r'name="form_token" value="([^"]+)"', form.text)
+    assert token is not None
+    signin_cookie = next(
+        v for v in form.headers.get_list("set-cookie") if v.startswith("ledger_signin=")
+    )
+    assert "; Secure" in signin_cookie
+    # the client itself talks plain HTTP to the proxy's upstream: it sends the cookie back
+    c.cookies.clear()
+    resp = c.post(
+        "/ui/signin",
+        data={"form_token": token[1], "next": "/ui/log", "token": scene.h.admin_token},
+        headers={"Cookie": signin_cookie.split(";", 1)[0]},
+    )
+    assert resp.status_code == 303, resp.text
+    cookie = next(v for v in resp.headers.get_list("set-cookie") if v.startswith("ledger_session="))
+    assert "; Secure" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+
+
 @pytest.mark.parametrize(
     ("secret", "status", "shown"),
     [
