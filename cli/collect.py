@@ -11,7 +11,14 @@ from pathlib import Path
 import typer
 import uvicorn
 
-from cli.common import LogFormatOption, console, fail, ledger_errors, read_public_key
+from cli.common import (
+    LogFormatOption,
+    console,
+    fail,
+    ledger_errors,
+    read_public_key,
+    read_signing_key,
+)
 from client.ledger_client import read_token_file
 from collectors.collector import Collector, CollectorConfig
 from collectors.digest_cache import default_cache_path
@@ -19,7 +26,6 @@ from collectors.proxy import create_proxy
 from collectors.shipper import LINGER
 from collectors.tiers import TIERS
 from ledger.logs import LogFormat, LogLevel, logging_config
-from ledger.signing import SigningKey
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -96,6 +102,7 @@ def collect(
     if not 0 <= ship_linger <= 10:
         fail("--ship-linger must be between 0 and 10 seconds")
     host, port = _listen(listen)
+    signing_key = read_signing_key(key)
     if advertise_url is None and not no_register:
         shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
         advertise_url = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
@@ -104,7 +111,7 @@ def collect(
             engine_url=engine_url,
             ledger_url=ledger_url,
             ledger_token=read_token_file(token_file),
-            key=SigningKey.load(key),
+            key=signing_key,
             pool=pool,
             worker_id=worker_id,
             model_dir=model_dir,

@@ -93,7 +93,8 @@ def fail(message: str, code: int = 2) -> Any:
     """One line on stderr, then exit: 2 for usage or trouble (the default), 1 for a negative
     result (an invalid bundle, a finding, a verdict other than the one asked for)."""
     # Messages carry codes in brackets ("[engine_unreachable]"): print them, not as markup.
-    err_console.print(f"[bold red]error:[/] {escape(message)}")
+    # A driver's message may hold line breaks (psycopg's hint): one line all the same.
+    err_console.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}")
     raise typer.Exit(code)
 
 
@@ -155,6 +156,17 @@ def show_progress(logger: str = "ledger.demo") -> None:
 
 def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def read_signing_key(path: Path) -> SigningKey:
+    """A private key from a PEM file; one line and exit 2 when it cannot be read."""
+    try:
+        return SigningKey.load(path)
+    except OSError as exc:
+        fail(f"cannot read key {path}: {exc.strerror}")
+    except LedgerError as exc:
+        fail(f"cannot read key {path}: {exc.message}")
+    raise AssertionError("unreachable")
 
 
 def read_public_key(path: Path) -> Ed25519PublicKey:

@@ -19,6 +19,7 @@ from cli.common import (
     fail,
     ledger_errors,
     print_json,
+    read_signing_key,
     table,
     token_file_or_default,
 )
@@ -27,7 +28,6 @@ from client.ledger_client import LedgerClient, read_token_file
 from collectors.digest_cache import DigestCache, default_cache_path
 from collectors.snapshot import Snapshot, take_snapshot
 from ledger.atomic_file import write_atomically
-from ledger.signing import SigningKey
 
 ENGINE_ROWS = (
     "version",
@@ -107,6 +107,7 @@ def fingerprint(
     """Snapshot model files, runtime, GPU and engine flags; print the canonical fingerprint."""
     if register and key is None:
         fail("--register needs --key (the collector's signing key)")
+    signing_key = read_signing_key(key) if register and key is not None else None  # before hashing
     digest_cache = DigestCache(cache or default_cache_path())
     with ledger_errors(), DelayedByteProgress("hashing model files") as progress:
         snapshot = take_snapshot(
@@ -127,9 +128,8 @@ def fingerprint(
         "identity": snapshot.identity,
     }
     if register:
-        assert key is not None
+        assert signing_key is not None
         with ledger_errors():
-            signing_key = SigningKey.load(key)
             token = read_token_file(token_file_or_default(token_file))
             with LedgerClient(api, token) as client:
                 document["registration"] = client.register_fingerprint(

@@ -138,15 +138,22 @@ def list_keys(
 
 @app.command("show-log")
 def show_log(
-    api: str | None = typer.Option(None, "--api", help="ask a running ledger for its log key"),
+    api: str | None = typer.Option(
+        None,
+        "--api",
+        envvar="LEDGER_API_URL",
+        help="ask a running ledger for its log key (unless --key-file is given)",
+    ),
     key_file: Path | None = typer.Option(
-        None, "--key-file", help="read the local log key (default: LEDGER_LOG_KEY_FILE)"
+        None,
+        "--key-file",
+        help="read a local log key (without --api or LEDGER_API_URL: LEDGER_LOG_KEY_FILE)",
     ),
     as_json: bool = JsonOption,
 ) -> None:
     """Print the ledger's log public key (PEM, key ID and C2SP verifier key)."""
     with ledger_errors():
-        if api is not None:
+        if api is not None and key_file is None:
             with LedgerClient(api) as client:
                 info = client.log_key()
         else:

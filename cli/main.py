@@ -20,7 +20,7 @@ from typer._click.exceptions import (  # typer's own click, which it raises
     NoArgsIsHelpError,
     UsageError,
 )
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
 from typer.exceptions import Abort
 
 DEBUG_FLAG = "--debug"
@@ -46,6 +46,25 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "tokens": ("cli.tokens", "app", "group", "API bearer tokens (stored hashed)."),
     "records": ("cli.records", "app", "group", "Records: search them (as the console does)."),
 }
+
+
+_typer_value_label = TyperOption.display_type_rich
+
+
+def _value_label(self: TyperOption, ctx: Any) -> str | None:
+    """What the help shows after an option: typer's ``<int>``, ``<path>`` and choices, but
+    nothing for a flag (it takes no value; typer shows ``<bool>``), and a repeatable option as
+    what each occurrence takes, ``<a|b>...`` (typer shows ``<list[a|b]>``)."""
+    if self.metavar is None and self.is_flag:
+        return None
+    label = _typer_value_label(self, ctx)
+    if label and label.startswith("<list[") and label.endswith("]>"):
+        inner = label[len("<list[") : -len("]>")]
+        return f"<{'path' if inner == 'Path' else inner}>..."
+    return label
+
+
+TyperOption.display_type_rich = _value_label  # type: ignore[method-assign]
 
 
 def load_command(name: str) -> Any:

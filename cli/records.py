@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 from pathlib import Path
@@ -22,6 +23,11 @@ from cli.common import (
 )
 from client.ledger_client import LedgerClient, read_token_file
 from ledger import record_export
+from ledger.compare import VERDICTS
+
+# What --verdict and --content accept (the API's filters: ledger.storage.record_search).
+Verdict = enum.Enum("Verdict", {v: v for v in (*VERDICTS, "none")}, type=str)  # type: ignore[misc]
+Content = enum.Enum("Content", {c: c for c in ("complete", "erased", "in_log")}, type=str)  # type: ignore[misc]
 
 app = typer.Typer(help="Records: search them (as the console does).", no_args_is_help=True)
 PAGE = 500
@@ -41,14 +47,14 @@ def search(
     worker: str | None = typer.Option(None, "--worker", help="the worker ID that served it"),
     tier: int | None = typer.Option(None, "--tier", min=0, max=2, help="determinism tier"),
     fingerprint: str | None = typer.Option(None, "--fingerprint", help="sha256:… fingerprint"),
-    verdict: str | None = typer.Option(
-        None, "--verdict", help="a logged replay verdict (bitwise, diverged, …) or none"
+    verdict: Verdict | None = typer.Option(
+        None, "--verdict", help="a logged replay verdict, or none (never replayed)"
     ),
     aborted: bool | None = typer.Option(
         None, "--aborted/--not-aborted", help="only records whose client left (or did not)"
     ),
-    content: str | None = typer.Option(
-        None, "--content", help="complete, erased or in_log (schema v1)"
+    content: Content | None = typer.Option(
+        None, "--content", help="the content's state (in_log: schema v1, inside its leaf)"
     ),
     held: bool | None = typer.Option(
         None, "--held/--not-held", help="only records a legal hold covers (or does not)"
@@ -71,9 +77,9 @@ def search(
         "worker_id": worker,
         "tier": tier,
         "fingerprint_id": fingerprint,
-        "verdict": verdict,
+        "verdict": verdict.value if verdict else None,
         "aborted": None if aborted is None else str(aborted).lower(),
-        "content": content,
+        "content": content.value if content else None,
         "held": None if held is None else str(held).lower(),
         "order": "newest" if newest else "log",
         "fields": "meta",

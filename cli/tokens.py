@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,11 +26,12 @@ from ledger.storage import tokenstore
 from ledger.tokens import EXPIRY_FORMS, SCOPES, parse_expiry
 
 app = typer.Typer(help="API bearer tokens (stored hashed).", no_args_is_help=True)
+Scope = enum.Enum("Scope", {s: s for s in SCOPES}, type=str)  # type: ignore[misc]
 
 
 @app.command("create")
 def create(
-    scope: list[str] = typer.Option(..., "--scope", help=f"repeatable: {', '.join(SCOPES)}"),
+    scope: list[Scope] = typer.Option(..., "--scope", help="repeatable: a scope the token carries"),
     name: str = typer.Option("cli", help="a label for the token"),
     expires: str | None = typer.Option(
         None, "--expires", help=f"when the token stops working: {EXPIRY_FORMS}; default never"
@@ -53,7 +55,7 @@ def create(
         fail("--force only applies with --out")
     with ledger_errors():
         expires_at = parse_expiry(expires, datetime.now(UTC)) if expires is not None else None
-        token = tokenstore.prepare_token(name, scope, expires_at)
+        token = tokenstore.prepare_token(name, [s.value for s in scope], expires_at)
         # The file is written (not yet visible) before the token is stored, so a token whose
         # secret could not be kept is never created; it appears once the token exists.
         staged = None

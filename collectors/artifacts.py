@@ -319,8 +319,16 @@ def snapshot_artifacts(
     workers: int | None = None,
     progress: Progress | None = None,
 ) -> ArtifactSnapshot:
-    """Hash the model directory and build the fingerprint's ``model`` section."""
+    """Hash the model directory and build the fingerprint's ``model`` section. InvalidInput
+    ``model_dir_not_a_model`` for a directory with neither a config.json nor a weight file
+    (a typo'd path to some other folder would otherwise fingerprint as a model)."""
     files = list_model_files(directory)
+    if not any(f.path == "config.json" or f.path.endswith(WEIGHT_SUFFIXES) for f in files):
+        raise InvalidInput(
+            f"model directory {directory} holds neither a config.json nor a weight file "
+            f"({', '.join('*' + s for s in WEIGHT_SUFFIXES)}): not a model",
+            code="model_dir_not_a_model",
+        )
     digests, hashed_bytes, hashed_files = hash_files(
         files, cache, rehash=rehash, workers=workers, progress=progress
     )

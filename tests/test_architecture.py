@@ -1,6 +1,7 @@
 """The core imports no web framework, CLI framework, HTTP client, nor our outer packages."""
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,16 @@ def test_tests_mirror_the_packages():
     assert folders <= packages, sorted(folders - packages)
     for package in ("ledger", "api", "collectors", "client", "cli", "demo"):
         assert any((ROOT / "tests" / package).glob("test_*.py")), package
+
+
+def test_every_typed_package_ships_its_marker():
+    """A package that says it is typed (py.typed) ships the marker in the wheel; only the
+    migrations (Alembic's scripts) say nothing."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    setuptools = project["tool"]["setuptools"]
+    included = [p.rstrip("*") for p in setuptools["packages"]["find"]["include"]]
+    data = setuptools["package-data"]
+    typed = [p for p in included if (ROOT / p / "py.typed").exists()]
+    assert sorted(set(included) - set(typed)) == ["migrations"]
+    for package in typed:
+        assert "py.typed" in data.get(package, []), f"{package}'s py.typed is not in the wheel"

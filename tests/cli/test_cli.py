@@ -47,7 +47,7 @@ def test_db_and_tokens_commands(tmp_path: Path):
     bad_origin = ledger("db", "current", env={"LEDGER_LOG_ORIGIN": "a b"}, check=False)
     assert bad_origin.returncode == 2 and "LEDGER_LOG_ORIGIN" in bad_origin.stderr
     bad = ledger("tokens", "create", "--scope", "root", "--db", url, check=False)
-    assert bad.returncode == 2 and "unknown scope" in bad.stderr
+    assert bad.returncode == 2 and "'root' is not one of 'records:write'" in bad.stderr
     ledger("tokens", "revoke", created["token_id"], "--db", url)
     assert json.loads(ledger("tokens", "list", "--db", url, "--json").stdout)[0]["revoked_at"]
 
@@ -131,6 +131,15 @@ def test_serve_writes_an_admin_token_and_keys_register(tmp_path: Path, backend: 
             ledger("keys", "show-log", "--json", env={"LEDGER_DATA_DIR": str(tmp_path)}).stdout
         )
         assert shown["key_id"] == local["key_id"] and shown["vkey"] == local["vkey"]
+        elsewhere = tmp_path / "elsewhere"  # no ledger data here: only the API can answer
+        elsewhere.mkdir()
+        by_env = ledger(
+            "keys",
+            "show-log",
+            "--json",
+            env={"LEDGER_API_URL": url, "LEDGER_DATA_DIR": str(elsewhere)},
+        )
+        assert json.loads(by_env.stdout)["vkey"] == local["vkey"]
         missing = ledger(
             "keys", "list", "--api", url, "--token-file", str(tmp_path / "nope"), check=False
         )

@@ -7,6 +7,8 @@ takes ``--debug``); every command and argument has help text.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -16,7 +18,10 @@ from typing import Any
 import pytest
 
 from cli.main import COMMANDS, load_command, main
+from ledger.signing import SigningKey
 from tests.support.cli import ledger, serve
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BAD_URL = "http://256.1.1.1:8700"
 DOWN = "http://127.0.0.1:1"
@@ -43,10 +48,40 @@ def test_every_command_and_argument_has_help_and_real_placeholders():
         for param in command.params:
             if not (getattr(param, "help", None) or "").strip():
                 missing.append(f"{name} {param.name}")
-        shown = command.get_help(command.context_class(command, info_name=name))
-        placeholders += [f"{name}: {m}" for m in re.findall(r"<[A-Za-z_]+(?:\[[^>]*\])?>", shown)]
+        shown = _help_text(name.split())
+        assert "--help" in shown, (name, shown)  # the help as printed, not an empty render
+        placeholders += [f"{name}: {m}" for m in re.findall(PLACEHOLDER, shown)]
     assert not missing, f"parameters without help: {missing}"
     assert not placeholders, f"type placeholders shown as metavars: {placeholders}"
+
+
+# What typer would show where a value is typed but is not one: a flag's <bool>, a repeatable
+# option's <list[str]>, a Python class name (<Path>); <path>, <str>, <int> and choices are fine.
+PLACEHOLDER = r"<(?:bool|list\[[^>]*\]|[A-Z][A-Za-z]*)>"
+
+
+def _help_text(path: list[str]) -> str:
+    """``ledger PATH --help`` as a terminal shows it (rich's boxes folded to plain text)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main([*path, "--help"])
+        except SystemExit as done:
+            assert done.code in (0, None), path
+    return out.getvalue()
+
+
+def test_the_placeholder_check_sees_what_typer_would_show():
+    assert re.findall(PLACEHOLDER, "--json <bool>  --scope <list[str]>  --x <Path>") == [
+        "<bool>",
+        "<list[str]>",
+        "<Path>",
+    ]
+    assert re.findall(PLACEHOLDER, "--log-key <path>  --limit <int>  --scope <a|b>...") == []
+    shown = _help_text(["verify"])
+    assert "--trust-bundled-log-key" in shown and "<path>" in shown
+    assert "<bool>" not in shown
+    assert "<records:write|" in _help_text(["tokens", "create"]).replace("\n", "")
 
 
 def one_error_line(proc, code: int = 2) -> str:
@@ -80,9 +115,17 @@ def running(tmp_path_factory) -> Iterator[tuple[str, Path]]:
         ["replay", "req-1", "--api", BAD_URL],
         ["certify", "--pool", "p", "--api", BAD_URL],
         ["diff", "sha256:" + "0" * 64, "sha256:" + "1" * 64, "--api", BAD_URL],
+        ["erase", "req-1", "--reason", "r", "--api", BAD_URL],
+        ["records", "search", "--api", BAD_URL],
+        [
+            *("fingerprint", "--model-dir", "{tmp}/m", "--register", "--key", "{tmp}/c.pem"),
+            *("--api", BAD_URL),
+        ],
         ["evidence", "req-1", "-o", "{tmp}/b.json", "--api", DOWN],
         ["keys", "list", "--api", DOWN],
         ["replay", "req-1", "--api", DOWN],
+        ["erase", "req-1", "--reason", "r", "--api", DOWN],
+        ["records", "search", "--api", DOWN],
     ],
     ids=lambda a: " ".join(a[:2]),
 )
@@ -90,11 +133,52 @@ def test_a_bad_or_unreachable_url_is_one_line_and_exit_2(tmp_path: Path, args: l
     token = tmp_path / "t.token"
     token.write_text("not-a-real-token\n")
     (tmp_path / "k.pub.pem").write_text("not a key\n")
+    (tmp_path / "c.pem").write_bytes(SigningKey.generate().private_pem())
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     if args[:2] != ["keys", "show-log"] and args[0] != "diff":  # the two that take no token
         args += ["--token-file", str(token)]
     line = one_error_line(ledger(*args, check=False))
     assert "256.1.1.1" in line or "127.0.0.1:1" in line or "cannot read key" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["audit", "--db", "{pg}"],
+        ["tokens", "list", "--db", "{pg}"],
+        ["db", "current", "--db", "{pg}"],
+        ["db", "upgrade", "--db", "{pg}"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_an_unreachable_database_is_one_line_and_exit_2(args: list[str]):
+    # psycopg's message holds a line break (its hint): still one line
+    pg = "postgresql://postgres@127.0.0.1:1/ledger"
+    line = one_error_line(ledger(*[a.replace("{pg}", pg) for a in args], check=False))
+    assert "127.0.0.1" in line and "[storage_error]" in line, line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fingerprint", "--model-dir", "{tmp}/m", "--register", "--key", "{tmp}/missing.pem"],
+        [
+            *("collect", "--engine-url", DOWN, "--ledger", DOWN, "--key", "{tmp}/missing.pem"),
+            *("--pool", "p", "--worker-id", "w", "--model-dir", "{tmp}/m"),
+            *("--token-file", "{tmp}/t"),
+        ],
+        ["keys", "register", "{tmp}/missing.pem", "--name", "k", "--api", DOWN],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_a_missing_key_is_named_before_any_work(tmp_path: Path, args: list[str]):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "t").write_text("not-a-real-token\n")
+    line = one_error_line(ledger(*[a.replace("{tmp}", str(tmp_path)) for a in args], check=False))
+    assert f"cannot read key {tmp_path}/missing.pem" in line, line
 
 
 @pytest.mark.parametrize(
@@ -129,6 +213,10 @@ def test_a_wrong_token_is_one_line_and_exit_2(running, tmp_path: Path):
         ["evidence", "req-1", "-o", str(tmp_path / "b.json")],
         ["replay", "req-1"],
         ["certify", "--pool", "p"],
+        ["erase", "req-1", "--reason", "r"],
+        ["records", "search"],
+        ["keys", "revoke", "ed25519:" + "0" * 64, "--reason", "r"],
+        ["diff", "sha256:" + "0" * 64, "sha256:" + "1" * 64],
     ):
         line = one_error_line(ledger(*args, *common, check=False))
         assert "token" in line, line
@@ -146,10 +234,23 @@ def test_an_unknown_id_is_one_line_and_exit_2(running, tmp_path: Path):
         ("keys", "revoke", "ed25519:" + "0" * 64, "--reason", "r", *common): "key_not_found",
         ("tokens", "revoke", "000000000000", *db): "000000000000",
         ("diff", "sha256:" + "0" * 64, "sha256:" + "1" * 64, *common): "fingerprint_not_found",
+        ("erase", "no-such-record", "--reason", "r", *common): "no-such-record",
     }
     for args, words in cases.items():
         line = one_error_line(ledger(*args, check=False))
         assert words in line, line
+
+
+def test_a_negative_verdict_is_exit_1(tmp_path: Path):
+    """`ledger verify` of a bundle that fails a check: exit 1 and the check named (not 2)."""
+    example = json.loads((ROOT / "docs" / "examples" / "evidence-example.json").read_text())
+    example["leaf_index"] += 1
+    bundle = tmp_path / "tampered.json"
+    bundle.write_text(json.dumps(example))
+    out = ledger("verify", str(bundle), "--trust-bundled-log-key", check=False)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "INVALID" in out.stdout + out.stderr and "inclusion_proof" in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
 
 
 def test_version_and_help_of_every_command():

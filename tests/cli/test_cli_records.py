@@ -77,7 +77,8 @@ def test_filters_order_and_limit_pass_through(api: Harness, tmp_path: Path):
 @pytest.mark.parametrize(
     ("args", "shown"),
     [
-        (["--verdict", "great"], "verdict must be one of"),
+        (["--verdict", "great"], "'great' is not one of 'bitwise'"),
+        (["--content", "gone"], "'gone' is not one of 'complete', 'erased', 'in_log'"),
         (["--csv", "--json"], "choose one of --csv and --json"),
         (["--since", "yesterday"], "RFC 3339"),
     ],
@@ -87,3 +88,12 @@ def test_bad_filters_are_one_line_and_exit_2(
 ):
     out = ledger("records", "search", *_common(api, tmp_path), *args, check=False)
     assert out.returncode == 2 and shown in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_filter_choices_are_the_apis():
+    from cli.records import Content, Verdict
+    from ledger.compare import VERDICTS
+    from ledger.storage.record_search import CONTENT_STATES, NO_VERDICT
+
+    assert [c.value for c in Content] == list(CONTENT_STATES)
+    assert [v.value for v in Verdict] == [*VERDICTS, NO_VERDICT]

@@ -233,3 +233,28 @@ def test_an_empty_file_has_the_empty_digest(model: Path):
         "size": 0,
         "sha256": hashlib.sha256(b"").hexdigest(),
     }
+
+
+@pytest.mark.parametrize(
+    ("files", "refused"),
+    [
+        ({"readme.txt": b"notes"}, True),
+        ({"docs/config.json": b"{}", "a.txt": b"x"}, True),  # config.json only counts at the top
+        ({"config.json": b"{}"}, False),
+        ({"model.gguf": b"GGUF"}, False),
+        ({"shards/model-00001.safetensors": b"w"}, False),
+    ],
+)
+def test_a_directory_without_config_or_weights_is_not_a_model(
+    tmp_path: Path, files: dict[str, bytes], refused: bool
+):
+    model = tmp_path / "m"
+    for name, data in files.items():
+        (model / name).parent.mkdir(parents=True, exist_ok=True)
+        (model / name).write_bytes(data)
+    if refused:
+        with pytest.raises(InvalidInput) as err:
+            snapshot_artifacts(model, cache=DigestCache(None))
+        assert err.value.code == "model_dir_not_a_model" and str(model) in err.value.message
+    else:
+        assert snapshot_artifacts(model, cache=DigestCache(None)).files == len(files)
