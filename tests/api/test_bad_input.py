@@ -135,7 +135,7 @@ def test_a_body_shorter_than_its_length_times_out(api: Harness, short_deadline: 
     answer = exchange(api.url, "POST", path, headers, [b'{"envelopes": ['], timeout=10)
     assert answer.status == 408 and answer.code == "body_timeout"
     assert answer.json()["error"]["details"]["timeout_seconds"] == short_deadline
-    assert short_deadline - 0.1 <= answer.elapsed < short_deadline + 2
+    assert short_deadline - 0.1 <= answer.elapsed < short_deadline + 5  # 5: a loaded host
     assert answer.headers["connection"] == "close" and answer.closed
 
 

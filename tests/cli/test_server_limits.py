@@ -84,7 +84,7 @@ def test_a_silent_connection_is_closed_after_the_header_deadline(limited: str):
         start = time.monotonic()
         data, closed = _read_all(sock, 10)
     assert closed and data.startswith(b"HTTP/1.1 408 ") and _code(data) == "header_timeout"
-    assert DEADLINE - 0.1 < time.monotonic() - start < DEADLINE + 2
+    assert DEADLINE - 0.1 < time.monotonic() - start < DEADLINE + 5  # 5: a loaded host
 
 
 def test_trickled_headers_are_cut_off(limited: str):
