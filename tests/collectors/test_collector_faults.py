@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -108,7 +109,7 @@ def test_a_ledger_outage_loses_and_duplicates_nothing(
 
 
 def start_collect_process(
-    engine: EngineServer, api: Harness, tmp_path: Path, port: int
+    engine: EngineServer, api: Harness, tmp_path: Path, port: int, *extra: str
 ) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [
@@ -130,6 +131,7 @@ def start_collect_process(
             str(engine.model_dir),
             "--spool",
             str(tmp_path / "spool.sqlite"),
+            *extra,
         ],
         env={**os.environ, "LEDGER_DIGEST_CACHE": str(tmp_path / "digests.sqlite")},
         stdout=subprocess.PIPE,
@@ -207,3 +209,40 @@ def test_a_collector_killed_mid_run_loses_no_completed_request(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_json_log_lines_of_a_collector_name_each_request(
+    engines: dict[str, EngineServer], api: Harness, tmp_path: Path
+):
+    key = api.collector()
+    (tmp_path / "collector.pem").write_bytes(key.private_pem())
+    (tmp_path / "token").write_text(api.token("records:write"))
+    port = free_port()
+    proc = start_collect_process(
+        engines["strict"],
+        api,
+        tmp_path,
+        port,
+        "--log-format",
+        "json",
+        "--log-level",
+        "info",
+        "--no-register",
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            ok = http.post("/v1/completions", json=BODY, headers={"X-Request-ID": "log-json-1"})
+            refused = http.post(
+                "/v1/completions", content=b"{", headers={"X-Request-ID": "log-json-2"}
+            )
+        assert ok.status_code == 200 and refused.status_code == 400
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]  # all JSON
+    assert lines and all(
+        {"time", "level", "logger", "message", "request_id"} <= set(x) for x in lines
+    ), out
+    named = {x["request_id"] for x in lines}
+    assert {"log-json-1", "log-json-2"} <= named, out
+    assert any("fingerprint" in x["message"] for x in lines)  # the start-up line too
