@@ -11,7 +11,16 @@ from typing import Any, Literal
 import typer
 from rich.table import Table
 
-from cli.common import console, fail, ledger_errors, load_settings, show_progress, table
+from cli.common import (
+    JsonOption,
+    console,
+    fail,
+    ledger_errors,
+    load_settings,
+    print_json,
+    show_progress,
+    table,
+)
 from demo.gpu_check import has_cuda_gpu, run_gpu_check
 from ledger.atomic_file import write_atomically
 
@@ -74,6 +83,7 @@ def gpu_check(
     engine_python: Path = typer.Option(
         Path(".venv-vllm/bin/python"), "--engine-python", help="the vLLM environment's Python"
     ),
+    as_json: bool = JsonOption,
 ) -> None:
     """Run the loop on this host's engine and report it (see ``make gpu-check``)."""
     try:
@@ -100,7 +110,10 @@ def gpu_check(
             pairs=pairs,
         )
     write_atomically(out, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())
-    console.print(_table(report))
-    console.print(f"report: {out}")
+    if as_json:
+        print_json(report)
+    else:
+        console.print(_table(report))
+        console.print(f"report: {out}")
     if not report["passed"]:
         raise typer.Exit(1)
