@@ -8,6 +8,13 @@ disclosures and cache keys deleted). Reports records/s per run and the median; c
 each run that every record's content is gone and that nothing is left to erase.
 
     .venv/bin/python bench/purge.py --records 100000 --runs 3
+
+``--v1-log N`` times instead what each hourly purge costs on a ledger of N schema v1 records
+(never erasable: their content is in their leaves), the Postgres log of ``bench/log.py``: the
+purge's scan, as a dry run with every record past the retention, and, for comparison, the
+scan of a bulk erasure by filter, which reads every record to count the v1 ones.
+
+    .venv/bin/python bench/purge.py --v1-log 1000000 --runs 3
 """
 
 from __future__ import annotations
@@ -29,8 +36,11 @@ sys.path.insert(0, str(ROOT))
 
 import migrations  # noqa: E402
 from bench.ingest import machine  # noqa: E402
+from bench.log import ensure_log  # noqa: E402
+from ledger.signing import SigningKey  # noqa: E402
 from ledger.storage import erasures, ingest  # noqa: E402
 from ledger.storage.database import Database, utcnow  # noqa: E402
+from ledger.storage.queries import RecordFilter  # noqa: E402
 from tests.support.documents import record_item_v2  # noqa: E402
 from tests.support.seed import seed_ledger  # noqa: E402
 
@@ -73,6 +83,35 @@ def one_run(admin_url: str, records: int) -> float:
             )
 
 
+def v1_scan(admin_url: str, leaves: int, runs: int) -> None:
+    url, _, _ = ensure_log(admin_url, leaves)
+    db = Database(url)
+    key = SigningKey.generate()  # a dry run signs nothing
+    print(f"machine: {machine()}; log of {leaves:,} leaves (schema v1 records)")
+    for label, with_content in (("the retention purge", True), ("a bulk erasure", False)):
+        times = []
+        for run in range(runs if with_content else 1):
+            start = time.perf_counter()
+            result = erasures.erase_matching(
+                db,
+                key,
+                RecordFilter(),
+                reason="bench",
+                requested_by="retention",
+                reason_code="retention",
+                dry_run=True,
+                before=utcnow() + timedelta(days=1),
+                with_content=with_content,
+            )
+            times.append(time.perf_counter() - start)
+            print(
+                f"{label}, run {run + 1}: {times[-1]:.2f} s (would erase "
+                f"{len(result.erased)}; v1 records read: {result.not_erasable:,})"
+            )
+        print(f"{label}: median {statistics.median(times):.2f} s")
+    db.dispose()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--records", type=int, default=100_000)
@@ -83,7 +122,11 @@ def main() -> None:
             "LEDGER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
         ),
     )
+    ap.add_argument("--v1-log", type=int, help="time the purge's scan of this many v1 records")
     args = ap.parse_args()
+    if args.v1_log:
+        v1_scan(args.pg, args.v1_log, args.runs)
+        return
     print(f"machine: {machine()}; {args.records} v2 records per run")
     rates = []
     for run in range(args.runs):

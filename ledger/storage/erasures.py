@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, exists, insert, select
 from sqlalchemy.orm import Session
 
 from ledger.erasure import (
@@ -193,10 +193,17 @@ def erase(
 
 
 def _candidates(
-    session: Session, flt: RecordFilter, after: int, before: datetime | None, limit: int
+    session: Session,
+    flt: RecordFilter,
+    after: int,
+    before: datetime | None,
+    limit: int,
+    with_content: bool = False,
 ) -> list[StoredRecord]:
     """Records past log index ``after``, in log order, that no erasure holds yet, that match
-    ``flt`` as logged (and were received before ``before``)."""
+    ``flt`` as logged (and were received before ``before``). ``with_content``: only those
+    with a stored disclosure, so never a schema v1 record (its content is in its leaf), which
+    the hourly purge would otherwise read and parse again on every run."""
     q = (
         select(LogEntry.idx, LogEntry.envelope, LogEntry.appended_at)
         .join(Record, Record.log_index == LogEntry.idx)
@@ -205,6 +212,8 @@ def _candidates(
         .order_by(LogEntry.idx)
         .limit(limit)
     )
+    if with_content:
+        q = q.where(exists().where(Disclosure.log_index == LogEntry.idx))
     if before is not None:
         q = q.where(LogEntry.appended_at < before)
     q = filtered(q, flt, LogEntry.appended_at)
@@ -212,12 +221,12 @@ def _candidates(
 
 
 def _scan(
-    db: Database, flt: RecordFilter, before: datetime | None
+    db: Database, flt: RecordFilter, before: datetime | None, with_content: bool
 ) -> Iterator[tuple[Session, list[StoredRecord]]]:
     after = -1
     while True:
         with db.write() as s:
-            page = _candidates(s, flt, after, before, CHUNK)
+            page = _candidates(s, flt, after, before, CHUNK, with_content)
             if not page:
                 return
             after = page[-1].log_index
@@ -235,13 +244,15 @@ def erase_matching(
     dry_run: bool = False,
     before: datetime | None = None,
     progress: Callable[[int], None] | None = None,
+    with_content: bool = False,
 ) -> BulkResult:
     """Erase every erasable record that matches ``flt`` as logged (and, for retention, was
     received before ``before``), CHUNK records per transaction, skipping held ones. A dry run
-    lists exactly what a run would erase, and writes nothing."""
+    lists exactly what a run would erase, and writes nothing. ``with_content``: read only
+    records with stored content (then ``not_erasable`` stays 0: v1 records are not read)."""
     flt.check()
     result = BulkResult(dry_run)
-    for s, page in _scan(db, flt, before):
+    for s, page in _scan(db, flt, before, with_content):
         holds = active_holds(s)
         todo = []
         for stored in page:
@@ -290,6 +301,7 @@ def purge_expired(
         reason_code="retention",
         before=cutoff,
         progress=progress,
+        with_content=True,
     )
 
 

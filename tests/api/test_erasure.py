@@ -25,6 +25,7 @@ from ledger.signing import SigningKey
 from ledger.storage import erasures, queries
 from ledger.storage.audit import audit
 from ledger.storage.database import utcnow
+from ledger.storage.queries import RecordFilter
 from tests.conftest import BACKENDS, fresh_url
 from tests.support.documents import record_v2
 from tests.support.harness import Harness, start_harness
@@ -241,6 +242,40 @@ def test_retention_and_bulk_erasure_erase_exactly_what_the_dry_run_listed(api: H
     assert all(queries.get_record(api.db, r).content == "erased" for r in new)
     metrics = api.client(None).get("/metrics").text
     assert 'ledger_content_erased_total{reason="request"} 3.0' in metrics
+    report = audit(api.db, api.log_key.public_key)
+    assert report.ok, report.findings
+
+
+def test_the_retention_purge_reads_only_records_that_hold_content(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """v1 records (content in the leaf) are never erasable: the hourly purge does not read
+    them again on every run, while a bulk erasure still counts them as not erasable."""
+    key, fp = api.setup_collector()
+    v1 = [api.record(key, fp) for _ in range(3)]
+    assert api.post(v1).status_code == 201
+    v2 = [_post_v2(api, key, fp) for _ in range(2)]
+    read: list[str] = []
+    real_candidates = erasures._candidates
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        page = real_candidates(*args, **kwargs)
+        read.extend(r.request_id for r in page)
+        return page
+
+    monkeypatch.setattr(erasures, "_candidates", counted)
+    dry = erasures.erase_matching(
+        api.db, api.log_key, RecordFilter(), reason="x", requested_by="t", dry_run=True
+    )
+    assert dry.not_erasable == 3 and sorted(dry.erased) == sorted(v2) and len(read) == 5
+    read.clear()
+    later = utcnow() + timedelta(days=400)
+    result = erasures.purge_expired(api.db, api.log_key, 200, now=later)
+    assert sorted(result.erased) == sorted(v2) and result.not_erasable == 0
+    assert sorted(read) == sorted(v2)  # none of the v1 records was read
+    for env in v1:
+        assert queries.get_record(api.db, env.body["request_id"]).content == "in_log"
+    assert erasures.purge_expired(api.db, api.log_key, 200, now=later).erased == []
     report = audit(api.db, api.log_key.public_key)
     assert report.ok, report.findings
 
