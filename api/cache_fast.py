@@ -1,14 +1,15 @@
-"""``POST /v1/cache/lookup`` without the framework, for answers this process already verified.
+"""``POST /v1/cache/lookup`` without the framework, for answers this process verifies itself.
 
 A cache lookup is worth having only when it takes about a millisecond; the framework's routing
 and dependency resolution took most of that here. This ASGI middleware sits inside the gate
 (which has checked the token, its ``cache:read`` scope and the body's size) and answers a
 lookup itself when, and only when, :func:`ledger.storage.cache_lookup.kept_answer` has an
 answer: one verified against the log before, whose key's index rows read now are those it
-was verified through. The body is read as the route reads it (strict JSON, the same model);
-anything else, a refusal included, goes on to the route with the body replayed, so every error
-and every other answer comes from one place. The answer is the route's
-(:func:`api.routes.cache.render_answer`).
+was verified through, or (a key's first lookup, on Postgres) one verified now from the key's
+rows read in one statement with their log entries and content. The body is read as the route
+reads it (strict JSON, the same model); anything else, a refusal included, goes on to the
+route with the body replayed, so every error and every other answer comes from one place. The
+answer is the route's (:func:`api.routes.cache.render_answer`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class CacheFastPath:
             return False
         if found is None:
             return False
+        self.state.metrics.cache_lookups.labels(found.outcome, found.via).inc()
         await render_answer(found, context, payload)({"type": "http"}, _no_receive, send)
         return True
 

@@ -116,6 +116,15 @@ class Metrics:
             ["verdict"],
             registry=self.registry,
         )
+        self.cache_lookups = Counter(
+            "ledger_cache_lookups",
+            "One-call cache lookups answered, by outcome (hit, or the miss's reason) and how "
+            "the answer was reached (kept: verified before, its index rows unchanged; first: "
+            "verified from one read of the key's rows and log entries; log: the full check; "
+            "request: decided from the request alone)",
+            ["outcome", "via"],
+            registry=self.registry,
+        )
         self.erasures = Counter(
             "ledger_content_erased",
             "Records whose content was erased, by reason (request, retention)",

@@ -86,6 +86,7 @@ async def lookup_request(
     state: StateDep,
 ) -> Response:
     found, context = await run_in_threadpool(_lookup, state, payload)
+    state.metrics.cache_lookups.labels(found.outcome, found.via).inc()
     return render_answer(found, context, payload)
 
 

@@ -17,7 +17,7 @@ key is derived from the prompt), so erased content is a miss, never an answer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +146,38 @@ def unusable(record: StoredRecord) -> str | None:
     return None
 
 
+def logged_candidate(key: str, row: Any, entry: Any) -> StoredRecord:
+    """The record the log entry (``idx``, ``envelope``, ``appended_at``; None: there is none)
+    that a cache-key row points to holds; IndexMismatch unless it is the row's record."""
+    what = f"cache key {key} of {row.request_id!r}"
+    if entry is None:
+        raise mismatch(what, row.log_index, "no such log entry")
+    stored = from_log(entry.idx, entry.envelope, entry.appended_at)
+    if stored.request_id != row.request_id:
+        raise mismatch(what, row.log_index, f"the entry is the record of {stored.request_id!r}")
+    return stored
+
+
+def checked_candidate(
+    key: str, row: Any, stored: StoredRecord, chat_template: Callable[[str], str | None]
+) -> StoredRecord:
+    """``stored`` (its content read) when it is what the row says: its content agrees with the
+    erasure index and is not erased, its own request has ``key`` among its keys (a chat
+    record's under ``chat_template(fingerprint_id)``), and the row's tier and determinism are
+    the record's; IndexMismatch otherwise."""
+    what = f"cache key {key} of {row.request_id!r}"
+    stored.check_content()
+    record = stored.record
+    if stored.erased or not record.complete:  # an erasure deletes the keys with the content
+        raise mismatch(what, row.log_index, "the record's content was erased")
+    template = chat_template(record.fingerprint_id) if record.endpoint == CHAT else None
+    if key not in keys_of_record(record, template):
+        raise mismatch(what, row.log_index, "the record's request has other keys")
+    if row.tier != record.tier or bool(row.deterministic) != is_deterministic(record.sampling):
+        raise mismatch(what, row.log_index, "its tier or determinism differs from the record")
+    return stored
+
+
 class _Verifier:
     """Re-derives from the log the records that cache-key rows point to (one transaction)."""
 
@@ -166,35 +198,20 @@ class _Verifier:
                 )
             )
         }
-        logged = {}
-        for row in rows:
-            entry = entries.get(row.log_index)
-            what = f"cache key {self.key} of {row.request_id!r}"
-            if entry is None:
-                raise mismatch(what, row.log_index, "no such log entry")
-            stored = from_log(entry.idx, entry.envelope, entry.appended_at)
-            if stored.request_id != row.request_id:
-                raise mismatch(
-                    what, row.log_index, f"the entry is the record of {stored.request_id!r}"
-                )
-            logged[row.log_index] = stored
+        logged = {
+            row.log_index: logged_candidate(self.key, row, entries.get(row.log_index))
+            for row in rows
+        }
         with_it = {s.log_index: s for s in with_content(self.session, list(logged.values()))}
-        return [self._checked(row, with_it[row.log_index]) for row in rows]
+        return [
+            checked_candidate(self.key, row, with_it[row.log_index], self._template) for row in rows
+        ]
 
-    def _checked(self, row: Any, stored: StoredRecord) -> StoredRecord:
-        what = f"cache key {self.key} of {row.request_id!r}"
-        stored.check_content()
-        record = stored.record
-        if stored.erased or not record.complete:  # an erasure deletes the keys with the content
-            raise mismatch(what, row.log_index, "the record's content was erased")
-        fp = record.fingerprint_id
-        if record.endpoint == CHAT and fp not in self.templates:
-            self.templates[fp] = chat_template_digest(fingerprint_body(self.session, fp))
-        if self.key not in keys_of_record(record, self.templates.get(fp)):
-            raise mismatch(what, row.log_index, "the record's request has other keys")
-        if row.tier != record.tier or bool(row.deterministic) != is_deterministic(record.sampling):
-            raise mismatch(what, row.log_index, "its tier or determinism differs from the record")
-        return stored
+    def _template(self, fingerprint_id: str) -> str | None:
+        if fingerprint_id not in self.templates:
+            body = fingerprint_body(self.session, fingerprint_id)
+            self.templates[fingerprint_id] = chat_template_digest(body)
+        return self.templates[fingerprint_id]
 
 
 @dataclass(frozen=True)
@@ -208,7 +225,8 @@ class Found:
     reasons: frozenset[str]
 
 
-def _marked(row: Any) -> bool:
+def is_marked(row: Any) -> bool:
+    """Whether a row's columns mark its record reusable (what the envelope then decides)."""
     return bool(row.tier >= 1 and row.deterministic)
 
 
@@ -226,7 +244,7 @@ def find_reusable(session: Session, key: str) -> Found:
         .order_by(CacheKey.log_index, CacheKey.request_id)
     ).all()
     verifier = _Verifier(session, key)
-    marked = [r for r in rows if _marked(r)]
+    marked = [r for r in rows if is_marked(r)]
     reasons: set[str] = set()
     for start in range(0, len(marked), CHUNK):
         chunk = marked[start : start + CHUNK]
@@ -236,7 +254,7 @@ def find_reusable(session: Session, key: str) -> Found:
                 seen = tuple((r.log_index, r.request_id) for r in marked[: start + i + 1])
                 return Found(record, seen, len(rows), frozenset(reasons))
             reasons.add(why)
-    others = [r for r in rows if not _marked(r)]
+    others = [r for r in rows if not is_marked(r)]
     reasons.update(str(unusable(r)) for r in verifier.records(others[:CHUNK]))
     return Found(None, (), len(rows), frozenset(reasons))
 

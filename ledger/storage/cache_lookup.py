@@ -13,10 +13,13 @@ logprob strings).
 Fast, and still derived from the log: a process keeps the last verified answers by key
 (:class:`HotAnswers`), each with the index rows it was verified through: the key's first 17
 rows in log order, which hold the record served (or all of them). Every lookup reads those
-rows again (one prepared index read, :func:`_rows` or :class:`AsyncRows`); the kept answer is
+rows again (one prepared index read, :mod:`ledger.storage.cache_rows`); the kept answer is
 served only when they are unchanged, so a new row, an edited row or an erasure (which deletes
 the key's rows) sends the lookup back through the full check against the log
-(:func:`kept_answer` is that check for the event loop: ``api/cache_fast.py``). A
+(:func:`kept_answer` is that check for the event loop: ``api/cache_fast.py``). On Postgres a
+key's first lookup reads its rows with their log entries, stored disclosures and erasure state
+in one statement (one snapshot) and verifies them as :func:`find_reusable` does
+(``cache_rows.found_among``); anything it cannot decide goes to the full check. A
 fingerprint's chat template digest is kept once read (a fingerprint ID is the digest of its
 body, checked when read).
 
@@ -27,17 +30,14 @@ serve when they differ; the resolution is kept for one second.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-import psycopg
 from sqlalchemy import select
-from sqlalchemy.engine import make_url
 
 from ledger.cache_answer import not_servable, response
 from ledger.cachekey import CHAT, COMPLETIONS, cache_key, is_deterministic
@@ -45,14 +45,14 @@ from ledger.canonical import digest_of
 from ledger.errors import Conflict, InvalidInput
 from ledger.storage import workers
 from ledger.storage.cache import (
-    CHUNK,
     Found,
     chat_template_digest,
     find_reusable,
     fingerprint_body,
     miss_message,
 )
-from ledger.storage.database import Database, translated_errors
+from ledger.storage.cache_rows import ROWS_LIMIT, AsyncRows, NotRead, Rows, found_among, read_rows
+from ledger.storage.database import Database
 from ledger.storage.models import CacheKey, Fingerprint
 from ledger.storage.queries import StoredRecord
 
@@ -71,13 +71,18 @@ class Answer:
     response: dict[str, Any] | None = None
     reason: str | None = None
     message: str | None = None
+    # How it was reached: "log" (the full check against the log), "kept" (verified before,
+    # the key's index rows unchanged since), "first" (verified from the key's rows read in
+    # one statement with their log entries) or "request" (the request alone: not looked up).
+    via: str = "log"
 
     @property
     def hit(self) -> bool:
         return self.record is not None
 
-
-Rows = tuple[tuple[int, str, int, bool], ...]  # (log_index, request_id, tier, deterministic)
+    @property
+    def outcome(self) -> str:
+        return "hit" if self.record is not None else str(self.reason)
 
 
 @dataclass(frozen=True)
@@ -184,38 +189,13 @@ class _Fingerprints:
 
 
 _FINGERPRINTS = _Fingerprints()
-_ROWS_LIMIT = CHUNK + 1
-_ROWS_SQL = (
-    "SELECT log_index, request_id, tier, deterministic FROM cache_keys WHERE cache_key = {p} "
-    f"ORDER BY log_index, request_id LIMIT {_ROWS_LIMIT}"
-)
-_ROWS_POSTGRES, _ROWS_SQLITE = _ROWS_SQL.format(p="%s"), _ROWS_SQL.format(p="?")
 
 
-def _as_rows(raw: Any) -> Rows:
-    """Driver rows as :data:`Rows` (SQLite's booleans are 0 and 1)."""
-    return tuple((int(i), str(r), int(t), bool(d)) for i, r, t, d in raw)
-
-
-def _rows(db: Database, key: str) -> Rows:
-    """The key's first index rows, in log order: one statement, outside a transaction (a
-    single statement reads one consistent snapshot), prepared on Postgres."""
-    with translated_errors():
-        pooled = db.engine.raw_connection()
-        try:
-            conn: Any = pooled.driver_connection
-            if db.is_postgres:
-                conn.autocommit = True  # no BEGIN and COMMIT round trips; put back below
-                try:
-                    cursor = conn.execute(_ROWS_POSTGRES, (key,), prepare=True)
-                    rows = cursor.fetchall()
-                finally:
-                    conn.autocommit = False
-            else:  # SQLite's connections are in autocommit mode outside BEGIN
-                rows = conn.execute(_ROWS_SQLITE, (key,)).fetchall()
-        finally:
-            pooled.close()
-    return _as_rows(rows)
+def _known_template(fingerprint_id: str) -> str | None:
+    facts = _FINGERPRINTS.known(fingerprint_id)
+    if facts is None:
+        raise NotRead(fingerprint_id)
+    return facts.chat_template
 
 
 def _key(
@@ -238,7 +218,7 @@ def _found(db: Database, key: str, hot: HotAnswers) -> tuple[Found, Rows]:
     """The key's answer: the kept one while the key's index rows are those it was verified
     through, else verified afresh against the log (and kept when the rows did not change
     meanwhile and its answer lies within them)."""
-    rows = _rows(db, key)
+    rows = read_rows(db, key)
     if not rows:
         return Found(None, (), 0, frozenset()), rows
     kept = hot.get(key)
@@ -248,10 +228,10 @@ def _found(db: Database, key: str, hot: HotAnswers) -> tuple[Found, Rows]:
         found = find_reusable(s, key)
     # Kept only when the rows read cover it: all of the key's rows, or those up to its hit.
     hit = found.hit
-    within = len(rows) < _ROWS_LIMIT or (
+    within = len(rows) < ROWS_LIMIT or (
         hit is not None and any((i, r) == (hit.log_index, hit.request_id) for i, r, _, _ in rows)
     )
-    if within and _rows(db, key) == rows:
+    if within and read_rows(db, key) == rows:
         hot.put(key, _Kept(rows, found))
     return found, rows
 
@@ -285,6 +265,7 @@ def _not_deterministic(key: str, fingerprint_id: str) -> Answer:
     return Answer(
         key,
         fingerprint_id,
+        via="request",
         reason="not_deterministic",
         message="the request samples at temperature > 0 without a seed (vLLM's default "
         "temperature is 1): its output is not reproducible, so never a cache answer",
@@ -293,45 +274,6 @@ def _not_deterministic(key: str, fingerprint_id: str) -> Answer:
 
 def _no_record(key: str, fingerprint_id: str) -> Answer:
     return Answer(key, fingerprint_id, reason="no_record", message="no record has this cache key")
-
-
-class AsyncRows:
-    """:func:`_rows` for the event loop: on Postgres through a few autocommit connections of
-    its own (psycopg's async driver, statements prepared), on SQLite the same statement at
-    once (a local read of microseconds). One per app, used on one event loop."""
-
-    def __init__(self, db: Database, keep: int = 8) -> None:
-        self.db, self._keep = db, keep
-        self._idle: list[psycopg.AsyncConnection[Any]] = []
-        self._url = (
-            make_url(db.url).set(drivername="postgresql").render_as_string(hide_password=False)
-            if db.is_postgres
-            else ""
-        )
-
-    async def rows(self, key: str) -> Rows:
-        if not self.db.is_postgres:
-            return _rows(self.db, key)
-        with translated_errors():
-            conn = self._idle.pop() if self._idle else await self._connect()
-            try:
-                cursor = await conn.execute(_ROWS_POSTGRES, (key,), prepare=True)
-                rows = await cursor.fetchall()
-            except BaseException:
-                await conn.close()
-                raise
-        if len(self._idle) < self._keep:
-            self._idle.append(conn)
-        else:
-            await conn.close()
-        return _as_rows(rows)
-
-    async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        return await psycopg.AsyncConnection.connect(self._url, autocommit=True)
-
-    async def aclose(self) -> None:
-        idle, self._idle = self._idle, []
-        await asyncio.gather(*(c.close() for c in idle), return_exceptions=True)
 
 
 async def kept_answer(
@@ -343,9 +285,11 @@ async def kept_answer(
     *,
     prompt_token_ids: list[int] | None = None,
 ) -> Answer | None:
-    """The kept answer to ``request``, checked against the key's index rows read now; None
-    whenever :func:`answer` must decide (nothing kept, rows changed, a fingerprint not read
-    yet, a request that is not deterministic, cannot be keyed or served from the record)."""
+    """The kept answer to ``request``, checked against the key's index rows read now, or on
+    a key's first lookup (Postgres) its answer verified from the rows read with their log
+    entries; None whenever :func:`answer` must decide (rows changed, a row that does not
+    agree with its entry, no reusable record among the first rows, a fingerprint not read yet,
+    a request that cannot be keyed or served from the record)."""
     facts = _FINGERPRINTS.known(fingerprint_id)
     if facts is None or endpoint not in (COMPLETIONS, CHAT):
         return None
@@ -362,20 +306,28 @@ async def kept_answer(
     if not is_deterministic(request):
         return _not_deterministic(key, fingerprint_id)
     kept = hot.get(key)
-    if kept is None:
-        # A key with no row is a miss, unless another environment of the model answered it
-        # (the route looks there): answered here only when the model has no other.
-        if _FINGERPRINTS.known_siblings(reader.db, fingerprint_id) == [] and not (
-            await reader.rows(key)
-        ):
-            return _no_record(key, fingerprint_id)
+    if kept is not None:
+        if kept.found.hit is None or await reader.rows(key) != kept.rows:
+            return None
+        hit, via = kept.found.hit, "kept"
+    else:
+        candidates = await reader.candidates(key)
+        if not candidates:
+            # A key with no row is a miss, unless another environment of the model answered
+            # it (the route looks there): answered here only when the model has no other.
+            if _FINGERPRINTS.known_siblings(reader.db, fingerprint_id) != []:
+                return None
+            if candidates is None and await reader.rows(key):  # SQLite: the rows read now
+                return None
+            return replace(_no_record(key, fingerprint_id), via="first")
+        found = found_among(key, candidates, _known_template)
+        if found is None or found.hit is None:
+            return None
+        hot.put(key, _Kept(tuple(c.row for c in candidates), found))  # the hit is within
+        hit, via = found.hit, "first"
+    if not_servable(endpoint, request, hit.record) is not None:
         return None
-    if kept.found.hit is None or await reader.rows(key) != kept.rows:
-        return None
-    record = kept.found.hit.record
-    if not_servable(endpoint, request, record) is not None:
-        return None
-    return Answer(key, fingerprint_id, kept.found.hit, response(endpoint, request, record))
+    return Answer(key, fingerprint_id, hit, response(endpoint, request, hit.record), via=via)
 
 
 def answer(

@@ -249,11 +249,16 @@ def with_content(session: Session, records: Sequence[StoredRecord]) -> list[Stor
     content = disclosures_at(session, [r.log_index for r in v2])
     erased = erased_ids(session, [r.request_id for r in v2])
     return [
-        r.with_disclosures(content.get(r.log_index, ()), r.request_id in erased)
-        if r.body.get("schema_version") != 1
-        else r
-        for r in records
+        content_applied(r, content.get(r.log_index, ()), r.request_id in erased) for r in records
     ]
+
+
+def content_applied(record: StoredRecord, disclosures: Sequence[str], erased: bool) -> StoredRecord:
+    """A v2 record with the disclosures stored for its leaf and its erasure state (a v1
+    record as it is: its content is its leaf's)."""
+    if record.body.get("schema_version") == 1:
+        return record
+    return record.with_disclosures(disclosures, erased)
 
 
 def erased_ids(session: Session, request_ids: Sequence[str]) -> set[str]:

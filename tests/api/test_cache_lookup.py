@@ -16,11 +16,14 @@ from typing import Any
 import httpx
 import pytest
 
+from api.routes.cache import render_answer
+from api.schemas import CacheLookupRequest
 from ledger.cachekey import CHAT, COMPLETIONS
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.packing import unpack_float32, unpack_int32
 from ledger.records import RECORD_KIND, Choice, build_record_body
 from ledger.signing import SigningKey, sign_envelope
+from ledger.storage.cache_lookup import HotAnswers, answer
 from tests.api.test_read_paths import superuser
 from tests.conftest import BACKENDS, fresh_url
 from tests.support.documents import record_body, record_v2
@@ -417,3 +420,116 @@ def test_a_kept_answer_is_the_routes_answer_and_refusals_stay_refusals(api: Harn
     misses = [_one_call(c, other, fingerprint_id=fp) for _ in range(3)]
     assert {m.content for m in misses} == {misses[0].content}
     assert misses[0].json()["reason"] == "no_record"
+
+
+def _lookups_counted(api: Harness, outcome: str, via: str) -> float:
+    """``ledger_cache_lookups{outcome, via}`` as /metrics says now (0 when absent)."""
+    text_ = api.client(None).get("/metrics").text
+    prefix = f'ledger_cache_lookups_total{{outcome="{outcome}",via="{via}"}} '
+    return sum(float(line[len(prefix) :]) for line in text_.splitlines() if line.startswith(prefix))
+
+
+def test_a_keys_first_lookup_is_the_answer_the_full_check_gives(api: Harness) -> None:
+    """A key looked up for the first time is answered from one read of its rows with their log
+    entries (Postgres; SQLite goes through the full check): the bytes are those the full
+    check against the log renders, for JSON and SSE, completions and chat, v1 and v2 records,
+    and of several reusable records the earliest."""
+    key, fp = api.setup_collector()
+    c = api.client()
+    prime = record_body(fp, seed=7080, text_prompt=True, request_extra=GREEDY)
+    v1 = record_body(fp, seed=7081, text_prompt=True, top_k=3, request_extra=GREEDY)
+    twins = [record_body(fp, seed=7082, request_extra=GREEDY) for _ in range(2)]
+    _post(api, key, prime, v1, *twins)
+    env, disclosures = record_v2(key, fp, seed=7083, text_prompt=True, request_extra=GREEDY)
+    resp = c.post(
+        "/v1/records", json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    )
+    assert resp.status_code == 201, resp.text
+    v2 = record_body(fp, seed=7083, text_prompt=True, request_extra=GREEDY)
+    assert _one_call(c, prime["request"], fingerprint_id=fp).json()["hit"]  # the facts read
+    requests = [
+        v1["request"],
+        {**v1["request"], "logprobs": 2, "return_tokens_as_token_ids": True},
+        {**v1["request"], "stream": True, "return_token_ids": True},
+        v2["request"],
+        twins[0]["request"],
+    ]
+    first = _lookups_counted(api, "hit", "first")
+    for request in requests:
+        payload = CacheLookupRequest(endpoint=COMPLETIONS, request=request, fingerprint_id=fp)
+        found = answer(api.db, COMPLETIONS, request, fp, hot=HotAnswers())
+        expected = render_answer(found, {"pool": None}, payload)
+        got = _one_call(c, request, fingerprint_id=fp)
+        assert got.status_code == 200 and got.content == bytes(expected.body), request
+        assert got.headers["content-type"] == expected.headers["content-type"]
+    assert (
+        _one_call(c, twins[1]["request"], fingerprint_id=fp).json()["request_id"]
+        == (twins[0]["request_id"])
+    )
+    answered_first = _lookups_counted(api, "hit", "first") - first
+    # the same request keyed again (logprobs and streaming are not in the key): kept by then
+    assert answered_first == (3 if api.db.is_postgres else 0)
+
+
+def test_a_first_lookup_serves_nothing_the_log_does_not_say(tampered: Harness) -> None:
+    """Index rows edited as a database superuser would, each under a key never looked up before
+    (so no kept answer is involved): every one is 500 ``index_mismatch``, never a hit."""
+    api = tampered
+    key, fp = api.setup_collector()
+    c = api.client()
+    victim = record_body(fp, seed=7090, text_prompt=True, request_extra=GREEDY)
+    tier0 = record_body(fp, seed=7091, text_prompt=True, tier=0, request_extra=GREEDY)
+    (rv, iv), (r0, _) = _post(api, key, victim, tier0)
+    v2s = []
+    for seed in (7092, 7093):
+        env, disclosures = record_v2(key, fp, seed=seed, text_prompt=True, request_extra=GREEDY)
+        resp = c.post(
+            "/v1/records",
+            json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]},
+        )
+        assert resp.status_code == 201, resp.text
+        v2s.append((env.body["request_id"], resp.json()["results"][0]["log_index"], seed))
+    assert _one_call(c, victim["request"], fingerprint_id=fp).json()["request_id"] == rv
+
+    def key_of(request: dict[str, Any]) -> str:
+        body = {"endpoint": COMPLETIONS, "request": request, "fingerprint_id": fp}
+        made: str = c.post("/v1/cache/key", json=body).json()["key"]
+        return made
+
+    forged = {**victim["request"], "prompt": "a prompt never answered"}
+    (deleted, _, deleted_seed), (kept, kept_at, kept_seed) = v2s
+    superuser(
+        api,
+        ("cache_keys", "disclosures", "erasures"),
+        # a key that no record has, pointed at the victim's record (its own request ID)
+        (
+            "INSERT INTO cache_keys (cache_key, request_id, log_index, tier, deterministic) "
+            "VALUES (:k, :r, :i, 1, true)",
+            {"k": key_of(forged), "r": rv, "i": iv},
+        ),
+        # a tier 0 record's row marked reusable
+        ("UPDATE cache_keys SET tier = 1 WHERE request_id = :r", {"r": r0}),
+        # a v2 record's content deleted without an erasure
+        ("DELETE FROM disclosures WHERE request_id = :r", {"r": deleted}),
+        # an erasure row for a record whose content is still stored
+        (
+            "INSERT INTO erasures (request_id, log_index, reason_code, created_at) "
+            "VALUES (:r, :i, 'request', :t)",
+            {"r": kept, "i": kept_at, "t": datetime.now(UTC)},
+        ),
+    )
+    attacked = [
+        forged,
+        tier0["request"],
+        *(
+            record_body(fp, seed=s, text_prompt=True, request_extra=GREEDY)["request"]
+            for s in (deleted_seed, kept_seed)
+        ),
+    ]
+    hits = {via: _lookups_counted(api, "hit", via) for via in ("first", "kept", "log")}
+    for request in attacked:
+        for stream in (False, True):
+            got = _one_call(c, {**request, "stream": stream}, fingerprint_id=fp)
+            assert_error(got, 500, "index_mismatch")
+    assert {via: _lookups_counted(api, "hit", via) for via in hits} == hits
+    assert hits["log"] >= 1  # the counter counts (the victim's lookup)
