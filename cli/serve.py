@@ -16,8 +16,8 @@ import migrations
 from api.app import create_app
 from api.bootstrap import bootstrap
 from api.metrics import MULTIPROC_ENV
+from api.server_protocol import HeaderTimeoutProtocol
 from cli.common import LogFormatOption, console, ledger_errors, load_settings
-from cli.server_protocol import HeaderTimeoutProtocol
 from ledger.logs import LogFormat, LogLevel, logging_config
 from ledger.storage.database import Database
 
@@ -26,7 +26,7 @@ logger = logging.getLogger("ledger.serve")
 # uvicorn's own limits, set explicitly. Request bodies are bounded by the app's gate
 # (LEDGER_MAX_BODY_BYTES, LEDGER_BODY_TIMEOUT: api/gate.py); these bound the connection.
 SERVER_LIMITS: dict[str, Any] = {
-    # httptools, with a deadline for each request's headers (10 s; cli/server_protocol.py):
+    # httptools, with a deadline for each request's headers (10 s; api/server_protocol.py):
     # uvicorn alone holds a silent or slowly-writing connection forever
     "http": HeaderTimeoutProtocol,
     # an idle keep-alive connection is closed after 5 s

@@ -1,4 +1,4 @@
-"""``ledger serve``'s uvicorn limits (cli/serve.py, cli/server_protocol.py) over real sockets:
+"""``ledger serve``'s uvicorn limits (cli/serve.py, api/server_protocol.py) over real sockets:
 request headers have a deadline and a size limit, which uvicorn alone does not have. The
 ledger app is served by a second uvicorn server with ``SERVER_LIMITS`` (the header deadline
 shortened to keep the test quick); the harness's own server, plain uvicorn, is the control."""
@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 import pytest
 import uvicorn
 
+from api.server_protocol import MAX_HEADER_BYTES, HeaderTimeoutProtocol
 from cli.serve import SERVER_LIMITS
-from cli.server_protocol import MAX_HEADER_BYTES, HeaderTimeoutProtocol
 from demo.server_thread import free_port
 from tests.support.harness import Harness
 
