@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import pybase64
 
 from ledger.canonical import canonicalize
 from ledger.errors import InvalidInput, VerificationError
@@ -79,16 +80,16 @@ def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
-_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
-
-
 def _unb64url(text: str) -> bytes:
     """Strict base64url without padding: the standard alphabet's ``+``, ``/`` and ``=`` are
-    refused, then the C decoder's strict mode refuses every other stray character."""
+    refused, then the decoder's validation refuses every other stray character. pybase64
+    (SIMD) decodes the url-safe alphabet directly, several times faster than a translation to
+    the standard one and ``binascii``: disclosures are most of a bundle's bytes. It takes and
+    refuses exactly what ``binascii.a2b_base64(..., strict_mode=True)`` of the translated text
+    does (tests/ledger/test_disclosures.py compares them)."""
     if "+" in text or "/" in text or "=" in text or len(text) % 4 == 1:
         raise ValueError("not base64url without padding")
-    data = text.encode("ascii").translate(_FROM_URLSAFE) + b"=" * (-len(text) % 4)
-    return binascii.a2b_base64(data, strict_mode=True)
+    return pybase64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
 
 
 def make(member: str, value: Any, salt: str | None = None) -> Disclosure:
