@@ -34,7 +34,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -272,8 +272,10 @@ def _not_deterministic(key: str, fingerprint_id: str) -> Answer:
     )
 
 
-def _no_record(key: str, fingerprint_id: str) -> Answer:
-    return Answer(key, fingerprint_id, reason="no_record", message="no record has this cache key")
+def _no_record(key: str, fingerprint_id: str, via: str = "log") -> Answer:
+    return Answer(
+        key, fingerprint_id, reason="no_record", message="no record has this cache key", via=via
+    )
 
 
 async def kept_answer(
@@ -319,7 +321,7 @@ async def kept_answer(
                 return None
             if candidates is None and await reader.rows(key):  # SQLite: the rows read now
                 return None
-            return replace(_no_record(key, fingerprint_id), via="first")
+            return _no_record(key, fingerprint_id, via="first")
         found = found_among(key, candidates, _known_template)
         if found is None or found.hit is None:
             return None
