@@ -13,11 +13,18 @@ concurrency (default 1, 16, 64, 256), connections send the shape's request back 
 - p50 and p99 latency, and at concurrency 1 the added p50 and p99 (through minus straight);
 - the collector process's CPU per request (user + system, from /proc), and the ledger's.
 
+With --soak MINUTES it instead sends the shapes in turn (10 s each, concurrency 16) for that
+long, sampling every 10 s the collector's resident memory and the size of its spool's
+write-ahead log, and reports the memory slope after a minute's warm-up (as bench/soak.py
+decides it, per hour and per million requests), the largest log, and answered against
+recorded: a soak at GPU rates, where growth per request shows within minutes.
+
 Medians of --runs runs. Targets (issue: keep up with a GPU): 16-token completions with top-5
 >= 1,500 requests/s at concurrency 64, collector CPU <= 1.0 ms per request, added p50 <= 1 ms
 at concurrency 1; 256-token streamed chat >= 500 requests/s.
 
     .venv/bin/python bench/collector_speed.py --runs 3
+    .venv/bin/python bench/collector_speed.py --soak 10
     .venv/bin/python bench/collector_speed.py --capture   # refresh the capture (needs vLLM)
 """
 
@@ -28,6 +35,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -221,6 +229,46 @@ class Stack:
             log.close()
 
 
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def soak(stack: Stack, minutes: float) -> None:
+    """Every shape in turn for ``minutes``: the collector's memory and its spool's log."""
+    from bench.soak import slope_fit
+
+    requests = [raw_request(e, request_body(e, s, t)) for e, s, t in SHAPES.values()]
+    wal = stack.work / "spool.sqlite-wal"
+    began = time.monotonic()
+    first = records_total(stack.url)
+    samples: list[tuple[float, int, float]] = []  # seconds, answered so far, RSS MB
+    answered = largest = 0
+    while time.monotonic() - began < minutes * 60:
+        _, latencies = load(stack.port, requests[len(samples) % len(requests)], 16, 10.0)
+        answered += len(latencies)
+        largest = max(largest, wal.stat().st_size if wal.exists() else 0)
+        samples.append((time.monotonic() - began, answered, rss_mb(stack.collector.pid)))
+        print(
+            f"  {samples[-1][0]:6.0f} s: {answered:,} requests, collector {samples[-1][2]:.1f} "
+            f"MB, spool log {largest / 1e6:.1f} MB at most",
+            flush=True,
+        )
+    after = [s for s in samples if s[0] >= 60] or samples
+    per_hour = slope_fit([(t / 3600, mb) for t, _, mb in after])
+    per_million = slope_fit([(n / 1e6, mb) for _, n, mb in after])
+    recorded = records_total(stack.url) - first
+    print(
+        f"soak, {minutes:g} min: {answered:,} answered, {recorded:,.0f} recorded; collector RSS "
+        f"{after[0][2]:.1f} -> {after[-1][2]:.1f} MB, slope "
+        f"{per_hour.get('slope_mb_per_h', float('nan')):+.1f} MB/h "
+        f"({per_million.get('slope_mb_per_h', float('nan')):+.1f} MB per million requests): "
+        f"{per_hour['verdict']}; spool log at most {largest / 1e6:.1f} MB"
+    )
+
+
 def capture(work: Path, model: Path) -> None:
     """Send every shape through a collector in front of a capture proxy in front of vLLM."""
     from aiohttp import web
@@ -262,12 +310,20 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,16,64,256")
     ap.add_argument("--shapes", default=",".join(str(i) for i in range(len(SHAPES))))
     ap.add_argument("--capture", action="store_true", help="capture vLLM's answers anew")
+    ap.add_argument("--soak", type=float, metavar="MINUTES", help="memory and spool over time")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ledger-collector-speed-"))
-    model = build(work / "model", size="small")
-    if args.capture:
-        capture(work, model)
-        return
+    try:
+        model = build(work / "model", size="small")
+        if args.capture:
+            capture(work, model)
+        else:
+            measure(args, work, model)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the spool and ledger: hundreds of MB
+
+
+def measure(args: argparse.Namespace, work: Path, model: Path) -> None:
     engine_port = free_port()
     engine = subprocess.Popen(
         [sys.executable, str(ROOT / "bench" / "instant_engine.py"), str(CAPTURE), str(engine_port)]
@@ -277,6 +333,9 @@ def main() -> None:
     stack = Stack(work, engine_url, model)
     print(f"machine: {machine()}; capture: {json.loads(CAPTURE.read_text())['vllm_version']}")
     try:
+        if args.soak:
+            soak(stack, args.soak)
+            return
         names = list(SHAPES)
         for i in (int(s) for s in args.shapes.split(",")):
             name = names[i]

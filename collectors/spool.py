@@ -8,7 +8,9 @@ spool only when the ledger has acknowledged it (:meth:`ack`), or, when the ledge
 for good (a conflicting duplicate, say), into ``dead_letters`` with the reason, where it stays
 for an operator. Request IDs stay known for :data:`REQUEST_ID_RETENTION` after their record
 left, so a reused one is refused. The write-ahead log is copied into the database only when
-the shipper calls :meth:`checkpoint`, never inside a record's commit.
+the shipper calls :meth:`checkpoint`, never inside a record's commit; once the log is past
+:data:`WAL_SIZE_LIMIT`, the copy finishes with commits held back for its last frames, so that
+the log starts over however steady the load (it and its index would grow without end).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class Spool:
         self._conn = self._connect()
         self._read = self._connect()
         self._lookup = self._connect()  # request ID checks, on the proxy's event loop
+        self._page_size = int(self._conn.execute("PRAGMA page_size").fetchone()[0])
         # A spool from before the request_ids table: its pending records' IDs.
         self._conn.execute(
             "INSERT OR IGNORE INTO request_ids SELECT request_id, spooled_at FROM spool"
@@ -236,13 +239,21 @@ class Spool:
                     self._conn.execute("ROLLBACK")
                 raise
 
-    def checkpoint(self, at_least: int = CHECKPOINT_BYTES) -> bool:
-        """Copy the write-ahead log into the database once ``at_least`` bytes of records were
-        committed since the last copy (the shipper's thread calls this between batches)."""
-        if self._written < at_least:
+    def checkpoint(self, at_least: int | None = None) -> bool:
+        """Copy the write-ahead log into the database once ``at_least`` bytes of records
+        (default :data:`CHECKPOINT_BYTES`) were committed since the last copy (the shipper's
+        thread calls this between batches)."""
+        if self._written < (CHECKPOINT_BYTES if at_least is None else at_least):
             return False
         try:
-            self._read.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            _, frames, _ = self._read.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if frames * self._page_size > WAL_SIZE_LIMIT:
+                # SQLite starts the log over only at a commit that finds all of it copied.
+                # Under steady load a commit lands during every copy, so the log would grow
+                # for as long as records keep coming. Copy the rest with commits held back:
+                # the copy above did the bulk, this waits only for what came meanwhile.
+                with self._write_lock:
+                    self._read.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.OperationalError:
             # Busy or locked (another statement on this connection, or another process's
             # reader): the copy is only an optimisation; SQLite keeps the log, so try later.
