@@ -32,6 +32,7 @@ PLACEHOLDER = "token_id:"
 _FORCE_BPE_CLEANUP = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
 REPLACEMENT = "\ufffd"
 CONTEXT = 4  # preceding sampled tokens vLLM repairs with: enough for any UTF-8 sequence
+REPAIRED_CACHE = 8192  # repaired pieces kept, by token and its context
 
 
 def parse_placeholder(token: object) -> int | None:
@@ -55,7 +56,10 @@ class TokenRenderer:
         self._marker = marker
         self._piece = lru_cache(maxsize=65536)(self._decode_one)
         self._alone = lru_cache(maxsize=65536)(lambda token_id: self.decode([token_id]))
-        self._repaired = lru_cache(maxsize=65536)(self._repair)
+        # Keyed by the preceding tokens too, so text keeps adding entries: a small cache
+        # (about 250 bytes an entry) that fills within minutes, where 65,536 entries took the
+        # collector's memory up by about 16 MB over hours of traffic.
+        self._repaired = lru_cache(maxsize=REPAIRED_CACHE)(self._repair)
 
     @classmethod
     def from_model_dir(cls, model_dir: Path) -> TokenRenderer | None:
