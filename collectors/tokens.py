@@ -56,9 +56,9 @@ class TokenRenderer:
         self._marker = marker
         self._piece = lru_cache(maxsize=65536)(self._decode_one)
         self._alone = lru_cache(maxsize=65536)(lambda token_id: self.decode([token_id]))
-        # Keyed by the preceding tokens too, so text keeps adding entries: a small cache
-        # (about 250 bytes an entry) that fills within minutes, where 65,536 entries took the
-        # collector's memory up by about 16 MB over hours of traffic.
+        # Keyed by the preceding tokens too, so varied text keeps adding entries (about 250
+        # bytes each, tracemalloc under bench/soak.py): kept small, it is full within minutes
+        # rather than taking the collector's memory up by about 16 MB over a long while.
         self._repaired = lru_cache(maxsize=REPAIRED_CACHE)(self._repair)
 
     @classmethod

@@ -287,7 +287,8 @@ def test_the_write_ahead_log_stays_bounded_while_records_keep_coming(
         thread.start()
     largest = 0
     try:
-        while sum(written) * len(envelope) < 32 * spool_module.WAL_SIZE_LIMIT:
+        target = 32 * spool_module.WAL_SIZE_LIMIT
+        while sum(written) * len(envelope) < target and all(t.is_alive() for t in threads):
             items = spool.oldest(500)  # as the shipper does: ship, ack, checkpoint
             spool.ack([item.seq for item in items])
             spool.checkpoint()
@@ -297,6 +298,7 @@ def test_the_write_ahead_log_stays_bounded_while_records_keep_coming(
         for thread in threads:
             thread.join()
         spool.close()
+    assert sum(written) * len(envelope) >= target, "a writer failed"
     # Started over: at most what came between the shipper's copies (left to grow, the log
     # held every frame written, about four times the records' bytes).
     assert largest <= 10 * spool_module.WAL_SIZE_LIMIT, f"the log grew to {largest:,} bytes"
