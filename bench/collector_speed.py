@@ -229,16 +229,9 @@ class Stack:
             log.close()
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
-
 def soak(stack: Stack, minutes: float) -> None:
     """Every shape in turn for ``minutes``: the collector's memory and its spool's log."""
-    from bench.soak import slope_fit
+    from bench.soak import slope_fit, tree_rss_mb
 
     requests = [raw_request(e, request_body(e, s, t)) for e, s, t in SHAPES.values()]
     wal = stack.work / "spool.sqlite-wal"
@@ -250,7 +243,8 @@ def soak(stack: Stack, minutes: float) -> None:
         _, latencies = load(stack.port, requests[len(samples) % len(requests)], 16, 10.0)
         answered += len(latencies)
         largest = max(largest, wal.stat().st_size if wal.exists() else 0)
-        samples.append((time.monotonic() - began, answered, rss_mb(stack.collector.pid)))
+        rss, _ = tree_rss_mb(stack.collector.pid, {})
+        samples.append((time.monotonic() - began, answered, rss))
         print(
             f"  {samples[-1][0]:6.0f} s: {answered:,} requests, collector {samples[-1][2]:.1f} "
             f"MB, spool log {largest / 1e6:.1f} MB at most",
