@@ -10,7 +10,6 @@ row needs raises ``KeyError``/``TypeError``; the caller reports the leaf.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from ledger.audit.rows import (
@@ -27,7 +26,7 @@ from ledger.audit.rows import (
 from ledger.cachekey import is_deterministic, keys_of_record
 from ledger.erasure import ERASURE_KIND, HOLD_KIND, RELEASE_KIND
 from ledger.fingerprint import FINGERPRINT_KIND
-from ledger.inference_record import parse_record
+from ledger.inference_record import InferenceRecord
 from ledger.records import RECORD_KIND
 from ledger.replay import VERDICT_KIND
 from ledger.signing import Envelope
@@ -79,13 +78,11 @@ def record_row(env: Envelope, idx: int, at: Micros | None) -> RecordRow:
     )
 
 
-def cache_key_rows(
-    env: Envelope, idx: int, template: str | None, disclosures: Sequence[str] = ()
-) -> list[CacheKeyRow]:
-    """The ``cache_keys`` rows of a record leaf: its ``ck1`` keys (none when its request
-    cannot be keyed or its content was erased), each with the record's tier and whether its
-    sampling is deterministic. ``disclosures``: a v2 record's stored disclosures."""
-    record = parse_record(env.body, disclosures)
+def cache_key_rows(record: InferenceRecord, idx: int, template: str | None) -> list[CacheKeyRow]:
+    """The ``cache_keys`` rows of a record leaf, from its parsed body (with a v2 record's
+    stored disclosures that open): its ``ck1`` keys (none when its request cannot be keyed or
+    its content was erased), each with the record's tier and whether its sampling is
+    deterministic."""
     keys = keys_of_record(record, template)
     deterministic = is_deterministic(record.sampling)
     return [CacheKeyRow(key, record.request_id, idx, record.tier, deterministic) for key in keys]

@@ -44,7 +44,7 @@ from ledger.disclosures import parse as parse_disclosure
 from ledger.erasure import ERASURE_KIND, HOLD_KIND, RELEASE_KIND
 from ledger.errors import LedgerError, VerificationError
 from ledger.fingerprint import FINGERPRINT_KIND
-from ledger.inference_record import parse_record
+from ledger.inference_record import InferenceRecord, parse_record
 from ledger.records import RECORD_KIND
 from ledger.replay import VERDICT_KIND
 from ledger.signing import Envelope, VerifyingKey
@@ -195,8 +195,8 @@ def _index_rows(st: _Leaf, env: Envelope, idx: int, at: Micros | None) -> None:
                     "fingerprint_id",
                 )
             template = logged[1] if logged is not None and logged[0] < idx else None
-            opened = _disclosures(st, env, idx, record.request_id)
-            keys = derive.cache_key_rows(env, idx, template, opened)
+            parsed = _disclosures(st, env, idx, record.request_id)
+            keys = derive.cache_key_rows(parsed, idx, template)
             _compare_one(st, "records", record, st.take("records", idx), idx)
             _compare_cache_keys(st, keys, st.take("cache_keys", idx), idx, record.request_id)
         elif kind == FINGERPRINT_KIND:
@@ -227,10 +227,12 @@ def _index_rows(st: _Leaf, env: Envelope, idx: int, at: Micros | None) -> None:
     _unexpected(st, idx, f"which holds a {kind}")
 
 
-def _disclosures(st: _Leaf, env: Envelope, idx: int, request_id: str) -> list[str]:
+def _disclosures(st: _Leaf, env: Envelope, idx: int, request_id: str) -> InferenceRecord:
     """Check the stored disclosures of record leaf ``idx`` (each opens one of its digests,
-    under its own digest and request ID); return those that do. A v2 record whose digests are
-    not all opened is left ``pending`` until the scan has seen every erasure event."""
+    under its own digest and request ID); return the record parsed with those that do (with
+    none, if together they do not open). A v2 record whose digests are not all opened is left
+    ``pending`` until the scan has seen every erasure event. A body that is not a valid
+    record raises (the caller reports it)."""
     rows = st.take("disclosures", idx)
     good: list[str] = []
     for row in rows:
@@ -269,9 +271,20 @@ def _disclosures(st: _Leaf, env: Envelope, idx: int, request_id: str) -> list[st
             "disclosures",
             "disclosure",
         )
-        return []
-    except LedgerError:
-        return []  # the body itself is reported as not a valid record
+        return parse_record(env.body)
+    except LedgerError as exc:
+        if not good:
+            raise  # the body itself is not a valid record: the caller reports it
+        record = parse_record(env.body)  # raises, and is reported, if the body is not valid
+        st.find(
+            "content",
+            f"record {request_id!r} cannot take the {len(good)} disclosure(s) stored at its "
+            f"leaf ({exc.message}): the disclosures table was edited",
+            idx,
+            "disclosures",
+            "log_index",
+        )
+        return record
     if not record.complete:
         st.found.append(
             Finding(
@@ -283,7 +296,7 @@ def _disclosures(st: _Leaf, env: Envelope, idx: int, request_id: str) -> list[st
                 pending=record.missing_digests,
             )
         )
-    return good
+    return record
 
 
 def _output_disclosure(st: _Leaf, env: Envelope, idx: int) -> None:

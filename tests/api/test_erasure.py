@@ -27,7 +27,7 @@ from ledger.storage.audit import audit
 from ledger.storage.database import utcnow
 from ledger.storage.queries import RecordFilter
 from tests.conftest import BACKENDS, fresh_url
-from tests.support.documents import record_v2
+from tests.support.documents import record_envelope, record_v2
 from tests.support.harness import Harness, start_harness
 from tests.support.superuser import Superuser
 from tests.support.walk import paths
@@ -333,6 +333,39 @@ def test_content_edits_are_caught(api: Harness):
     messages = [f.message for f in report.findings if f.check in ("content", "index")]
     assert any(edited in m and "disclosure" in m for m in messages), report.findings
     assert any(erased in m and "remain" in m for m in messages), report.findings
+
+
+def test_disclosures_planted_at_a_v1_record_are_caught(api: Harness):
+    """A v1 record takes no disclosures: a valid disclosure row copied to its leaf, under its
+    request ID, is an edit of the disclosures table, and the record's own rows still compare."""
+    key, fp = api.setup_collector()
+    donor = _greedy(api, key, fp)
+    env = record_envelope(key, fp)
+    resp = api.client().post("/v1/records", json={"records": [{"envelope": env.to_dict()}]})
+    assert resp.status_code == 201, resp.text
+    v1 = env.body["request_id"]
+    su = Superuser(str(api.settings.database_url))
+    [(leaf,)] = su.query("SELECT log_index FROM records WHERE request_id = %s", (v1,))
+    digest, disclosure = su.query(
+        "SELECT digest, disclosure FROM disclosures WHERE request_id = %s", (donor,)
+    )[0]
+    su.execute(
+        [
+            (
+                "INSERT INTO disclosures (request_id, digest, log_index, disclosure) "
+                "VALUES (%s, %s, %s, %s)",
+                (v1, digest, leaf, disclosure),
+            )
+        ],
+        ["disclosures"],
+    )
+    su.execute(
+        [("UPDATE records SET model = %s WHERE request_id = %s", ("forged", v1))], ["records"]
+    )
+    report = audit(api.db, api.log_key.public_key)
+    at_leaf = [(f.check, f.table, f.column) for f in report.findings if f.index == leaf]
+    assert ("content", "disclosures", "log_index") in at_leaf, report.findings
+    assert ("index", "records", "model") in at_leaf, report.findings
 
 
 def test_no_member_of_a_v2_bundle_can_be_changed_unnoticed(api: Harness):

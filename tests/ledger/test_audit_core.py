@@ -55,7 +55,7 @@ def test_cache_key_rows_are_those_ingest_writes(text, tier, temperature, seed, e
         extra["stop"] = ["\n"]
     body = record_body(FP, tier=tier, text_prompt=text, request_extra={**request, **extra}, seed=3)
     env = sign_envelope(RECORD_KIND, body, KEY)
-    derived = sorted(tuple(r) for r in derive.cache_key_rows(env, 7, None))
+    derived = sorted(tuple(r) for r in derive.cache_key_rows(parse_record(env.body), 7, None))
     assert derived == _ingested_rows(body, None)
     assert len(derived) == (2 if text else 1)
 
@@ -64,9 +64,9 @@ def test_cache_key_rows_are_those_ingest_writes(text, tier, temperature, seed, e
 def test_chat_cache_keys_depend_on_the_template_as_ingest_does(template):
     body = chat_body(FP, "req-chat")
     env = sign_envelope(RECORD_KIND, body, KEY)
-    assert sorted(tuple(r) for r in derive.cache_key_rows(env, 7, template)) == _ingested_rows(
-        body, template
-    )
+    assert sorted(
+        tuple(r) for r in derive.cache_key_rows(parse_record(env.body), 7, template)
+    ) == _ingested_rows(body, template)
 
 
 def test_chat_template_digest_is_read_as_ingest_reads_it():
