@@ -48,6 +48,7 @@ from ledger.packing import (
     decode_packed,
     pack_float32,
     pack_int32,
+    strict_b64decode,
 )
 
 RECORD_KIND = "inference_record"
@@ -279,7 +280,7 @@ def _check_base64(value: object, field: str) -> None:
     try:
         if not isinstance(value, str):
             raise ValueError("not a string")
-        binascii.a2b_base64(value.encode("ascii"), strict_mode=True)
+        strict_b64decode(value)
     except (ValueError, binascii.Error, UnicodeEncodeError) as exc:
         raise _fail(f"{field} must be a base64 string ({exc})", field=field) from exc
 

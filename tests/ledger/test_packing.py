@@ -1,9 +1,10 @@
 import base64
+import binascii
 import math
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.errors import InvalidInput
@@ -14,6 +15,7 @@ from ledger.packing import (
     pack_float32,
     pack_float32_bytes,
     pack_int32,
+    strict_b64decode,
     unpack_float32,
     unpack_int32,
 )
@@ -100,3 +102,41 @@ def test_pack_raw_float_bytes_keeps_nan_payloads_bit_exact():
 def test_int32_overflow_is_refused():
     with pytest.raises(InvalidInput):
         pack_int32([2**31])
+
+
+def _outcome(decode, text):
+    try:
+        return "decoded", decode(text)
+    except (ValueError, UnicodeError):  # binascii.Error is a ValueError
+        return "refused", b""
+
+
+def _reference(text: str) -> bytes:
+    return binascii.a2b_base64(text.encode("ascii"), strict_mode=True)
+
+
+_B64_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_ \n.\x00\u00e9"
+
+
+@settings(max_examples=3000)
+@given(st.one_of(st.text(alphabet=_B64_CHARS, max_size=14), st.binary(max_size=64)))
+def test_packed_decoding_takes_and_refuses_what_the_strict_c_decoder_does(item):
+    """Any text, and the encoding of any bytes with a stray, missing or extra character or
+    padding: the SIMD path decodes exactly what ``binascii``'s strict mode decodes, to the
+    same bytes, and refuses the rest (non-canonical trailing bits and stray ``=`` included)."""
+    if isinstance(item, bytes):
+        encoded = base64.b64encode(item).decode()
+        texts = [
+            encoded,
+            encoded + "=",
+            encoded + "A",
+            encoded[:-1],
+            "=" + encoded,
+            encoded + "\n",
+            encoded.rstrip("="),
+            encoded[:4] + "=" + encoded[4:],
+        ]
+    else:
+        texts = [item]
+    for text in texts:
+        assert _outcome(strict_b64decode, text) == _outcome(_reference, text), text
