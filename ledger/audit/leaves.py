@@ -342,8 +342,8 @@ def _output_disclosure(st: _Leaf, env: Envelope, idx: int) -> None:
 
 def _unexpected(st: _Leaf, idx: int, what: str) -> None:
     """Rows still held for leaf ``idx`` after its own were taken: they belong to no leaf."""
-    for table in TABLES:
-        for row in st.take(table, idx):
+    for table, by_index in st.stored.items():
+        for row in by_index.pop(idx, ()):
             st.find(
                 "index",
                 f"{table} row {_ident(row)} names leaf {idx}, {what}",
