@@ -278,8 +278,9 @@ def _disclosures(st: _Leaf, env: Envelope, idx: int, request_id: str) -> Inferen
         record = parse_record(env.body)  # raises, and is reported, if the body is not valid
         st.find(
             "content",
-            f"record {request_id!r} cannot take the {len(good)} disclosure(s) stored at its "
-            f"leaf ({exc.message}): the disclosures table was edited",
+            f"record {request_id!r} does not parse with the {len(good)} disclosure(s) stored "
+            f"at its leaf ({exc.message}): the disclosures table was edited, or the content "
+            "its collector signed is not valid",
             idx,
             "disclosures",
             "log_index",
