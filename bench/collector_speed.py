@@ -14,10 +14,11 @@ concurrency (default 1, 16, 64, 256), connections send the shape's request back 
 - the collector process's CPU per request (user + system, from /proc), and the ledger's.
 
 With --soak MINUTES it instead sends the shapes in turn (10 s each, concurrency 16) for that
-long, sampling every 10 s the collector's resident memory and the size of its spool's
-write-ahead log, and reports the memory slope after a minute's warm-up (as bench/soak.py
-decides it, per hour and per million requests), the largest log, and answered against
-recorded: a soak at GPU rates, where growth per request shows within minutes.
+long, sampling every 10 s the resident memory of the collector and of the ledger and the size
+of the spool's and of the ledger database's write-ahead logs, and reports each process's
+memory slope after a minute's warm-up (as bench/soak.py decides it, per hour and per million
+requests), the largest logs, and answered against recorded: a soak at GPU rates, where
+growth per request shows within minutes.
 
 Medians of --runs runs. Targets (issue: keep up with a GPU): 16-token completions with top-5
 >= 1,500 requests/s at concurrency 64, collector CPU <= 1.0 ms per request, added p50 <= 1 ms
@@ -229,37 +230,51 @@ class Stack:
             log.close()
 
 
+def _wal_bytes(*paths: Path) -> int:
+    return sum(p.stat().st_size for p in paths if p.exists())
+
+
 def soak(stack: Stack, minutes: float) -> None:
-    """Every shape in turn for ``minutes``: the collector's memory and its spool's log."""
+    """Every shape in turn for ``minutes``: the collector's and the ledger's memory, the
+    spool's write-ahead log and the ledger database's."""
     from bench.soak import slope_fit, tree_rss_mb
 
     requests = [raw_request(e, request_body(e, s, t)) for e, s, t in SHAPES.values()]
     wal = stack.work / "spool.sqlite-wal"
     began = time.monotonic()
     first = records_total(stack.url)
-    samples: list[tuple[float, int, float]] = []  # seconds, answered so far, RSS MB
-    answered = largest = 0
+    # seconds, answered so far, collector RSS MB, ledger RSS MB
+    samples: list[tuple[float, int, float, float]] = []
+    answered = largest = ledger_largest = 0
     while time.monotonic() - began < minutes * 60:
         _, latencies = load(stack.port, requests[len(samples) % len(requests)], 16, 10.0)
         answered += len(latencies)
-        largest = max(largest, wal.stat().st_size if wal.exists() else 0)
+        largest = max(largest, _wal_bytes(wal))
+        ledger_largest = max(ledger_largest, _wal_bytes(*(stack.work / "ledger").glob("*-wal")))
         rss, _ = tree_rss_mb(stack.collector.pid, {})
-        samples.append((time.monotonic() - began, answered, rss))
+        ledger_rss, _ = tree_rss_mb(stack.ledger.pid, {})
+        samples.append((time.monotonic() - began, answered, rss, ledger_rss))
         print(
-            f"  {samples[-1][0]:6.0f} s: {answered:,} requests, collector {samples[-1][2]:.1f} "
-            f"MB, spool log {largest / 1e6:.1f} MB at most",
+            f"  {samples[-1][0]:6.0f} s: {answered:,} requests, collector {rss:.1f} MB, ledger "
+            f"{ledger_rss:.1f} MB; write-ahead logs at most: spool {largest / 1e6:.1f} MB, "
+            f"ledger {ledger_largest / 1e6:.1f} MB",
             flush=True,
         )
     after = [s for s in samples if s[0] >= 60] or samples
-    per_hour = slope_fit([(t / 3600, mb) for t, _, mb in after])
-    per_million = slope_fit([(n / 1e6, mb) for _, n, mb in after])
     recorded = records_total(stack.url) - first
+    print(f"soak, {minutes:g} min: {answered:,} answered, {recorded:,.0f} recorded")
+    for name, k in (("collector", 2), ("ledger", 3)):
+        per_hour = slope_fit([(s[0] / 3600, s[k]) for s in after])
+        per_million = slope_fit([(s[1] / 1e6, s[k]) for s in after])
+        print(
+            f"  {name} RSS {after[0][k]:.1f} -> {after[-1][k]:.1f} MB, slope "
+            f"{per_hour.get('slope_mb_per_h', float('nan')):+.1f} MB/h "
+            f"({per_million.get('slope_mb_per_h', float('nan')):+.1f} MB per million "
+            f"requests): {per_hour['verdict']}"
+        )
     print(
-        f"soak, {minutes:g} min: {answered:,} answered, {recorded:,.0f} recorded; collector RSS "
-        f"{after[0][2]:.1f} -> {after[-1][2]:.1f} MB, slope "
-        f"{per_hour.get('slope_mb_per_h', float('nan')):+.1f} MB/h "
-        f"({per_million.get('slope_mb_per_h', float('nan')):+.1f} MB per million requests): "
-        f"{per_hour['verdict']}; spool log at most {largest / 1e6:.1f} MB"
+        f"  write-ahead logs at most: spool {largest / 1e6:.1f} MB, ledger "
+        f"{ledger_largest / 1e6:.1f} MB"
     )
 
 
