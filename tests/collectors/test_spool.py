@@ -299,6 +299,7 @@ def test_the_write_ahead_log_stays_bounded_while_records_keep_coming(
             thread.join()
         spool.close()
     assert sum(written) * len(envelope) >= target, "a writer failed"
-    # Started over: at most what came between the shipper's copies (left to grow, the log
-    # held every frame written, about four times the records' bytes).
-    assert largest <= 10 * spool_module.WAL_SIZE_LIMIT, f"the log grew to {largest:,} bytes"
+    # Started over, the log holds what came between the shipper's copies: 3-13 MB here and on
+    # CI, as fast as the writers are against the loop above. Left to grow, it held every frame
+    # written, about 4.5 times the records' bytes (143 MB): the bound sits between the two.
+    assert largest <= target, f"the log grew to {largest:,} bytes"
