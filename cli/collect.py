@@ -26,6 +26,7 @@ from collectors.proxy import create_proxy
 from collectors.shipper import LINGER
 from collectors.tiers import TIERS
 from ledger.logs import LogFormat, LogLevel, logging_config
+from ledger.malloc import fix_mmap_threshold
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -95,6 +96,7 @@ def collect(
     log_format: LogFormat = LogFormatOption,
 ) -> None:
     """Record every request to the engine, signed, through a durable spool into the ledger."""
+    fix_mmap_threshold()  # shipped batches' buffers go back to the system when freed
     log_config = logging_config(log_format, log_level)
     logging.config.dictConfig(log_config)
     if tier not in TIERS:
