@@ -1,0 +1,146 @@
+"""A TCP relay between a client and a server that shows what passed each way and who closed.
+
+Tests put it between the collector and its engine to see, without timing anything, what the
+collector sent the engine and whether it closed the engine's connection before an answer came.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RelayedConnection:
+    """One connection through the relay."""
+
+    sent: bytearray = field(default_factory=bytearray)  # client -> server
+    answered: bytearray = field(default_factory=bytearray)  # server -> client
+    closed_by_client: threading.Event = field(default_factory=threading.Event)
+    # What the server had answered when the client closed (None while the client has not).
+    answered_at_close: bytes | None = None
+    # (len(sent), len(answered)) as each chunk from the client arrived.
+    marks: list[tuple[int, int]] = field(default_factory=list)
+
+    def answered_at_close_to(self, marker: bytes) -> bytes:
+        """What the server answered, once the client closed, after the client began sending
+        the chunk that holds ``marker`` (the answer to that request, on a reused connection)."""
+        assert self.answered_at_close is not None, "the client has not closed"
+        at = bytes(self.sent).find(marker)
+        assert at >= 0, "the client never sent the marker"
+        answered_then = max(answered for sent, answered in self.marks if sent <= at)
+        return self.answered_at_close[answered_then:]
+
+    def sent_whole_request(self, marker: bytes) -> bool:
+        """Whether the client sent a whole HTTP/1.1 request (head and ``Content-Length``
+        bytes of body) whose head holds ``marker``."""
+        sent = bytes(self.sent)
+        at = sent.find(marker)
+        end = sent.find(b"\r\n\r\n", at)
+        if at < 0 or end < 0:
+            return False
+        start = sent.rfind(b"\r\n\r\n", 0, at)  # the end of an earlier request's head
+        head = sent[start + 4 if start >= 0 else 0 : end].lower()
+        length = 0
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip() == b"content-length":
+                length = int(value)
+        return len(sent) >= end + 4 + length
+
+
+class TcpRelay:
+    """Listens on 127.0.0.1 and relays every connection to ``target`` (host, port)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._lock = threading.Lock()
+        self.connections: list[RelayedConnection] = []
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def wait_for(
+        self, found: Callable[[RelayedConnection], bool], timeout: float
+    ) -> RelayedConnection:
+        """The first connection for which ``found`` holds, waiting up to ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                hits = [c for c in self.connections if found(c)]
+            if hits:
+                return hits[0]
+            time.sleep(0.01)
+        raise AssertionError(f"no connection through the relay matched in {timeout} s")
+
+    def close(self) -> None:
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self._listener.accept()
+                server = socket.create_connection(self._target)
+                connection = RelayedConnection()
+                with self._lock:
+                    self.connections.append(connection)
+                    self._sockets += [client, server]
+                threading.Thread(
+                    target=self._upward, args=(client, server, connection), daemon=True
+                ).start()
+                threading.Thread(
+                    target=self._downward, args=(server, client, connection), daemon=True
+                ).start()
+
+    def _upward(
+        self, client: socket.socket, server: socket.socket, connection: RelayedConnection
+    ) -> None:
+        for chunk in _chunks(client):
+            with self._lock:
+                connection.marks.append((len(connection.sent), len(connection.answered)))
+                connection.sent += chunk
+            with contextlib.suppress(OSError):
+                server.sendall(chunk)
+        with self._lock:
+            connection.answered_at_close = bytes(connection.answered)
+        connection.closed_by_client.set()
+        with contextlib.suppress(OSError):
+            # shutdown, not only close: another thread is reading this socket, and a close
+            # alone would not end the connection while that read waits.
+            server.shutdown(socket.SHUT_RDWR)
+        server.close()  # the server sees its client leave
+
+    def _downward(
+        self, server: socket.socket, client: socket.socket, connection: RelayedConnection
+    ) -> None:
+        for chunk in _chunks(server):
+            with self._lock:
+                connection.answered += chunk
+            with contextlib.suppress(OSError):
+                client.sendall(chunk)
+        with contextlib.suppress(OSError):
+            client.shutdown(socket.SHUT_WR)
+
+
+def _chunks(sock: socket.socket) -> Iterator[bytes]:
+    """What ``sock`` receives, until its peer closes or the socket fails."""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except OSError:
+            return
+        if not chunk:
+            return
+        yield chunk
