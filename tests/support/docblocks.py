@@ -3,6 +3,8 @@
 Every fenced ``sh`` (or ``bash``) block in README.md and docs/*.md is preceded by a marker line:
 
 - ``<!-- docs-test -->``: ``tests/docs/test_docs.py`` runs the block;
+- ``<!-- docs-test: engine -->``: ``tests/docs/test_readme_tour.py`` runs it, with the rest of
+  README's tour, against a real vLLM server (only README's tour uses it);
 - ``<!-- docs-test: skip REASON -->``: it does not, and the reason says why (an engine, a GPU,
   Docker or Postgres roles it cannot have), so an unrun command is a decision, never an
   oversight.
@@ -20,7 +22,9 @@ _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<info>[^`\s]*)")
 # README's first lines are its two commands, so no marker can precede them; `make test` is this
 # suite and `make demo` is run by tests/demo/test_demo_engine.py.
 README_OPENING = "the two make targets: the suite itself, and test_demo_engine.py"
-_MARK = re.compile(r"^<!--\s*docs-test(?::\s*skip\b\s*(?P<reason>.*?))?\s*-->\s*$")
+_MARK = re.compile(
+    r"^<!--\s*docs-test(?::\s*(?:(?P<engine>engine)|skip\b\s*(?P<reason>.*?)))?\s*-->\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,8 @@ class Block:
     line: int  # 1-based line of the opening fence
     code: str
     marked: bool
-    run: bool
+    run: bool  # by the plain docs test
+    engine: bool  # by the README tour's test, with a vLLM server
     skip_reason: str  # for a skipped block: why ("" when the marker gives no reason)
 
     @property
@@ -65,7 +70,8 @@ def shell_blocks(path: Path) -> list[Block]:
                     line=start + 1,
                     code="\n".join(lines[start + 1 : end]) + "\n",
                     marked=mark is not None,
-                    run=mark is not None and mark["reason"] is None,
+                    run=mark is not None and mark["reason"] is None and not mark["engine"],
+                    engine=mark is not None and bool(mark["engine"]),
                     skip_reason="" if mark is None else (mark["reason"] or "").strip(),
                 )
             )
