@@ -47,10 +47,10 @@ GPU_CHECK_ARGS ?=
 gpu-check: $(STAMP)
 	$(VENV)/bin/ledger gpu-check --device cuda --engine-python "$$(command -v $(GPU_ENGINE_PYTHON))" $(GPU_CHECK_ARGS)
 
-# Debian's docker-compose validates docker-compose.yml (no Docker engine needed), and Debian's
+# Debian's docker-compose validates docker-compose.yml (no Docker engine needed), Debian's
 # chromium runs the console's browser tests (Playwright drives it; its own browser download is
-# not used). Each is installed when missing and this is a root shell with apt; otherwise the
-# tests that need it are skipped, with the reason.
+# not used), and psql runs OPERATIONS.md's Postgres roles. Each is installed when missing and
+# this is a root shell with apt; otherwise the tests that need it are skipped, with the reason.
 APT_INSTALL = { apt-get install -y -q --no-install-recommends $(1) >/dev/null 2>&1 || \
 	{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends $(1) >/dev/null; }; }
 tools:
@@ -60,6 +60,9 @@ tools:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		$(call APT_INSTALL,chromium); } || \
 		echo "note: chromium is not installed; the console's browser tests will be skipped"
+	@command -v psql >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		$(call APT_INSTALL,postgresql-client); } || \
+		echo "note: psql is not installed; the Postgres roles docs test will be skipped"
 
 test: $(STAMP) $(ENGINE_STAMP) tools
 	$(VENV)/bin/ruff check .

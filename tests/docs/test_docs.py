@@ -30,7 +30,7 @@ def test_every_shell_block_is_marked_run_or_skipped_with_a_reason():
         b.where
         for path in doc_files()
         for b in shell_blocks(path)
-        if b.marked and not b.run and not b.engine and not b.skip_reason
+        if b.marked and not b.run and not b.needs and not b.skip_reason
     ]
     assert not bare, f"skipped without a reason: {bare}"
 

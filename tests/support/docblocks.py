@@ -5,6 +5,8 @@ Every fenced ``sh`` (or ``bash``) block in README.md and docs/*.md is preceded b
 - ``<!-- docs-test -->``: ``tests/docs/test_docs.py`` runs the block;
 - ``<!-- docs-test: engine -->``: ``tests/docs/test_readme_tour.py`` runs it, with the rest of
   README's tour, against a real vLLM server (only README's tour uses it);
+- ``<!-- docs-test: postgres -->``: ``tests/docs/test_postgres_roles.py`` runs it as a Postgres
+  superuser (only OPERATIONS.md's roles use it);
 - ``<!-- docs-test: skip REASON -->``: it does not, and the reason says why (an engine, a GPU,
   Docker or Postgres roles it cannot have), so an unrun command is a decision, never an
   oversight.
@@ -23,7 +25,7 @@ _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<info>[^`\s]*)")
 # suite and `make demo` is run by tests/demo/test_demo_engine.py.
 README_OPENING = "the two make targets: the suite itself, and test_demo_engine.py"
 _MARK = re.compile(
-    r"^<!--\s*docs-test(?::\s*(?:(?P<engine>engine)|skip\b\s*(?P<reason>.*?)))?\s*-->\s*$"
+    r"^<!--\s*docs-test(?::\s*(?:(?P<needs>engine|postgres)|skip\b\s*(?P<reason>.*?)))?\s*-->\s*$"
 )
 
 
@@ -34,7 +36,7 @@ class Block:
     code: str
     marked: bool
     run: bool  # by the plain docs test
-    engine: bool  # by the README tour's test, with a vLLM server
+    needs: str  # "engine" or "postgres": run by that block's own test instead ("" when none)
     skip_reason: str  # for a skipped block: why ("" when the marker gives no reason)
 
     @property
@@ -70,8 +72,8 @@ def shell_blocks(path: Path) -> list[Block]:
                     line=start + 1,
                     code="\n".join(lines[start + 1 : end]) + "\n",
                     marked=mark is not None,
-                    run=mark is not None and mark["reason"] is None and not mark["engine"],
-                    engine=mark is not None and bool(mark["engine"]),
+                    run=mark is not None and mark["reason"] is None and not mark["needs"],
+                    needs="" if mark is None else mark["needs"] or "",
                     skip_reason="" if mark is None else (mark["reason"] or "").strip(),
                 )
             )

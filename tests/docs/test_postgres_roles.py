@@ -1,0 +1,130 @@
+"""OPERATIONS.md's Postgres roles, run as written, and what the page says they prevent.
+
+The ``<!-- docs-test: postgres -->`` block runs as a Postgres superuser (the suite's admin
+URL), with its names made this run's own so that nothing of a real deployment on the same
+server is touched: ``ledger_owner``, ``ledger_app`` and ``ledger_auditor`` get a suffix, the
+database ``ledger`` becomes ``ledger_roles_<suffix>``, ``db-host`` the server's host and port,
+and port 8700 a free one. It must exit 0 without a traceback: migrations as the owner, the
+server as the app role, a full audit as the auditor. Then the page's claims are checked: the
+app role cannot disable the log's triggers, nor delete from the log, and the auditor cannot
+write. Roles and database are dropped at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.support.databases import require_postgres
+from tests.support.docblocks import ROOT, shell_blocks
+from tests.support.engine import free_port
+
+pytestmark = pytest.mark.postgres
+OPERATIONS = ROOT / "docs" / "OPERATIONS.md"
+ROLES = ("ledger_owner", "ledger_app", "ledger_auditor")
+
+
+def _roles_block() -> tuple[int, str]:
+    blocks = [b for b in shell_blocks(OPERATIONS) if b.needs == "postgres"]
+    assert len(blocks) == 1, [b.where for b in blocks]
+    return blocks[0].line, blocks[0].code
+
+
+@pytest.fixture
+def names() -> Iterator[dict[str, str]]:
+    """This run's role and database names; dropped afterwards, whatever the block did."""
+    admin = require_postgres()
+    if shutil.which("psql") is None:
+        pytest.skip("psql is not installed (`make tools` installs it where it can)")
+    suffix = uuid.uuid4().hex[:8]
+    names = {role: f"{role}_{suffix}" for role in ROLES} | {"database": f"ledger_roles_{suffix}"}
+    try:
+        yield names
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(names["database"])
+                )
+            )
+            for role in ROLES:
+                conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(names[role])))
+
+
+def _as(role: str, names: dict[str, str]) -> str:
+    admin = urlsplit(require_postgres())
+    return f"postgresql://{names[role]}@{admin.hostname}:{admin.port or 5432}/{names['database']}"
+
+
+def test_the_postgres_roles_of_operations_md_work_as_it_says(tmp_path: Path, names: dict[str, str]):
+    admin_url = require_postgres()
+    admin = urlsplit(admin_url)
+    line, code = _roles_block()
+    port = str(free_port())
+    code = (
+        code.replace("psql -h db-host -U postgres", f"psql -v ON_ERROR_STOP=1 '{admin_url}'")
+        .replace("CREATE DATABASE ledger OWNER", f"CREATE DATABASE {names['database']} OWNER")
+        .replace("\\c ledger\n", f"\\c {names['database']}\n")
+        .replace("@db-host/ledger", f"@{admin.hostname}:{admin.port or 5432}/{names['database']}")
+        .replace("127.0.0.1:8700", f"127.0.0.1:{port}")
+    )
+    for role in ROLES:  # no role's name holds another's
+        code = code.replace(role, names[role])
+    venv_bin = Path(sys.executable).parent
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")},
+        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HOME": str(tmp_path),
+        "LEDGER_PORT": port,
+    }
+    log = tmp_path / "block.log"
+    with log.open("w") as out:
+        # Its own session, so the server it leaves running is stopped with it; output to a
+        # file, which that server keeps open.
+        shell = subprocess.Popen(
+            ["bash", "-c", "set -euo pipefail\n" + code],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            returncode: int | None = shell.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell.pid, signal.SIGTERM)
+    output = log.read_text()
+    ended = "ran over 300 s" if returncode is None else f"exited {returncode}"
+    assert returncode == 0, f"docs/OPERATIONS.md:{line} {ended}:\n{output}"
+    assert "Traceback" not in output, output
+    assert "every check passed" in output, output  # the audit, as the auditor
+
+    # What the page says these grants prevent.
+    with psycopg.connect(_as("ledger_app", names), autocommit=True) as app:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="must be owner"):
+            app.execute("ALTER TABLE log_entries DISABLE TRIGGER ALL")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="is append-only"):
+            app.execute("DELETE FROM log_entries")
+        assert app.execute("SELECT count(*) FROM log_entries").fetchone()[0] >= 1
+    with psycopg.connect(_as("ledger_auditor", names), autocommit=True) as auditor:
+        assert auditor.execute("SELECT count(*) FROM log_entries").fetchone()[0] >= 1
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+            auditor.execute("DELETE FROM api_tokens")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="must be owner"):
+            auditor.execute("ALTER TABLE log_entries DISABLE TRIGGER ALL")
