@@ -12,11 +12,8 @@ write. Roles and database are dropped at the end.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -28,7 +25,7 @@ import pytest
 from psycopg import sql
 
 from tests.support.databases import require_postgres
-from tests.support.docblocks import ROOT, shell_blocks
+from tests.support.docblocks import ROOT, BlockShells, shell_blocks
 from tests.support.engine import free_port
 
 pytestmark = pytest.mark.postgres
@@ -89,30 +86,11 @@ def test_the_postgres_roles_of_operations_md_work_as_it_says(tmp_path: Path, nam
         "HOME": str(tmp_path),
         "LEDGER_PORT": port,
     }
-    log = tmp_path / "block.log"
-    with log.open("w") as out:
-        # Its own session, so the server it leaves running is stopped with it; output to a
-        # file, which that server keeps open.
-        shell = subprocess.Popen(
-            ["bash", "-c", "set -euo pipefail\n" + code],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            returncode: int | None = shell.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            returncode = None
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(shell.pid, signal.SIGTERM)
-    output = log.read_text()
-    ended = "ran over 300 s" if returncode is None else f"exited {returncode}"
-    assert returncode == 0, f"docs/OPERATIONS.md:{line} {ended}:\n{output}"
-    assert "Traceback" not in output, output
+    shells = BlockShells(tmp_path, env)
+    try:
+        output = shells.run(f"docs/OPERATIONS.md:{line}", code, tmp_path / "block.log")
+    finally:
+        shells.stop()  # the server the block started
     assert "every check passed" in output, output  # the audit, as the auditor
 
     # What the page says these grants prevent.

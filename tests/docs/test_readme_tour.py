@@ -11,10 +11,7 @@ traceback. The collector the tour starts in the background is stopped at the end
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +20,7 @@ import httpx
 import pytest
 
 from tests.support.cli import serve
-from tests.support.docblocks import ROOT, shell_blocks
+from tests.support.docblocks import ROOT, BlockShells, shell_blocks
 from tests.support.engine import EngineServer, free_port
 
 pytestmark = pytest.mark.engine
@@ -62,7 +59,7 @@ def test_the_readme_tour_runs_on_a_real_engine(tiny_engine: EngineServer, tmp_pa
     collector_port = str(free_port())
     proc, url = serve(tmp_path / "ledger-data", {"LEDGER_TOKEN_CACHE_SECONDS": "0"})
     env["LEDGER_API_URL"] = url
-    shells: list[subprocess.Popen[str]] = []
+    shells = BlockShells(tmp_path, env)
     try:
         for line, code, _ in _tour_blocks():
             code = (
@@ -72,32 +69,9 @@ def test_the_readme_tour_runs_on_a_real_engine(tiny_engine: EngineServer, tmp_pa
             )
             if "ledger evidence req-1" in code:
                 _wait_for_record(url, tmp_path / "reader.token", "req-1")
-            log = tmp_path / f"block-{line}.log"
-            with log.open("w") as out:
-                # A session of its own, so what the block leaves running is stopped with it;
-                # output to a file, as a block may leave a process holding it open.
-                shell = subprocess.Popen(
-                    ["bash", "-c", "set -euo pipefail\n" + code],
-                    cwd=tmp_path,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    start_new_session=True,
-                )
-                shells.append(shell)
-                try:
-                    returncode = shell.wait(timeout=300)
-                except subprocess.TimeoutExpired:
-                    returncode = None  # e.g. a collector that never came up
-            output = log.read_text()
-            ended = "ran over 300 s" if returncode is None else f"exited {returncode}"
-            assert returncode == 0, f"README.md:{line} {ended}:\n{output}"
-            assert "Traceback" not in output, f"README.md:{line} printed a traceback:\n{output}"
+            shells.run(f"README.md:{line}", code, tmp_path / f"block-{line}.log")
     finally:
-        for shell in shells:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(shell.pid, signal.SIGTERM)
+        shells.stop()
         proc.terminate()
         proc.wait(timeout=20)
 

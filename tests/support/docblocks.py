@@ -14,7 +14,11 @@ Every fenced ``sh`` (or ``bash``) block in README.md and docs/*.md is preceded b
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,3 +83,43 @@ def shell_blocks(path: Path) -> list[Block]:
             )
         pos = end + 1
     return blocks
+
+
+class BlockShells:
+    """Runs blocks as a reader would, in ``cwd`` with ``env``: bash with ``set -euo pipefail``,
+    each block in a session of its own, so that what a block leaves running (a server started
+    with ``&``) runs on until :meth:`stop`, and with its output in a file, which such a
+    process keeps open."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.cwd, self.env = cwd, env
+        self._leaders: list[int] = []
+
+    def run(self, where: str, code: str, log: Path, timeout: float = 300) -> str:
+        """The block's output, once it exited 0 without a traceback (else AssertionError)."""
+        with log.open("w") as out:
+            shell = subprocess.Popen(
+                ["bash", "-c", "set -euo pipefail\n" + code],
+                cwd=self.cwd,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+            self._leaders.append(shell.pid)
+            try:
+                returncode: int | None = shell.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                returncode = None  # e.g. waiting for a server that never came up
+        output = log.read_text()
+        ended = f"ran over {timeout:g} s" if returncode is None else f"exited {returncode}"
+        assert returncode == 0, f"{where} {ended}:\n{output}"
+        assert "Traceback" not in output, f"{where} printed a traceback:\n{output}"
+        return output
+
+    def stop(self) -> None:
+        """Stop what every block left running."""
+        for leader in self._leaders:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(leader, signal.SIGTERM)
