@@ -10,15 +10,13 @@ and a ``.venv`` link to the project's environment, ``ledger`` and ``python`` are
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.cli import serve
-from tests.support.docblocks import ROOT, doc_files, shell_blocks
+from tests.support.docblocks import ROOT, doc_files, reader_env, shell_blocks
 
 DOCS = [path for path in doc_files() if any(b.run for b in shell_blocks(path))]
 
@@ -42,16 +40,8 @@ def test_the_docs_mark_blocks_to_run():
 
 @pytest.mark.parametrize("doc", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
 def test_the_marked_blocks_run(tmp_path: Path, doc: Path):
-    venv_bin = Path(sys.executable).parent
-    (tmp_path / ".venv").symlink_to(venv_bin.parent, target_is_directory=True)
     data = tmp_path / "ledger-data"
-    env = {
-        **os.environ,
-        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
-        "HOME": str(tmp_path),
-    }
-    for name in [n for n in env if n.startswith("LEDGER_")]:
-        del env[name]
+    env = reader_env(tmp_path)
     proc, url = serve(data, {"LEDGER_TOKEN_CACHE_SECONDS": "0"})
     env["LEDGER_API_URL"] = url
     try:

@@ -12,9 +12,7 @@ write. Roles and database are dropped at the end.
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +23,7 @@ import pytest
 from psycopg import sql
 
 from tests.support.databases import require_postgres
-from tests.support.docblocks import ROOT, BlockShells, shell_blocks
+from tests.support.docblocks import ROOT, BlockShells, reader_env, shell_blocks
 from tests.support.engine import free_port
 
 pytestmark = pytest.mark.postgres
@@ -79,13 +77,7 @@ def test_the_postgres_roles_of_operations_md_work_as_it_says(tmp_path: Path, nam
     )
     for role in ROLES:  # no role's name holds another's
         code = code.replace(role, names[role])
-    venv_bin = Path(sys.executable).parent
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")},
-        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
-        "HOME": str(tmp_path),
-        "LEDGER_PORT": port,
-    }
+    env = reader_env(tmp_path) | {"LEDGER_PORT": port}
     shells = BlockShells(tmp_path, env)
     try:
         output = shells.run(f"docs/OPERATIONS.md:{line}", code, tmp_path / "block.log")

@@ -11,8 +11,6 @@ traceback. The collector the tour starts in the background is stopped at the end
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import httpx
 import pytest
 
 from tests.support.cli import serve
-from tests.support.docblocks import ROOT, BlockShells, shell_blocks
+from tests.support.docblocks import ROOT, BlockShells, reader_env, shell_blocks
 from tests.support.engine import EngineServer, free_port
 
 pytestmark = pytest.mark.engine
@@ -49,13 +47,7 @@ def test_the_tour_runs_blocks_that_need_an_engine():
 
 
 def test_the_readme_tour_runs_on_a_real_engine(tiny_engine: EngineServer, tmp_path: Path):
-    venv_bin = Path(sys.executable).parent
-    (tmp_path / ".venv").symlink_to(venv_bin.parent, target_is_directory=True)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")},
-        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
-        "HOME": str(tmp_path),
-    }
+    env = reader_env(tmp_path)
     collector_port = str(free_port())
     proc, url = serve(tmp_path / "ledger-data", {"LEDGER_TOKEN_CACHE_SECONDS": "0"})
     env["LEDGER_API_URL"] = url

@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,19 @@ def shell_blocks(path: Path) -> list[Block]:
             )
         pos = end + 1
     return blocks
+
+
+def reader_env(cwd: Path) -> dict[str, str]:
+    """The environment a reader's shell has in ``cwd``: the project's ``ledger`` and ``python``
+    on PATH, a ``.venv`` link to its environment there, HOME there, and no ``LEDGER_*``
+    setting of the suite's own."""
+    venv_bin = Path(sys.executable).parent
+    (cwd / ".venv").symlink_to(venv_bin.parent, target_is_directory=True)
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")},
+        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HOME": str(cwd),
+    }
 
 
 class BlockShells:
