@@ -12,7 +12,11 @@ a script, the fixture model's builder). Sized for a few minutes on one GPU:
    nothing but the batch), next-token log-probabilities at every position computed alone and
    inside batches of 8 and 64, per dtype; reported: the share of prompts whose log-probability
    rows are bitwise equal to the alone run, the largest absolute difference, and the positions
-   whose top token changes.
+   whose top token changes. The alone run is made twice: its repeat being bitwise equal shows
+   that what a batch changes comes from the batch, not from run-to-run nondeterminism.
+3. ``--deterministic``: the same with ``torch.use_deterministic_algorithms(True)`` and
+   ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, to see whether deterministic kernels are batch-invariant
+   (they need not be: determinism is per batch shape).
 
     python bench/device_check.py --out $OUT      # writes device-check.json there
 
@@ -85,6 +89,16 @@ def nvml_against_smi() -> dict[str, Any]:
                 "ecc_mode": gpu["ecc_mode"] == str(row.get("ecc.mode.current", "")).lower(),
             }
         )
+    try:  # nvidia-smi does not list multiprocessors; CUDA, through torch, does
+        import torch
+
+        if torch.cuda.is_available():
+            for position, check in enumerate(checks):
+                sms = torch.cuda.get_device_properties(position).multi_processor_count
+                gpu = snap.body["gpus"][position]
+                check["multiprocessor_count_as_cuda"] = gpu["multiprocessor_count"] == sms
+    except ImportError:
+        pass
     filled = (
         bool(snap.body["gpus"])
         and not snap.body["unknown"]
@@ -100,6 +114,39 @@ def nvml_against_smi() -> dict[str, Any]:
     }
 
 
+def visibility_on_real_nvml() -> dict[str, Any]:
+    """The engine's CUDA_VISIBLE_DEVICES applied to real NVML's list: by UUID, by a UUID's
+    prefix, by index; empty, an index past the last device and an unknown UUID give none."""
+    from collectors.gpu import snapshot_gpus
+    from collectors.gpu_visibility import Visibility
+
+    every = snapshot_gpus(None, None)
+    uuids = every.identity["gpu_uuids"]
+    if not uuids:
+        return {"skipped": "NVML lists no device", "unknown": every.body["unknown"]}
+    first = uuids[0]
+    cases = {
+        "uuid": (first, [first]),
+        "uuid_prefix": (first[:12], [first]),
+        "index_0": ("0", [first]),
+        "reversed": (",".join(str(i) for i in reversed(range(len(uuids)))), uuids[::-1]),
+        "empty": ("", []),
+        "index_past_last": (str(len(uuids)), []),
+        "unknown_uuid": ("GPU-00000000-0000-0000-0000-000000000000", []),
+    }
+    out: dict[str, Any] = {}
+    for name, (value, expected) in cases.items():
+        snap = snapshot_gpus(None, Visibility.of_engine({"CUDA_VISIBLE_DEVICES": value}, {}))
+        out[name] = {
+            "CUDA_VISIBLE_DEVICES": value,
+            "gpu_uuids": snap.identity["gpu_uuids"],
+            "unknown": snap.body["unknown"],
+            "as_expected": snap.identity["gpu_uuids"] == expected,
+        }
+    out["all_as_expected"] = all(case["as_expected"] for case in out.values())
+    return out
+
+
 def runtime_probe() -> dict[str, Any]:
     probe = ROOT / "collectors" / "runtime_probe.py"
     done = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=300)
@@ -107,6 +154,41 @@ def runtime_probe() -> dict[str, Any]:
         return {"failed": done.stderr[-2000:]}
     found: dict[str, Any] = json.loads(done.stdout)
     return found
+
+
+def runtime_against_torch(found: dict[str, Any]) -> dict[str, Any]:
+    """What the probe read from package metadata, beside what torch itself reports."""
+    import torch
+
+    torch_says: dict[str, Any] = {"torch": torch.__version__, "torch_cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        cudnn = torch.backends.cudnn.version()
+        torch_says["cudnn"] = (
+            f"{cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}" if cudnn else None
+        )
+        nccl = torch.cuda.nccl.version()
+        torch_says["nccl"] = ".".join(str(p) for p in nccl) if nccl else None
+    try:
+        import triton
+
+        torch_says["triton"] = triton.__version__
+    except ImportError:
+        torch_says["triton"] = None
+
+    def same_release(probe: Any, torch_value: Any) -> bool:
+        # pip names the release (9.13.0.50), torch the runtime's (9.13.0): compare what both give.
+        if probe is None or torch_value is None:
+            return probe is None and torch_value is None
+        a, b = str(probe).split("+")[0].split("."), str(torch_value).split("+")[0].split(".")
+        n = min(len(a), len(b), 3)
+        return a[:n] == b[:n]
+
+    agree = {
+        key: same_release(found.get(key), torch_says.get(key))
+        for key in ("torch", "torch_cuda", "cudnn", "nccl", "triton")
+        if key in torch_says
+    }
+    return {"torch_reports": torch_says, "agrees": agree, "all_agree": all(agree.values())}
 
 
 def batch_variance(prompts: int, length: int, dtypes: list[str], device: str) -> dict[str, Any]:
@@ -130,7 +212,15 @@ def batch_variance(prompts: int, length: int, dtypes: list[str], device: str) ->
                 return torch.log_softmax(model(batch).logits.float(), dim=-1)
 
         alone = torch.stack([logprobs(ids[i : i + 1])[0] for i in range(prompts)])
-        by_batch: dict[str, Any] = {}
+        again = torch.stack([logprobs(ids[i : i + 1])[0] for i in range(prompts)])
+        by_batch: dict[str, Any] = {
+            "alone_repeat": {
+                "prompts_bitwise_equal": round(
+                    (again == alone).all(dim=-1).all(dim=-1).float().mean().item(), 4
+                ),
+                "max_abs_difference": (again - alone).abs().max().item(),
+            }
+        }
         for size in (8, 64):
             if size > prompts:
                 continue
@@ -166,9 +256,21 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--dtypes", default="bfloat16,float16,float32")
     ap.add_argument("--device", default="cuda", help="cuda; cpu for a dry run of the script")
+    ap.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="torch.use_deterministic_algorithms(True); writes device-check-deterministic.json",
+    )
     args = ap.parse_args()
+    if args.deterministic:
+        # Read by cuBLAS when its first handle is made, so before torch touches the GPU.
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        import torch
+
+        torch.use_deterministic_algorithms(True)
     started = time.perf_counter()
-    report: dict[str, Any] = {"nvml": nvml_against_smi()}
+    report: dict[str, Any] = {"deterministic_algorithms": args.deterministic}
+    report["nvml"] = nvml_against_smi()
     print(
         "nvml: every field filled",
         report["nvml"].get("every_field_filled"),
@@ -176,6 +278,8 @@ def main() -> None:
         report["nvml"].get("all_agree"),
         flush=True,
     )
+    report["visibility"] = visibility_on_real_nvml()
+    print("visibility on real NVML as expected:", report["visibility"].get("all_as_expected"))
     report["runtime"] = runtime_probe()
     print(
         "runtime:",
@@ -185,11 +289,20 @@ def main() -> None:
         },
         flush=True,
     )
+    report["runtime_against_torch"] = runtime_against_torch(report["runtime"])
+    print("runtime agrees with torch:", report["runtime_against_torch"]["agrees"], flush=True)
     report["batch_variance"] = batch_variance(
         args.prompts, args.length, args.dtypes.split(","), args.device
     )
     for dtype in args.dtypes.split(","):
         for size, cell in report["batch_variance"][dtype].items():
+            if size == "alone_repeat":
+                print(
+                    f"{dtype} alone, repeated: prompts bitwise equal "
+                    f"{cell['prompts_bitwise_equal']}, max |diff| {cell['max_abs_difference']:.3g}",
+                    flush=True,
+                )
+                continue
             print(
                 f"{dtype} batch {size}: prompts bitwise equal to alone "
                 f"{cell['prompts_bitwise_equal']}, max |diff| {cell['max_abs_difference']:.3g}, "
@@ -198,8 +311,9 @@ def main() -> None:
             )
     report["seconds"] = round(time.perf_counter() - started, 1)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "device-check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(f"report: {args.out / 'device-check.json'} ({report['seconds']} s)")
+    name = "device-check-deterministic.json" if args.deterministic else "device-check.json"
+    (args.out / name).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"report: {args.out / name} ({report['seconds']} s)")
 
 
 if __name__ == "__main__":

@@ -222,21 +222,31 @@ class _Reader:
         )
         mig_enable = _nvml_attr(nvml, "NVML_DEVICE_MIG_ENABLE")
         feature_enabled = _nvml_attr(nvml, "NVML_FEATURE_ENABLED")
-        attributes = self.query(
-            f"{prefix}.multiprocessor_count",
-            "nvmlDeviceGetAttributes",
-            lambda: nvml.nvmlDeviceGetAttributes(own),
+        capability = self.query(
+            f"{prefix}.compute_capability",
+            "nvmlDeviceGetCudaComputeCapability",
+            lambda: _capability(nvml.nvmlDeviceGetCudaComputeCapability(h)),
         )
+        attributes = None
+        if mig_slot is not None:
+            # NVML answers device attributes for MIG instances only: a whole GPU's handle is
+            # NVML_ERROR_NOT_SUPPORTED (seen on an H200, driver 580.159.04).
+            attributes = self.query(
+                f"{prefix}.multiprocessor_count",
+                "nvmlDeviceGetAttributes",
+                lambda: nvml.nvmlDeviceGetAttributes(own),
+            )
+            multiprocessors = (
+                int(attributes.multiprocessorCount) if attributes is not None else None
+            )
+        else:
+            multiprocessors = self._multiprocessors(prefix, h, capability)
         entry = _gpu_entry(
             position,
             name=self.query(
                 f"{prefix}.name", "nvmlDeviceGetName", lambda: _text(nvml.nvmlDeviceGetName(h))
             ),
-            compute_capability=self.query(
-                f"{prefix}.compute_capability",
-                "nvmlDeviceGetCudaComputeCapability",
-                lambda: _capability(nvml.nvmlDeviceGetCudaComputeCapability(h)),
-            ),
+            compute_capability=capability,
             memory_total_mib=self.query(
                 f"{prefix}.memory_total_mib",
                 "nvmlDeviceGetMemoryInfo",
@@ -252,9 +262,7 @@ class _Reader:
                 "nvmlDeviceGetEccMode",
                 lambda: _enabled(nvml.nvmlDeviceGetEccMode(h)[0], feature_enabled),
             ),
-            multiprocessor_count=(
-                int(attributes.multiprocessorCount) if attributes is not None else None
-            ),
+            multiprocessor_count=multiprocessors,
         )
         if mig_slot is not None:
             entry["mig_instance"] = (
@@ -267,6 +275,31 @@ class _Reader:
                 else None
             )
         return entry
+
+    def _multiprocessors(self, prefix: str, h: Any, capability: str | None) -> int | None:
+        """A whole GPU's multiprocessors: NVML's CUDA core count over the cores one
+        multiprocessor of its compute capability has."""
+        key = f"{prefix}.multiprocessor_count"
+        per_sm = _CORES_PER_MULTIPROCESSOR.get(capability or "")
+        if per_sm is None:
+            self.unknown[key] = (
+                f"no CUDA cores per multiprocessor known for compute capability {capability}"
+                if capability is not None
+                else "the compute capability is unknown"
+            )
+            return None
+        cores = self.query(
+            key, "nvmlDeviceGetNumGpuCores", lambda: int(self.nvml.nvmlDeviceGetNumGpuCores(h))
+        )
+        if cores is None:
+            return None
+        if cores % per_sm:
+            self.unknown[key] = (
+                f"nvmlDeviceGetNumGpuCores: {cores} cores are not a whole number of "
+                f"{per_sm}-core multiprocessors (compute capability {capability})"
+            )
+            return None
+        return cores // per_sm
 
 
 def _gpu_entry(
@@ -287,6 +320,26 @@ def _gpu_entry(
         "ecc_mode": ecc_mode,
         "multiprocessor_count": multiprocessor_count,
     }
+
+
+# FP32 CUDA cores per multiprocessor by compute capability, as NVIDIA's CUDA samples list them
+# (helper_cuda.h, _ConvertSMVer2Cores), for the capabilities CUDA 12 and 13 build for.
+_CORES_PER_MULTIPROCESSOR = {
+    "7.0": 64,
+    "7.2": 64,
+    "7.5": 64,
+    "8.0": 64,
+    "8.6": 128,
+    "8.7": 128,
+    "8.9": 128,
+    "9.0": 128,
+    "10.0": 128,
+    "10.1": 128,
+    "10.3": 128,
+    "11.0": 128,
+    "12.0": 128,
+    "12.1": 128,
+}
 
 
 def _unavailable(reason: str) -> GpuSnapshot:

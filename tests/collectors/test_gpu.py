@@ -121,13 +121,13 @@ def test_pynvml_not_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     assert snap.body["unknown"]["gpus"].startswith("nvidia-ml-py (pynvml) cannot be imported")
 
 
-def test_not_supported_ecc_and_attributes_are_none_with_a_reason() -> None:
-    fake = FakeNvml(not_supported={"nvmlDeviceGetEccMode", "nvmlDeviceGetAttributes"})
+def test_not_supported_ecc_and_core_count_are_none_with_a_reason() -> None:
+    fake = FakeNvml(not_supported={"nvmlDeviceGetEccMode", "nvmlDeviceGetNumGpuCores"})
     snap = snapshot_gpus(fake)
     assert snap.body["gpus"] == [{**H200_ENTRY, "ecc_mode": None, "multiprocessor_count": None}]
     assert snap.body["unknown"] == {
         "gpus[0].ecc_mode": "nvmlDeviceGetEccMode: Not Supported",
-        "gpus[0].multiprocessor_count": "nvmlDeviceGetAttributes: Not Supported",
+        "gpus[0].multiprocessor_count": "nvmlDeviceGetNumGpuCores: Not Supported",
     }
     assert snap.identity["gpu_uuids"] == [H200_UUID]
     assert_balanced(fake)
@@ -135,14 +135,14 @@ def test_not_supported_ecc_and_attributes_are_none_with_a_reason() -> None:
 
 def test_one_device_under_mig() -> None:
     enabled = (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE)
-    mig = h200(1, mig_mode=enabled, not_supported=frozenset({"nvmlDeviceGetAttributes"}))
+    mig = h200(1, mig_mode=enabled, not_supported=frozenset({"nvmlDeviceGetNumGpuCores"}))
     snap = snapshot_gpus(FakeNvml(devices=[h200(0), mig]))
     assert snap.body["gpus"] == [
         H200_ENTRY,
         {**H200_ENTRY, "index": 1, "mig_mode": "enabled", "multiprocessor_count": None},
     ]
     assert snap.body["unknown"] == {
-        "gpus[1].multiprocessor_count": "nvmlDeviceGetAttributes: Not Supported"
+        "gpus[1].multiprocessor_count": "nvmlDeviceGetNumGpuCores: Not Supported"
     }
 
 
@@ -151,7 +151,7 @@ def test_consumer_card_without_ecc_or_mig() -> None:
         name="NVIDIA GeForce RTX 4090",
         compute_capability=(8, 9),
         memory_total=24564 * 2**20,
-        multiprocessor_count=128,
+        cuda_cores=128 * 128,
         not_supported=frozenset({"nvmlDeviceGetEccMode", "nvmlDeviceGetMigMode"}),
     )
     snap = snapshot_gpus(FakeNvml(devices=[card], cuda_driver_version=12080))
@@ -168,6 +168,66 @@ def test_consumer_card_without_ecc_or_mig() -> None:
         }
     ]
     assert sorted(snap.body["unknown"]) == ["gpus[0].ecc_mode", "gpus[0].mig_mode"]
+
+
+def test_a_whole_gpu_counts_multiprocessors_from_its_cores_not_its_attributes() -> None:
+    # A real H200 (driver 580.159.04) answers nvmlDeviceGetAttributes for MIG instances only.
+    fake = FakeNvml()
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        fake.nvmlInit()
+        try:
+            fake.nvmlDeviceGetAttributes(fake.nvmlDeviceGetHandleByIndex(0))
+        finally:
+            fake.nvmlShutdown()
+    snap = snapshot_gpus(fake)
+    assert snap.body["gpus"][0]["multiprocessor_count"] == 132
+    assert snap.body["unknown"] == {}
+    assert "nvmlDeviceGetNumGpuCores" in fake.calls
+
+
+@pytest.mark.parametrize(
+    ("capability", "cores", "count"),
+    [
+        ((8, 0), 108 * 64, 108),
+        ((8, 6), 84 * 128, 84),
+        ((7, 5), 40 * 64, 40),
+        ((10, 0), 148 * 128, 148),
+    ],
+)
+def test_cores_per_multiprocessor_follow_the_compute_capability(
+    capability: tuple[int, int], cores: int, count: int
+) -> None:
+    card = FakeGpu(compute_capability=capability, cuda_cores=cores)
+    assert snapshot_gpus(FakeNvml(devices=[card])).body["gpus"][0]["multiprocessor_count"] == count
+
+
+def test_a_compute_capability_without_a_known_core_count_is_unknown_not_guessed() -> None:
+    snap = snapshot_gpus(FakeNvml(devices=[FakeGpu(compute_capability=(13, 0))]))
+    assert snap.body["gpus"][0]["multiprocessor_count"] is None
+    assert snap.body["unknown"] == {
+        "gpus[0].multiprocessor_count": (
+            "no CUDA cores per multiprocessor known for compute capability 13.0"
+        )
+    }
+
+
+def test_cores_that_are_no_whole_number_of_multiprocessors_are_unknown() -> None:
+    snap = snapshot_gpus(FakeNvml(devices=[FakeGpu(cuda_cores=132 * 128 + 64)]))
+    assert snap.body["gpus"][0]["multiprocessor_count"] is None
+    assert (
+        "not a whole number of 128-core multiprocessors"
+        in (snap.body["unknown"]["gpus[0].multiprocessor_count"])
+    )
+
+
+def test_an_unknown_compute_capability_leaves_the_multiprocessors_unknown() -> None:
+    fake = FakeNvml(not_supported={"nvmlDeviceGetCudaComputeCapability"})
+    snap = snapshot_gpus(fake)
+    assert snap.body["gpus"][0]["multiprocessor_count"] is None
+    assert snap.body["unknown"]["gpus[0].multiprocessor_count"] == (
+        "the compute capability is unknown"
+    )
+    assert "nvmlDeviceGetNumGpuCores" not in fake.calls
 
 
 def test_system_queries_that_fail_are_none_with_a_reason() -> None:

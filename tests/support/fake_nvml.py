@@ -9,6 +9,12 @@ does); and pynvml's own ctypes structures for memory info, device attributes and
 ``NVMLError_NotSupported``-style subclasses behave as on a real host. Any other ``NVML_*``
 constant or ``NVMLError*`` class is read through from pynvml.
 
+As NVML documents and a real H200 (driver 580.159.04) answered, ``nvmlDeviceGetAttributes``
+answers for MIG instances only: a whole GPU's handle raises ``NVML_ERROR_NOT_SUPPORTED``.
+``nvmlDeviceGetNumGpuCores`` answers for a whole GPU (an H200: 16,896, 132 multiprocessors of
+128 cores); for a MIG instance it raises ``NVML_ERROR_NOT_SUPPORTED`` here, a choice the
+collector never relies on, since it asks MIG instances for their attributes instead.
+
 Defaults describe one NVIDIA H200 under driver 580.95.05 (CUDA 13.0). Every call is appended to
 :attr:`FakeNvml.calls`; device and system queries outside ``nvmlInit``/``nvmlShutdown`` raise
 ``NVML_ERROR_UNINITIALIZED``, as the real library does.
@@ -49,7 +55,7 @@ class FakeGpu:
     memory_used: int = 551 * 2**20
     mig_mode: tuple[int, int] = (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_DISABLE)
     ecc_mode: tuple[int, int] = (pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_ENABLED)
-    multiprocessor_count: int = 132
+    cuda_cores: int = 132 * 128
     not_supported: frozenset[str] = frozenset()
     # MIG instances by slot (NVML's MIG device index); the device reports 7 slots when MIG
     # is enabled, as an H200 does, and an empty slot is NVML_ERROR_NOT_FOUND.
@@ -228,6 +234,12 @@ class FakeNvml:
     def nvmlDeviceGetEccMode(self, handle: FakeHandle) -> list[int]:
         return list(self._device("nvmlDeviceGetEccMode", handle).ecc_mode)
 
+    def nvmlDeviceGetNumGpuCores(self, device: FakeHandle) -> int:
+        gpu = self._device("nvmlDeviceGetNumGpuCores", device)
+        if device.mig_slot is not None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.cuda_cores
+
     def nvmlDeviceGetAttributes(self, device: FakeHandle) -> pynvml.c_nvmlDeviceAttributes:
         return self._attributes("nvmlDeviceGetAttributes", device)
 
@@ -237,18 +249,15 @@ class FakeNvml:
     # -- helpers -------------------------------------------------------------------------------
 
     def _attributes(self, call: str, device: FakeHandle) -> pynvml.c_nvmlDeviceAttributes:
-        gpu = self._device(call, device)
+        self._device(call, device)
         mig = self._mig(device)
-        if mig is not None:
-            return pynvml.c_nvmlDeviceAttributes(
-                multiprocessorCount=mig.multiprocessor_count,
-                gpuInstanceSliceCount=mig.gpu_instance_slices,
-                computeInstanceSliceCount=mig.compute_instance_slices,
-                memorySizeMB=mig.memory_mib,
-            )
+        if mig is None:  # a whole GPU: MIG instances only
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return pynvml.c_nvmlDeviceAttributes(
-            multiprocessorCount=gpu.multiprocessor_count,
-            memorySizeMB=gpu.memory_total // 2**20,
+            multiprocessorCount=mig.multiprocessor_count,
+            gpuInstanceSliceCount=mig.gpu_instance_slices,
+            computeInstanceSliceCount=mig.compute_instance_slices,
+            memorySizeMB=mig.memory_mib,
         )
 
     def _enter(self, call: str) -> None:
