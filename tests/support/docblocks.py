@@ -3,8 +3,9 @@
 Every fenced ``sh`` (or ``bash``) block in README.md and docs/*.md is preceded by a marker line:
 
 - ``<!-- docs-test -->``: ``tests/docs/test_docs.py`` runs the block;
-- ``<!-- docs-test: engine -->``: ``tests/docs/test_readme_tour.py`` runs it, with the rest of
-  README's tour, against a real vLLM server (only README's tour uses it);
+- ``<!-- docs-test: engine -->``: run against a real vLLM server, in README's tour
+  (``tests/docs/test_readme_tour.py``) or, in other documents, after that tour in its world
+  (``tests/docs/test_engine_docs.py``);
 - ``<!-- docs-test: postgres -->``: ``tests/docs/test_postgres_roles.py`` runs it as a Postgres
   superuser (only OPERATIONS.md's roles use it);
 - ``<!-- docs-test: skip REASON -->``: it does not, and the reason says why (an engine, a GPU,
