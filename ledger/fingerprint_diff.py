@@ -92,6 +92,13 @@ def impact(path: str, a: dict[str, Any], b: dict[str, Any]) -> str:
     if section == "gpu":
         if field in ("driver_version", "cuda_driver_version"):
             return "GPU driver changed: kernels may differ, bitwise reproduction not expected"
+        if field == "unknown":
+            return "what could not be read differs"
+        if path.startswith("gpu.gpus[") and (_at(a, path) is None) != (_at(b, path) is None):
+            return (
+                "read on one side only (unknown on the other, e.g. a collector of another "
+                "version): not by itself a different GPU"
+            )
         return "GPU model, count or mode changed: bitwise reproduction not expected"
     if section == "engine":
         lost = _invariance_change(a, b)
@@ -131,6 +138,18 @@ def impact(path: str, a: dict[str, Any], b: dict[str, Any]) -> str:
     return "may change outputs"
 
 
+def _at(body: dict[str, Any], path: str) -> Any:
+    """The value at a ``_walk`` path such as ``gpu.gpus[0].name`` (None where there is none)."""
+    value: Any = body
+    for part in path.replace("[", ".[").split("."):
+        if part.startswith("[") and part.endswith("]") and part[1:-1].isdigit():
+            i = int(part[1:-1])
+            value = value[i] if isinstance(value, list) and i < len(value) else None
+        else:
+            value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def _files_by_path(value: Any) -> dict[str, Any] | None:
     if isinstance(value, list) and all(isinstance(v, dict) and "path" in v for v in value):
         return {v["path"]: v for v in value}
@@ -150,7 +169,20 @@ def _walk(path: str, x: Any, y: Any, out: list[tuple[str, Any, Any]]) -> None:
             if fx.get(name) != fy.get(name):
                 out.append((f"{path}[{name}]", fx.get(name), fy.get(name)))
         return
+    if path == "gpu.gpus" and _same_count_of_devices(x, y):
+        for i, (gx, gy) in enumerate(zip(x, y, strict=True)):
+            _walk(f"{path}[{i}]", gx, gy, out)
+        return
     out.append((path, x, y))
+
+
+def _same_count_of_devices(x: Any, y: Any) -> bool:
+    return (
+        isinstance(x, list)
+        and isinstance(y, list)
+        and len(x) == len(y)
+        and all(isinstance(v, dict) for v in x + y)
+    )
 
 
 def diff(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:

@@ -97,3 +97,35 @@ def test_library_driver_and_dtype_impacts():
     assert changes["runtime.torch"].startswith("torch version changed")
     assert "driver" in changes["gpu.driver_version"]
     assert "not comparable" in changes["engine.dtype"]
+
+
+def test_a_gpu_value_read_on_one_side_only_is_not_called_another_gpu():
+    # A collector before whole GPUs' multiprocessors were counted, then one after.
+    a, b = body(), body()
+    a["gpu"]["gpus"][0]["multiprocessor_count"] = None
+    a["gpu"]["unknown"] = {"gpus[0].multiprocessor_count": "nvmlDeviceGetAttributes: Not Supported"}
+    b["gpu"]["gpus"][0]["multiprocessor_count"] = 132
+    b["gpu"]["unknown"] = {}
+    changes = {c.path: c for c in diff(a, b)}
+    assert set(changes) == {
+        "gpu.gpus[0].multiprocessor_count",
+        "gpu.unknown.gpus[0].multiprocessor_count",
+    }
+    count = changes["gpu.gpus[0].multiprocessor_count"]
+    assert (count.before, count.after) == (None, 132)
+    assert count.impact.startswith("read on one side only")
+    assert changes["gpu.unknown.gpus[0].multiprocessor_count"].impact == (
+        "what could not be read differs"
+    )
+
+
+def test_another_gpu_model_is_named_per_device_and_another_count_as_a_whole():
+    a, b = body(), body()
+    b["gpu"]["gpus"][0]["name"] = "NVIDIA H100 80GB HBM3"
+    (change,) = diff(a, b)
+    assert change.path == "gpu.gpus[0].name"
+    assert change.impact.startswith("GPU model, count or mode changed")
+    b["gpu"]["gpus"] = [{"name": "NVIDIA H200"}, {"name": "NVIDIA H200"}]
+    (change,) = diff(a, b)
+    assert change.path == "gpu.gpus"
+    assert change.impact.startswith("GPU model, count or mode changed")
