@@ -310,6 +310,18 @@ def capture(work: Path, model: Path) -> None:
         engine.stop()
 
 
+def shape_indexes(text: str) -> list[int]:
+    """--shapes: numbers into SHAPES (argparse reports a bad one)."""
+    try:
+        indexes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of shape numbers: {text!r}") from None
+    bad = [i for i in indexes if not 0 <= i < len(SHAPES)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"no shape {bad[0]}: there are 0 to {len(SHAPES) - 1}")
+    return indexes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -317,7 +329,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--concurrency", default="1,16,64,256")
-    ap.add_argument("--shapes", default=",".join(str(i) for i in range(len(SHAPES))))
+    ap.add_argument(
+        "--shapes",
+        type=shape_indexes,
+        default=list(range(len(SHAPES))),
+        help="comma-separated shape numbers: "
+        + "; ".join(f"{i} {name}" for i, name in enumerate(SHAPES)),
+    )
     ap.add_argument("--capture", action="store_true", help="capture vLLM's answers anew")
     ap.add_argument("--soak", type=float, metavar="MINUTES", help="memory and spool over time")
     args = ap.parse_args()
@@ -346,7 +364,7 @@ def measure(args: argparse.Namespace, work: Path, model: Path) -> None:
             soak(stack, args.soak)
             return
         names = list(SHAPES)
-        for i in (int(s) for s in args.shapes.split(",")):
+        for i in args.shapes:
             name = names[i]
             endpoint, stream, tokens = SHAPES[name]
             request = raw_request(endpoint, request_body(endpoint, stream, tokens))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -231,11 +231,13 @@ class ClientView:
         }
 
     def _render_chat(self, logprobs: dict[str, Any], context: list[int]) -> dict[str, Any]:
+        """Chat logprobs with their tokens rendered, in place (every chunk's logprobs are
+        rendered once, after the accumulator read them): the members keep their order, and
+        a token's UTF-8 ``bytes`` are a shared tuple per text, which JSON writes as a list."""
         content = logprobs.get("content")
         if not isinstance(content, list):
             return logprobs
         renderer = self._renderer
-        items = []
         for item in content:
             token = item.get("token")
             token_id = parse_placeholder(token)
@@ -244,20 +246,18 @@ class ClientView:
             else:
                 text = renderer.piece(token_id, context)
             exact = item.get("bytes")
-            rendered = {**item}
             if token_id is not None and isinstance(exact, list):
                 # vLLM fills a sampled token's bytes from its real string, even in ID mode...
                 sent = bytes(exact).decode("utf-8", errors="replace")
                 if parse_placeholder(sent) == token_id:
                     # ...except where it had no logprob for the position: a plain decode.
                     text = self._plain(token_id)
-                    rendered["bytes"] = list(_utf8(text))
+                    item["bytes"] = _utf8(text)
                 elif sent != text:
                     self.mismatches += 1
                     text = sent
             top = item.get("top_logprobs")
             if top is not None:
-                alternatives = []
                 for alt in top or ():
                     alt_token = alt.get("token")
                     alt_id = parse_placeholder(alt_token)
@@ -267,20 +267,13 @@ class ClientView:
                         alt_text = alt_token
                     else:
                         alt_text = renderer.piece(alt_id, context)
-                    alternatives.append(
-                        {
-                            **alt,
-                            "token": alt_text,
-                            "bytes": list(_utf8(alt_text))
-                            if isinstance(alt_text, str)
-                            else alt.get("bytes"),
-                        }
+                    alt["token"] = alt_text
+                    alt["bytes"] = (
+                        _utf8(alt_text) if isinstance(alt_text, str) else alt.get("bytes")
                     )
-                rendered["top_logprobs"] = alternatives
-            rendered["token"] = text
-            items.append(rendered)
+            item["token"] = text
             self._advance(context, token_id)
-        return {**logprobs, "content": items}
+        return logprobs
 
     def _plain(self, token_id: int) -> str:
         assert self._renderer is not None
@@ -305,11 +298,15 @@ def _utf8(text: str) -> tuple[int, ...]:
 def engine_json(data: bytes | str) -> Any:
     """An engine's answer (or streamed chunk) parsed: orjson, which reads every float to the
     same bits as ``json.loads`` and is about four times faster on a chunk, or, for what orjson
-    refuses (an integer beyond 64 bits, NaN), ``json.loads``. ValueError if neither reads it."""
+    refuses (an integer beyond 64 bits, NaN), ``json.loads``. ValueError if neither reads it,
+    bytes that are not UTF-8 included."""
     try:
         return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
+    except orjson.JSONDecodeError:  # bytes that are not UTF-8 raise UnicodeDecodeError
+        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+
+
+_FLOAT = {float}
 
 
 def _descending(entry: tuple[Any, float]) -> float:
@@ -353,11 +350,13 @@ class Accumulator:
         produced = False
         for choice in data.get("choices") or []:
             index = int(choice.get("index", 0))
-            state = self.choices.setdefault(index, _ChoiceState())
+            state = self.choices.get(index)
+            if state is None:  # not setdefault: that would build a state for every chunk
+                state = self.choices[index] = _ChoiceState()
             if isinstance(choice.get("prompt_token_ids"), list):
                 self.prompt_token_ids = choice["prompt_token_ids"]
             ids = choice.get("token_ids") or []
-            state.token_ids.extend(int(t) for t in ids)
+            state.token_ids.extend(map(int, ids))
             produced = produced or bool(ids)
             fast = self._fast_positions(choice.get("logprobs"), len(ids))
             if fast is not None:
@@ -407,16 +406,19 @@ class Accumulator:
         if count == 0 or not isinstance(logprobs, dict):
             return None
         values: Any
-        rows: list[list[tuple[Any, Any]] | None]
+        # per position: the alternatives' token strings and their values (None: no row)
+        rows: list[tuple[list[Any], list[Any]] | None]
         if self.endpoint == CHAT:
             content = logprobs.get("content")
             if not isinstance(content, list) or len(content) != count:
                 return None
             values = [item.get("logprob") for item in content]
-            rows = [
-                [(alt.get("token"), alt.get("logprob")) for alt in item.get("top_logprobs") or ()]
-                for item in content
-            ]
+            rows = []
+            for item in content:
+                top = item.get("top_logprobs") or ()
+                rows.append(
+                    ([alt.get("token") for alt in top], [alt.get("logprob") for alt in top])
+                )
         else:
             values = logprobs.get("token_logprobs")
             top = logprobs.get("top_logprobs")
@@ -424,29 +426,41 @@ class Accumulator:
                 return None
             if len(values) != count or len(top) != count:
                 return None  # with echo, the prompt's positions come first
-            rows = [list(row.items()) if isinstance(row, dict) else None for row in top]
+            rows = [
+                (list(row), list(row.values())) if isinstance(row, dict) else None for row in top
+            ]
         top_k = self.top_k
+        chat = self.endpoint == CHAT
         margins: list[float] = []
         top_ids: list[list[int]] = []
         top_values: list[list[float]] = []
         for value, row in zip(values, rows, strict=True):
-            if type(value) is not float or row is None or len(row) < 2:
+            if type(value) is not float or row is None:
                 return None
-            if any(type(alt_value) is not float for _, alt_value in row):
+            tokens, alt_values = row
+            if len(alt_values) < 2 or set(map(type, alt_values)) != _FLOAT:
                 return None
-            ranked = sorted((alt_value for _, alt_value in row), reverse=True)
+            ranked = sorted(alt_values, reverse=True)  # stable, as the sort below
             margins.append(ranked[0] - ranked[1])
             if not top_k:
                 continue
-            # completions list the sampled token first when it is outside the top-k
-            kept = row[1:] if len(row) == top_k + 1 and self.endpoint != CHAT else row
-            if len(kept) != top_k:
+            if len(alt_values) == top_k + 1 and not chat:
+                # completions list the sampled token first when it is outside the top-k
+                tokens, alt_values = tokens[1:], alt_values[1:]
+                ranked = sorted(alt_values, reverse=True)
+            if len(alt_values) != top_k:
                 return None
-            parsed = [(parse_placeholder(token), alt_value) for token, alt_value in kept]
-            if any(token_id is None for token_id, _ in parsed):
+            parsed_ids = list(map(parse_placeholder, tokens))
+            if None in parsed_ids:
                 return None
+            ids = cast(list[int], parsed_ids)
+            if alt_values == ranked:  # already highest first (the engine's rank order)
+                top_ids.append(ids)
+                top_values.append(alt_values)
+                continue
+            parsed = list(zip(ids, alt_values, strict=True))
             parsed.sort(key=_descending)  # stable: the engine's order kept among equals
-            top_ids.append([token_id for token_id, _ in parsed])  # type: ignore[misc]
+            top_ids.append([token_id for token_id, _ in parsed])
             top_values.append([alt_value for _, alt_value in parsed])
         return values, margins, top_ids, top_values
 

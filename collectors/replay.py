@@ -89,7 +89,7 @@ async def _run(engine: Upstream, endpoint: str, raw: bytes) -> tuple[Accumulator
         if body.get("stream"):
             async for lines in upstream.lines():
                 for line in lines:
-                    if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+                    if line.startswith(b"data: ") and line[6:].strip() != b"[DONE]":
                         acc.feed(json.loads(line[6:]))
         else:
             acc.feed(json.loads(await upstream.read()))

@@ -54,21 +54,22 @@ class Streamed:
         except _FAILURES as exc:
             raise self._upstream.unreachable(exc) from exc
 
-    async def lines(self) -> AsyncIterator[list[str]]:
+    async def lines(self) -> AsyncIterator[list[bytes]]:
         """The body split at line ends (``\\n``, ``\\r\\n``), as server-sent events need:
         the complete lines of each read from the engine, together (a busy engine's events
-        arrive several to a read, and are relayed in one write)."""
+        arrive several to a read, and are relayed in one write). Lines stay bytes: an event
+        passes on as it came, and a chunk is parsed from its UTF-8 bytes."""
         pending = b""
         try:
             async for chunk in self._response.content.iter_any():
                 pending += chunk
                 *complete, pending = pending.split(b"\n")
                 if complete:
-                    yield [line.removesuffix(b"\r").decode("utf-8") for line in complete]
+                    yield [line.removesuffix(b"\r") for line in complete]
         except _FAILURES as exc:
             raise self._upstream.unreachable(exc) from exc
         if pending:
-            yield [pending.removesuffix(b"\r").decode("utf-8")]
+            yield [pending.removesuffix(b"\r")]
 
 
 class Upstream:

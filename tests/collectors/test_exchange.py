@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
 import pytest
 
-from collectors.exchange import CHAT, COMPLETIONS, Accumulator, ClientView, plan
+from collectors.exchange import CHAT, COMPLETIONS, Accumulator, ClientView, dumps, plan
 from collectors.tokens import TokenRenderer
 from ledger.errors import InvalidInput
+
+
+def sent(view: ClientView, data: dict[str, Any]) -> Any:
+    """What the client reads: the shaped answer as the collector writes it, parsed."""
+    return json.loads(dumps(view.shape(data)))
 
 
 def test_completions_plan_adds_ids_and_sampled_logprobs_only_when_missing():
@@ -58,7 +64,7 @@ def test_for_client_nulls_only_what_was_added():
         ],
         "usage": {"completion_tokens": 1},
     }
-    out = ClientView(p).shape(engine)
+    out = sent(ClientView(p), engine)
     assert out["choices"][0] == {
         "index": 0,
         "text": "a",
@@ -68,7 +74,7 @@ def test_for_client_nulls_only_what_was_added():
     }
     assert engine["choices"][0]["token_ids"] == [5]  # the engine's data is not modified
     chunk = {"choices": [{"index": 0, "delta": {"role": "assistant"}}], "prompt_token_ids": [1]}
-    chat = ClientView(plan(CHAT, {"model": "m", "messages": []})).shape(chunk)
+    chat = sent(ClientView(plan(CHAT, {"model": "m", "messages": []})), chunk)
     assert chat == {
         "choices": [{"index": 0, "delta": {"role": "assistant"}}],
         "prompt_token_ids": None,
@@ -302,8 +308,8 @@ def test_client_view_renders_completion_tokens_across_chunks(renderer):
             ]
         }
 
-    first = view.shape(chunk(a))["choices"][0]
-    second = view.shape(chunk(b))["choices"][0]
+    first = sent(view, chunk(a))["choices"][0]
+    second = sent(view, chunk(b))["choices"][0]
     assert first["logprobs"]["tokens"] == [ta] and first["logprobs"]["text_offset"] == [0]
     assert first["logprobs"]["top_logprobs"] == [{ta: -0.5, tb: -1.0}]
     # the offset runs on from the previous chunk; two IDs rendering alike collapse as in vLLM
@@ -331,15 +337,15 @@ def test_client_view_repairs_split_characters_and_trusts_chat_bytes(renderer):
         }
         return {"choices": [{"index": 0, "delta": {}, "logprobs": {"content": [item]}}]}
 
-    first = view.shape(chunk(lead, ""))["choices"][0]["logprobs"]["content"][0]
-    second = view.shape(chunk(trail, "é"))["choices"][0]["logprobs"]["content"][0]
+    first = sent(view, chunk(lead, ""))["choices"][0]["logprobs"]["content"][0]
+    second = sent(view, chunk(trail, "é"))["choices"][0]["logprobs"]["content"][0]
     # alone the lead byte is an incomplete character (""); after it, the trail completes it
     assert first["token"] == "" and first["top_logprobs"][0]["bytes"] == []
     assert second["token"] == "é" and second["top_logprobs"][0]["token"] == "é"
     assert second["top_logprobs"][0]["bytes"] == list("é".encode())
     assert view.mismatches == 0
     # vLLM's own string (in bytes) wins over a rendering that differs, and is counted
-    other = view.shape(chunk(trail, "e"))["choices"][0]["logprobs"]["content"][0]
+    other = sent(view, chunk(trail, "e"))["choices"][0]["logprobs"]["content"][0]
     assert other["token"] == "e" and view.mismatches == 1
 
 

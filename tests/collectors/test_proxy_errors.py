@@ -20,6 +20,7 @@ from collectors.spool import Spool
 from collectors.worker_state import WorkerState
 from demo.server_thread import ServerThread, free_port
 from ledger.inference_record import body_view
+from ledger.packing import unpack_int32
 from ledger.signing import SigningKey
 
 AWAY = "http://127.0.0.1:{port}"  # an engine URL nothing listens on
@@ -46,6 +47,31 @@ def running_proxy(
     finally:
         server.stop()
         spool.close()
+
+
+# A streamed completions chunk as vLLM 0.32 sends it, logprobs and token IDs added.
+CHUNK = {
+    "id": "cmpl-1",
+    "object": "text_completion",
+    "created": 1,
+    "model": "fixture",
+    "choices": [
+        {
+            "index": 0,
+            "text": " the",
+            "logprobs": {
+                "text_offset": [0],
+                "token_logprobs": [-0.25],
+                "tokens": [" the"],
+                "top_logprobs": [{" the": -0.25}],
+            },
+            "finish_reason": None,
+            "stop_reason": None,
+            "prompt_token_ids": [1, 2],
+            "token_ids": [7],
+        }
+    ],
+}
 
 
 def test_an_engine_that_does_not_answer_is_a_502(tmp_path: Path):
@@ -114,33 +140,11 @@ def test_the_collectors_default_tier_applies_without_the_header(tmp_path: Path):
 def test_an_engine_error_mid_stream_reaches_the_client_and_marks_the_record(tmp_path: Path):
     # vLLM reports a failure during generation as an error chunk, then ends the stream. No
     # vLLM here can be made to fail on demand: this engine sends what vLLM 0.32 sends.
-    chunk = {
-        "id": "cmpl-1",
-        "object": "text_completion",
-        "created": 1,
-        "model": "fixture",
-        "choices": [
-            {
-                "index": 0,
-                "text": " the",
-                "logprobs": {
-                    "text_offset": [0],
-                    "token_logprobs": [-0.25],
-                    "tokens": [" the"],
-                    "top_logprobs": [{" the": -0.25}],
-                },
-                "finish_reason": None,
-                "stop_reason": None,
-                "prompt_token_ids": [1, 2],
-                "token_ids": [7],
-            }
-        ],
-    }
     error = {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}
 
     async def completions(_: Request) -> StreamingResponse:
         async def events() -> AsyncIterator[bytes]:
-            for data in (chunk, error):
+            for data in (CHUNK, error):
                 yield b"data: " + json.dumps(data).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
 
@@ -196,5 +200,47 @@ def test_a_stream_of_only_an_error_chunk_is_delivered_whole_and_counted(tmp_path
             assert worker.spool.pending() == 0
             sample = worker.metrics.registry.get_sample_value
             assert sample("collector_unrecordable_total", {"reason": "record_invalid"}) == 1
+    finally:
+        engine.stop()
+
+
+def engine_streaming(*events: bytes) -> ServerThread:
+    """An engine whose completions answer is these bytes, as one event stream."""
+
+    async def completions(_: Request) -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
+            for event in events:
+                yield event
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    return ServerThread(
+        Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])]),
+        "127.0.0.1",
+        free_port(),
+    ).start()
+
+
+def test_an_event_that_is_not_utf8_json_passes_as_it_came_and_the_rest_is_recorded(
+    tmp_path: Path,
+):
+    # The collector reads vLLM's events as bytes: one it cannot parse (here not even UTF-8)
+    # reaches the client unchanged instead of cutting the stream, and the chunks around it
+    # are recorded as usual.
+    odd = b"data: \xff\xfe not json\n\n"
+    engine = engine_streaming(
+        b"data: " + json.dumps(CHUNK).encode() + b"\n\n", odd, b"data: [DONE]\n\n"
+    )
+    body = {"model": "fixture", "prompt": "x", "max_tokens": 4, "stream": True}
+    try:
+        with running_proxy(tmp_path, engine.url) as (url, worker):
+            answer = httpx.post(url + "/v1/completions", json=body, headers={"X-Request-ID": "u1"})
+            assert answer.status_code == 200
+            events = [e for e in answer.content.split(b"\n\n") if e]
+            assert events[1:] == [odd.strip(), b"data: [DONE]"]
+            (item,) = worker.spool.oldest(10)
+            record = body_view(json.loads(item.envelope))
+            assert "aborted" not in record  # the stream ended with [DONE]
+            assert unpack_int32(record["choices"][0]["token_ids"]) == [7]
     finally:
         engine.stop()

@@ -74,13 +74,20 @@ def run(url: str, job):
 
 
 def test_lines_are_split_at_line_ends_whatever_the_chunks(server):
-    async def job(upstream: Upstream) -> list[str]:
+    async def job(upstream: Upstream) -> list[bytes]:
         async with upstream.stream("GET", "/events") as response:
             assert response.status == 200
             assert response.content_type.startswith("text/event-stream")
             return [line async for lines in response.lines() for line in lines]
 
-    assert run(server.url, job) == ["data: abc", "", "data: café", "", ": note", "tail"]
+    assert run(server.url, job) == [
+        b"data: abc",
+        b"",
+        "data: café".encode(),
+        b"",
+        b": note",
+        b"tail",
+    ]
 
 
 def test_an_error_status_is_an_answer_with_its_body(server):
@@ -94,13 +101,13 @@ def test_an_error_status_is_an_answer_with_its_body(server):
 def test_leaving_a_stream_early_closes_the_connection(server):
     closed.clear()
 
-    async def job(upstream: Upstream) -> str:
+    async def job(upstream: Upstream) -> bytes:
         async with upstream.stream("GET", "/endless") as response:
             async for lines in response.lines():
                 return lines[0]
-        return ""
+        return b""
 
-    assert run(server.url, job) == "data: more"
+    assert run(server.url, job) == b"data: more"
     assert closed.wait(5), "the server never saw the client go away"
 
 
