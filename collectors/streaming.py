@@ -87,16 +87,17 @@ async def relay(
     metrics = ex.state.metrics
     finished = False
     ex.streaming = True
+    feed, for_client, reshapes = ex.acc.feed, ex.for_client, ex.plan.reshapes
     try:
         async for lines in upstream.lines():
-            out: list[bytes] = []  # this read's events, relayed in one write
+            out: list[bytes] = []  # this read's events, relayed in one write (their parts)
             for line in lines:
                 if not line.startswith(b"data: "):
                     if line:
-                        out.append(line + b"\n\n")
+                        out += (line, b"\n\n")
                     continue
                 payload = line[6:]
-                if payload.strip() == b"[DONE]":
+                if payload[:1] != b"{" and payload.strip() == b"[DONE]":
                     if out:  # what came before goes out before the record's commit
                         yield b"".join(out)
                         out = []
@@ -116,21 +117,21 @@ async def relay(
                     continue
                 data = _chunk(payload)
                 if data is None:
-                    out.append(line + b"\n\n")
+                    out += (line, b"\n\n")
                     continue
                 if "error" in data and not data.get("choices"):
                     # vLLM failed mid-stream: the client gets its error as sent, and the
                     # record, of what came before, is marked aborted.
                     ex.engine_error = True
                     metrics.engine_errors.labels("stream").inc()
-                    out.append(line + b"\n\n")
+                    out += (line, b"\n\n")
                     continue
-                if ex.acc.feed(data) and ex.ttft_ns is None:
+                if feed(data) and ex.ttft_ns is None:
                     ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
-                if ex.plan.reshapes:
-                    out.append(b"data: " + ex.for_client(data) + b"\n\n")
+                if reshapes:
+                    out += (b"data: ", for_client(data), b"\n\n")
                 else:
-                    out.append(line + b"\n\n")
+                    out += (line, b"\n\n")
             if out:
                 yield b"".join(out)
     finally:
