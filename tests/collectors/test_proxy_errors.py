@@ -137,24 +137,31 @@ def test_the_collectors_default_tier_applies_without_the_header(tmp_path: Path):
         assert any("batch-invariant" in m for m in greedy.json()["error"]["details"]["missing"])
 
 
-def test_an_engine_error_mid_stream_reaches_the_client_and_marks_the_record(tmp_path: Path):
-    # vLLM reports a failure during generation as an error chunk, then ends the stream. No
-    # vLLM here can be made to fail on demand: this engine sends what vLLM 0.32 sends.
-    error = {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}
+def engine_streaming(*events: bytes) -> ServerThread:
+    """An engine whose completions answer is these bytes, as one event stream."""
 
     async def completions(_: Request) -> StreamingResponse:
-        async def events() -> AsyncIterator[bytes]:
-            for data in (CHUNK, error):
-                yield b"data: " + json.dumps(data).encode() + b"\n\n"
-            yield b"data: [DONE]\n\n"
+        async def body() -> AsyncIterator[bytes]:
+            for event in events:
+                yield event
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(body(), media_type="text/event-stream")
 
-    engine = ServerThread(
+    return ServerThread(
         Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])]),
         "127.0.0.1",
         free_port(),
     ).start()
+
+
+def test_an_engine_error_mid_stream_reaches_the_client_and_marks_the_record(tmp_path: Path):
+    # vLLM reports a failure during generation as an error chunk, then ends the stream. No
+    # vLLM here can be made to fail on demand: this engine sends what vLLM 0.32 sends.
+    error = {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}
+    engine = engine_streaming(
+        *(b"data: " + json.dumps(data).encode() + b"\n\n" for data in (CHUNK, error)),
+        b"data: [DONE]\n\n",
+    )
     body = {"model": "fixture", "prompt": "x", "max_tokens": 4, "stream": True}
     try:
         with running_proxy(tmp_path, engine.url) as (url, worker):
@@ -180,18 +187,7 @@ def test_a_stream_of_only_an_error_chunk_is_delivered_whole_and_counted(tmp_path
     # client must get the stream whole, and /metrics must say it was not recorded.
     error = {"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}}
     sent = b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n"
-
-    async def completions(_: Request) -> StreamingResponse:
-        async def events() -> AsyncIterator[bytes]:
-            yield sent
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    engine = ServerThread(
-        Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])]),
-        "127.0.0.1",
-        free_port(),
-    ).start()
+    engine = engine_streaming(sent)
     body = {"model": "fixture", "prompt": "x", "max_tokens": 4, "stream": "true"}
     try:
         with running_proxy(tmp_path, engine.url) as (url, worker):
@@ -202,23 +198,6 @@ def test_a_stream_of_only_an_error_chunk_is_delivered_whole_and_counted(tmp_path
             assert sample("collector_unrecordable_total", {"reason": "record_invalid"}) == 1
     finally:
         engine.stop()
-
-
-def engine_streaming(*events: bytes) -> ServerThread:
-    """An engine whose completions answer is these bytes, as one event stream."""
-
-    async def completions(_: Request) -> StreamingResponse:
-        async def body() -> AsyncIterator[bytes]:
-            for event in events:
-                yield event
-
-        return StreamingResponse(body(), media_type="text/event-stream")
-
-    return ServerThread(
-        Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])]),
-        "127.0.0.1",
-        free_port(),
-    ).start()
 
 
 def test_an_event_that_is_not_utf8_json_passes_as_it_came_and_the_rest_is_recorded(
