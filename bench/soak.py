@@ -417,7 +417,7 @@ def slope_fit(points: list[tuple[float, float]]) -> dict[str, Any]:
 
 def wait_drained(url: str, timeout: float) -> dict[str, Any]:
     """Poll the collector until its spool holds nothing, three times in a row, a second apart
-    (a client that left has its aborted record spooled by a background thread); its counters
+    (a client that left has its aborted record spooled by a task of its own); its counters
     then, and its requests by outcome."""
     deadline, calm = time.monotonic() + timeout, 0
     while True:

@@ -233,7 +233,6 @@ class Collector:
 
     def close(self, drain_timeout: float = 5.0) -> None:
         self._stop.set()
-        self.state.background.shutdown(wait=True)
         self.shipper.stop(drain_timeout)
         if self._heart.is_alive():
             self._heart.join(timeout=15)  # at most one ledger call in flight (10 s timeout)

@@ -45,7 +45,7 @@ from collectors.edge import (
 )
 from collectors.errors import error_response
 from collectors.exchange import CHAT, COMPLETIONS, Plan, dumps, engine_json, plan
-from collectors.recording import Exchange, count_unrecordable
+from collectors.recording import Exchange, count_unrecordable, drain_aborted
 from collectors.replay import REPLAY_PATH, handle_replay
 from collectors.streaming import EndsWithTheResponse, forward_stream
 from collectors.tiers import TIER_HEADER, check_tier, parse_tier, refusal_if_answered
@@ -70,6 +70,7 @@ def create_proxy(state: WorkerState) -> Starlette:
         try:
             yield
         finally:
+            await drain_aborted(state)
             await engine.close()
 
     app = Starlette(

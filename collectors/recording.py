@@ -3,9 +3,9 @@
 An :class:`Exchange` gathers what vLLM answered (``collectors/exchange.py``'s accumulator and
 client view), and when the answer is complete signs the record and puts it in the durable
 spool: :meth:`Exchange.spool_async` from the request's own handler, before the client gets the
-end of the answer; :func:`spool_aborted`, on a thread, for a client that left mid-stream. An
-answer no record can hold is counted in ``collector_unrecordable_total``, never dropped
-silently (:func:`count_unrecordable`).
+end of the answer; :func:`record_aborted`, in a task of its own, for a client that left
+mid-stream. An answer no record can hold is counted in ``collector_unrecordable_total``, never
+dropped silently (:func:`count_unrecordable`).
 """
 
 from __future__ import annotations
@@ -129,10 +129,6 @@ class Exchange:
                 self.fingerprint_id,
             )
 
-    def spool(self, *, aborted: bool) -> None:
-        self.state.spool.put(self.request_id, self.record(aborted=aborted))
-        self.state.metrics.spooled.inc()
-
     async def spool_async(self) -> None:
         """Sign here (a fraction of a millisecond) and wait for the spool's durable commit.
 
@@ -155,13 +151,39 @@ def count_unrecordable(ex: Exchange, exc: InvalidInput, metrics: CollectorMetric
     logger.warning("request %s: answered, but no record can hold it: %s", ex.request_id, exc)
 
 
-def spool_aborted(ex: Exchange, metrics: CollectorMetrics) -> None:
-    """Record what a client that left mid-stream was sent (on a thread: the handler that
-    would have awaited it was cancelled). ``collector_requests_total`` counts the outcome the
-    spool holds: ``aborted`` for a record marked so, ``recorded`` when the whole answer's
-    record was committed just as the client left."""
+def record_aborted(ex: Exchange, metrics: CollectorMetrics) -> None:
+    """Record what a client that left mid-stream was sent. The handler that would have awaited
+    it is being cancelled, so the record is signed and committed by a task of its own on the
+    same loop (``state.leaving``, which the proxy waits for before it stops). On the loop, not
+    on a thread: a thread gets the GIL from a busy loop only every switch interval, so under a
+    burst of leaving clients its queue, each item a whole answer, grew by hundreds of megabytes
+    (docs/PERFORMANCE.md). With no loop running here, it commits before returning."""
     try:
-        ex.spool(aborted=True)
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(_spool_aborted(ex, metrics))
+        return
+    task = loop.create_task(_spool_aborted(ex, metrics))
+    ex.state.leaving.add(task)
+    task.add_done_callback(ex.state.leaving.discard)
+
+
+async def drain_aborted(state: WorkerState, timeout: float = 30.0) -> None:
+    """Wait until the records of clients that left are in the spool (the proxy is stopping)."""
+    while state.leaving:
+        _, pending = await asyncio.wait(set(state.leaving), timeout=timeout)
+        if pending:
+            logger.error("%d records of clients that left were not spooled in time", len(pending))
+            return
+
+
+async def _spool_aborted(ex: Exchange, metrics: CollectorMetrics) -> None:
+    """``collector_requests_total`` counts the outcome the spool holds: ``aborted`` for a
+    record marked so, ``recorded`` when the whole answer's record was committed just as the
+    client left."""
+    try:
+        envelope = ex.record(aborted=True)
+        await asyncio.wrap_future(ex.state.spool.submit(ex.request_id, envelope))
     except InvalidInput as exc:
         count_unrecordable(ex, exc, metrics)
     except LedgerError as exc:
@@ -174,4 +196,5 @@ def spool_aborted(ex: Exchange, metrics: CollectorMetrics) -> None:
         metrics.refusals.labels(exc.code).inc()
         metrics.requests.labels(ex.endpoint, "not_recorded").inc()
     else:
+        metrics.spooled.inc()
         metrics.requests.labels(ex.endpoint, "aborted").inc()

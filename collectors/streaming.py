@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 from collectors.edge import REQUEST_ID_HEADER, engine_headers
 from collectors.errors import error_response
 from collectors.exchange import engine_json
-from collectors.recording import Exchange, count_unrecordable, spool_aborted
+from collectors.recording import Exchange, count_unrecordable, record_aborted
 from collectors.upstream import Streamed, Upstream
 from ledger.errors import InvalidInput, Unreachable
 
@@ -137,8 +137,8 @@ async def relay(
     finally:
         if not finished:
             # The client went away (or the engine did): record what was generated. This runs
-            # inside a cancelled scope, so hand it to a thread instead of awaiting.
-            ex.state.background.submit(spool_aborted, ex, metrics)
+            # inside a cancelled scope, so a task of its own signs and commits it.
+            record_aborted(ex, metrics)
         await asyncio.shield(stack.aclose())
 
 

@@ -8,7 +8,7 @@ environment). It imports nothing of the proxy, so every handler module can take 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import asyncio
 from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -40,9 +40,9 @@ class WorkerState:
     # Renders tokens as vLLM does, so records can keep top-k alternatives' IDs (None: they
     # are not recorded; the model's tokenizer is not one it reproduces exactly).
     renderer: TokenRenderer | None = None
-    background: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="record")
-    )
+    # Records of clients that left mid-stream, being signed and committed on the proxy's loop
+    # (``collectors/recording.py``); the proxy waits for them before it stops.
+    leaving: set[asyncio.Task[None]] = field(default_factory=set)
     # Request IDs of exchanges under way (touched only on the proxy's event loop): the spool
     # knows an ID once its record is in, so two requests sent at once under one ID are told
     # apart here; and with no other exchange, a record is committed on the loop.

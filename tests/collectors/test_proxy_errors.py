@@ -3,7 +3,10 @@ default tier's refusals, what /v1/models forwards, and an engine failing mid-str
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -222,4 +225,60 @@ def test_an_event_that_is_not_utf8_json_passes_as_it_came_and_the_rest_is_record
             assert "aborted" not in record  # the stream ended with [DONE]
             assert unpack_int32(record["choices"][0]["token_ids"]) == [7]
     finally:
+        engine.stop()
+
+
+def test_a_proxy_stopping_as_a_client_leaves_still_spools_its_aborted_record(tmp_path: Path):
+    # The record of a client that left mid-stream is signed and committed by a task of its own
+    # on the proxy's loop; a proxy told to stop meanwhile waits for it before its loop ends.
+    # The spool's writer is held back here until the stop is under way.
+    async def completions(_: Request) -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
+            yield b"data: " + json.dumps(CHUNK).encode() + b"\n\n"
+            await asyncio.sleep(30)  # the rest of a long answer
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    engine = ServerThread(
+        Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])]),
+        "127.0.0.1",
+        free_port(),
+    ).start()
+    body = {"model": "fixture", "prompt": "x", "max_tokens": 64, "stream": True}
+    spool = Spool(tmp_path / "spool.sqlite")
+    worker = WorkerState(
+        engine_url=engine.url,
+        worker_id="w",
+        pool="p",
+        key=SigningKey.generate(),
+        spool=spool,
+        fingerprint_id="sha256:" + "0" * 64,
+        default_tier=0,
+        batch_invariance="serial",
+    )
+    server = ServerThread(create_proxy(worker), "127.0.0.1", free_port()).start()
+    try:
+        with spool._write_lock:  # the writer cannot commit until this block ends
+            with httpx.stream(
+                "POST", server.url + "/v1/completions", json=body, headers={"X-Request-ID": "s1"}
+            ) as answer:
+                next(line for line in answer.iter_lines() if line.startswith("data: "))
+            deadline = time.monotonic() + 10
+            while not worker.leaving and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert worker.leaving, "the aborted record was not handed to a task"
+            stopping = threading.Thread(target=server.stop)
+            stopping.start()
+            time.sleep(0.5)  # the proxy is stopping, its record still waits for the writer
+            assert server.thread.is_alive()
+        stopping.join(timeout=20)
+        assert not server.thread.is_alive() and not worker.leaving
+        (item,) = spool.oldest(10)
+        assert item.request_id == "s1"
+        assert body_view(json.loads(item.envelope))["aborted"] is True
+        outcome = {"endpoint": "/v1/completions", "outcome": "aborted"}
+        assert worker.metrics.registry.get_sample_value("collector_requests_total", outcome) == 1
+    finally:
+        server.stop()
+        spool.close()
         engine.stop()
