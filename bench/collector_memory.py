@@ -4,7 +4,8 @@ The collector (``ledger collect``, durable spool) runs in front of the instant e
 ``bench/collector_speed.py`` and ships to ``ledger serve``, each its own process. After a
 warm-up of every kind, each round sends --requests requests of each kind in turn (concurrency
 --concurrency) and reads the collector's resident memory before and after, once its spool
-has taken every record; per kind, the growth over all rounds. Kinds:
+has taken every record (and the ledger's, which ingests them); per kind, the growth over all
+rounds. Kinds:
 
 - ``whole``: a 16-token completion, not streamed;
 - ``stream``: a 256-token chat answer streamed to its end;
@@ -96,7 +97,7 @@ def settle(url: str, timeout: float = 120) -> tuple[float, float]:
         time.sleep(1.0)
         now = spooled(url)
         if now == last:
-            return now - first, time.monotonic() - began - 1.0
+            return now - first, (time.monotonic() - began - 1.0) if now > first else 0.0
         last = now
     raise SystemExit(f"the spool still took records after {timeout:.0f} s")
 
@@ -125,16 +126,17 @@ def main() -> None:
         )
         wait_http(f"http://127.0.0.1:{port}/v1/models", engine)
         stack = Stack(work, f"http://127.0.0.1:{port}", model)
-        pid = stack.collector.pid
+        pid, ledger = stack.collector.pid, stack.ledger.pid
         print(f"machine: {machine()}")
         for kind in kinds:
             asyncio.run(send(stack.url, kind, 500, args.concurrency))
         settle(stack.url)
-        start = rss_mb(pid)
+        start, ledger_start = rss_mb(pid), rss_mb(ledger)
         growth = dict.fromkeys(kinds, 0.0)
+        ledger_growth = dict.fromkeys(kinds, 0.0)
         for round_ in range(args.rounds):
             for kind in kinds:
-                before = rss_mb(pid)
+                before, ledger_before = rss_mb(pid), rss_mb(ledger)
                 began = time.monotonic()
                 statuses = asyncio.run(send(stack.url, kind, args.requests, args.concurrency))
                 took = time.monotonic() - began
@@ -142,15 +144,23 @@ def main() -> None:
                 backlog, drained = settle(stack.url)
                 after = rss_mb(pid)
                 growth[kind] += after - before
+                ledger_growth[kind] += rss_mb(ledger) - ledger_before
                 print(
                     f"round {round_ + 1} {kind:8s} {statuses} in {took:.1f} s: RSS {before:.1f}"
                     f" -> {at_end:.1f} at the last answer -> {after:.1f} MB; spool backlog "
-                    f"{backlog:.0f} records, drained in {drained:.1f} s",
+                    f"{backlog:.0f} records, drained in {drained:.1f} s; ledger RSS "
+                    f"{ledger_before:.1f} -> {rss_mb(ledger):.1f} MB",
                     flush=True,
                 )
-        print(f"collector RSS {start:.1f} -> {rss_mb(pid):.1f} MB over {args.rounds} rounds")
+        print(
+            f"over {args.rounds} rounds: collector RSS {start:.1f} -> {rss_mb(pid):.1f} MB, "
+            f"ledger {ledger_start:.1f} -> {rss_mb(ledger):.1f} MB"
+        )
         for kind, mb in growth.items():
-            print(f"  {kind:8s} {mb:+.1f} MB ({mb / args.rounds:+.2f} MB a round)")
+            print(
+                f"  {kind:8s} collector {mb:+.1f} MB ({mb / args.rounds:+.2f} a round), "
+                f"ledger {ledger_growth[kind]:+.1f} MB"
+            )
     finally:
         if stack is not None:
             stack.close()
