@@ -195,6 +195,9 @@ async def _spool_aborted(ex: Exchange, metrics: CollectorMetrics) -> None:
             return
         metrics.refusals.labels(exc.code).inc()
         metrics.requests.labels(ex.endpoint, "not_recorded").inc()
+    except Exception:  # a bug: logged and counted, not a task error that nobody reads
+        logger.exception("request %s: the record of a client that left failed", ex.request_id)
+        metrics.requests.labels(ex.endpoint, "not_recorded").inc()
     else:
         metrics.spooled.inc()
         metrics.requests.labels(ex.endpoint, "aborted").inc()

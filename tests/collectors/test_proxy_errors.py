@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -228,10 +230,9 @@ def test_an_event_that_is_not_utf8_json_passes_as_it_came_and_the_rest_is_record
         engine.stop()
 
 
-def test_a_proxy_stopping_as_a_client_leaves_still_spools_its_aborted_record(tmp_path: Path):
-    # The record of a client that left mid-stream is signed and committed by a task of its own
-    # on the proxy's loop; a proxy told to stop meanwhile waits for it before its loop ends.
-    # The spool's writer is held back here until the stop is under way.
+def engine_then_silence() -> ServerThread:
+    """An engine that sends one chunk of a long streamed answer, then nothing for 30 s."""
+
     async def completions(_: Request) -> StreamingResponse:
         async def body() -> AsyncIterator[bytes]:
             yield b"data: " + json.dumps(CHUNK).encode() + b"\n\n"
@@ -239,12 +240,26 @@ def test_a_proxy_stopping_as_a_client_leaves_still_spools_its_aborted_record(tmp
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
-    engine = ServerThread(
+    return ServerThread(
         Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])]),
         "127.0.0.1",
         free_port(),
     ).start()
+
+
+def leave_after_the_first_chunk(url: str, request_id: str) -> None:
     body = {"model": "fixture", "prompt": "x", "max_tokens": 64, "stream": True}
+    with httpx.stream(
+        "POST", url + "/v1/completions", json=body, headers={"X-Request-ID": request_id}
+    ) as answer:
+        next(line for line in answer.iter_lines() if line.startswith("data: "))
+
+
+def test_a_proxy_stopping_as_a_client_leaves_still_spools_its_aborted_record(tmp_path: Path):
+    # The record of a client that left mid-stream is signed and committed by a task of its own
+    # on the proxy's loop; a proxy told to stop meanwhile waits for it before its loop ends.
+    # The spool's writer is held back here until the stop is under way.
+    engine = engine_then_silence()
     spool = Spool(tmp_path / "spool.sqlite")
     worker = WorkerState(
         engine_url=engine.url,
@@ -259,10 +274,7 @@ def test_a_proxy_stopping_as_a_client_leaves_still_spools_its_aborted_record(tmp
     server = ServerThread(create_proxy(worker), "127.0.0.1", free_port()).start()
     try:
         with spool._write_lock:  # the writer cannot commit until this block ends
-            with httpx.stream(
-                "POST", server.url + "/v1/completions", json=body, headers={"X-Request-ID": "s1"}
-            ) as answer:
-                next(line for line in answer.iter_lines() if line.startswith("data: "))
+            leave_after_the_first_chunk(server.url, "s1")
             deadline = time.monotonic() + 10
             while not worker.leaving and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -281,4 +293,32 @@ def test_a_proxy_stopping_as_a_client_leaves_still_spools_its_aborted_record(tmp
     finally:
         server.stop()
         spool.close()
+        engine.stop()
+
+
+def test_a_failure_recording_a_client_that_left_is_logged_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    class BrokenKey:  # a bug in signing, which no input can cause
+        key_id = "ed25519:broken"
+
+        def sign(self, _: bytes) -> str:
+            raise RuntimeError("signing failed")
+
+    engine = engine_then_silence()
+    try:
+        with running_proxy(tmp_path, engine.url) as (url, worker):
+            worker.key = BrokenKey()  # type: ignore[assignment]
+            with caplog.at_level(logging.ERROR, logger="ledger.collector"):
+                leave_after_the_first_chunk(url, "b1")
+                deadline = time.monotonic() + 10
+                outcome = {"endpoint": "/v1/completions", "outcome": "not_recorded"}
+                sample = worker.metrics.registry.get_sample_value
+                while sample("collector_requests_total", outcome) != 1:
+                    assert time.monotonic() < deadline, "the failure was not counted"
+                    time.sleep(0.01)
+            assert worker.spool.pending() == 0 and not worker.leaving
+            assert "request b1: the record of a client that left failed" in caplog.text
+            assert "signing failed" in caplog.text
+    finally:
         engine.stop()
