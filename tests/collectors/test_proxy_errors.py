@@ -142,13 +142,15 @@ def test_the_collectors_default_tier_applies_without_the_header(tmp_path: Path):
         assert any("batch-invariant" in m for m in greedy.json()["error"]["details"]["missing"])
 
 
-def engine_streaming(*events: bytes) -> ServerThread:
-    """An engine whose completions answer is these bytes, as one event stream."""
+def engine_streaming(*events: bytes, silence: float = 0.0) -> ServerThread:
+    """An engine whose completions answer is these bytes, as one event stream, after which it
+    sends nothing for ``silence`` seconds before it ends the stream."""
 
     async def completions(_: Request) -> StreamingResponse:
         async def body() -> AsyncIterator[bytes]:
             for event in events:
                 yield event
+            await asyncio.sleep(silence)
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
@@ -232,19 +234,7 @@ def test_an_event_that_is_not_utf8_json_passes_as_it_came_and_the_rest_is_record
 
 def engine_then_silence() -> ServerThread:
     """An engine that sends one chunk of a long streamed answer, then nothing for 30 s."""
-
-    async def completions(_: Request) -> StreamingResponse:
-        async def body() -> AsyncIterator[bytes]:
-            yield b"data: " + json.dumps(CHUNK).encode() + b"\n\n"
-            await asyncio.sleep(30)  # the rest of a long answer
-
-        return StreamingResponse(body(), media_type="text/event-stream")
-
-    return ServerThread(
-        Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])]),
-        "127.0.0.1",
-        free_port(),
-    ).start()
+    return engine_streaming(b"data: " + json.dumps(CHUNK).encode() + b"\n\n", silence=30)
 
 
 def leave_after_the_first_chunk(url: str, request_id: str) -> None:
