@@ -18,7 +18,9 @@ long, sampling every 10 s the resident memory of the collector and of the ledger
 of the spool's and of the ledger database's write-ahead logs, and reports each process's
 memory slope after a minute's warm-up (as bench/soak.py decides it, per hour and per million
 requests), the largest logs, and answered against recorded: a soak at GPU rates, where
-growth per request shows within minutes.
+growth per request shows within minutes. --ledger-prefix runs ``ledger serve`` under a tool
+(``--ledger-prefix 'heaptrack -o DIR/ledger'``: what the ledger's live heap is, against its
+RSS); memory and CPU are still the ledger process's own.
 
 Medians of --runs runs. Targets (issue: keep up with a GPU): 16-token completions with top-5
 >= 1,500 requests/s at concurrency 64, collector CPU <= 1.0 ms per request, added p50 <= 1 ms
@@ -26,6 +28,7 @@ at concurrency 1; 256-token streamed chat >= 500 requests/s.
 
     .venv/bin/python bench/collector_speed.py --runs 3
     .venv/bin/python bench/collector_speed.py --soak 10
+    .venv/bin/python bench/collector_speed.py --soak 9 --ledger-prefix 'heaptrack -o /tmp/ht/ledger'
     .venv/bin/python bench/collector_speed.py --capture   # refresh the capture (needs vLLM)
 """
 
@@ -33,10 +36,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -160,7 +166,9 @@ def records_total(url: str) -> float:
 class Stack:
     """ledger serve, the engine (instant, or a capture proxy) and ledger collect."""
 
-    def __init__(self, work: Path, engine_url: str, model: Path) -> None:
+    def __init__(
+        self, work: Path, engine_url: str, model: Path, ledger_prefix: list[str] | None = None
+    ) -> None:
         self.work = work
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs = [(work / f"{n}.log").open("wb") for n in ("ledger", "collector")]
@@ -171,7 +179,7 @@ class Stack:
             "LEDGER_PORT": str(ledger_port),
         }
         self.ledger = subprocess.Popen(
-            [*LEDGER, "serve", "--log-level", "warning"],
+            [*(ledger_prefix or []), *LEDGER, "serve", "--log-level", "warning"],
             env=env,
             stdout=self.logs[0],
             stderr=subprocess.STDOUT,
@@ -179,6 +187,8 @@ class Stack:
         self.procs.append(self.ledger)
         ledger_url = f"http://127.0.0.1:{ledger_port}"
         wait_http(ledger_url + "/healthz", self.ledger)
+        # under a prefix, the ledger is a descendant of the process started
+        self.ledger_pid = serving_pid(self.ledger.pid) if ledger_prefix else self.ledger.pid
         token = (work / "ledger" / "admin.token").read_text().strip()
         key = SigningKey.generate()
         (work / "collector.pem").write_bytes(key.private_pem())
@@ -219,6 +229,11 @@ class Stack:
         wait_http(self.url + "/metrics", self.collector)
 
     def close(self) -> None:
+        if self.ledger_pid != self.ledger.pid:  # a prefix (heaptrack) may not pass SIGTERM on
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.ledger_pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.ledger.wait(timeout=120)  # heaptrack writes its file out
         for p in self.procs:
             p.terminate()
         for p in self.procs:
@@ -228,6 +243,21 @@ class Stack:
                 p.kill()
         for log in self.logs:
             log.close()
+
+
+def serving_pid(root: int) -> int:
+    """The ``python -m cli serve`` process at or under ``root``."""
+    from bench.soak import process_children
+
+    children, todo = process_children(), [root]
+    while todo:
+        pid = todo.pop(0)
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if argv[1:4] == [b"-m", b"cli", b"serve"]:
+                return pid
+        todo += children.get(pid, [])
+    raise RuntimeError(f"no ledger process under {root}")
 
 
 def _wal_bytes(*paths: Path) -> int:
@@ -252,7 +282,7 @@ def soak(stack: Stack, minutes: float) -> None:
         largest = max(largest, _wal_bytes(wal))
         ledger_largest = max(ledger_largest, _wal_bytes(*(stack.work / "ledger").glob("*-wal")))
         rss, _ = tree_rss_mb(stack.collector.pid, {})
-        ledger_rss, _ = tree_rss_mb(stack.ledger.pid, {})
+        ledger_rss, _ = tree_rss_mb(stack.ledger_pid, {})
         samples.append((time.monotonic() - began, answered, rss, ledger_rss))
         print(
             f"  {samples[-1][0]:6.0f} s: {answered:,} requests, collector {rss:.1f} MB, ledger "
@@ -338,6 +368,12 @@ def main() -> None:
     )
     ap.add_argument("--capture", action="store_true", help="capture vLLM's answers anew")
     ap.add_argument("--soak", type=float, metavar="MINUTES", help="memory and spool over time")
+    ap.add_argument(
+        "--ledger-prefix",
+        type=shlex.split,
+        metavar="COMMAND",
+        help="run `ledger serve` under this command (e.g. 'heaptrack -o DIR/ledger')",
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ledger-collector-speed-"))
     try:
@@ -357,7 +393,7 @@ def measure(args: argparse.Namespace, work: Path, model: Path) -> None:
     )
     engine_url = f"http://127.0.0.1:{engine_port}"
     wait_http(engine_url + "/v1/models", engine)
-    stack = Stack(work, engine_url, model)
+    stack = Stack(work, engine_url, model, args.ledger_prefix)
     print(f"machine: {machine()}; capture: {json.loads(CAPTURE.read_text())['vllm_version']}")
     try:
         if args.soak:
@@ -374,14 +410,14 @@ def measure(args: argparse.Namespace, work: Path, model: Path) -> None:
                 for _ in range(args.runs):
                     before = (
                         cpu_seconds(stack.collector.pid),
-                        cpu_seconds(stack.ledger.pid),
+                        cpu_seconds(stack.ledger_pid),
                         records_total(stack.url),
                     )
                     rps, lat = load(stack.port, request, conc, args.seconds)
                     recorded = records_total(stack.url) - before[2]
                     n = len(lat)
                     collector_cpu = (cpu_seconds(stack.collector.pid) - before[0]) / n * 1000
-                    ledger_cpu = (cpu_seconds(stack.ledger.pid) - before[1]) / n * 1000
+                    ledger_cpu = (cpu_seconds(stack.ledger_pid) - before[1]) / n * 1000
                     added = added_p99 = None
                     if conc == 1:
                         _, direct = load(engine_port, request, 1, args.seconds / 2)
