@@ -327,6 +327,17 @@ def _output_disclosure(st: _Leaf, env: Envelope, idx: int) -> None:
                 "disclosures",
                 "disclosure",
             )
+        elif row.request_id != request_id:
+            # an erasure finds a request's content by its ID: a row filed under another
+            # would outlive the erasure of the record the verdict is about
+            st.find(
+                "content",
+                f"disclosures row {row.digest} at verdict leaf {idx} names record "
+                f"{row.request_id!r}, but the verdict is about {request_id!r}",
+                idx,
+                "disclosures",
+                "request_id",
+            )
     if not held:
         st.found.append(
             Finding(

@@ -117,7 +117,19 @@ def translated_errors() -> Iterator[None]:
         raise cls(f"the database refused the data: {detail}", code="rejected_by_database") from exc
     except (SQLAlchemyError, psycopg.Error) as exc:
         detail = getattr(exc, "orig", None) or exc
+        if _guard_refusal(detail):  # as SQLite's triggers answer: a refusal, not a failure
+            raise Conflict(
+                f"the database refused the data: {detail}", code="rejected_by_database"
+            ) from exc
         raise StorageError(f"database error: {type(detail).__name__}: {detail}") from exc
+
+
+def _guard_refusal(error: object) -> bool:
+    """Whether a Postgres error is one of the ledger's own table guards refusing a change
+    (``migrations/append_only.py``, 0009's erasure guard), whose messages start so."""
+    return isinstance(error, psycopg.errors.InsufficientPrivilege) and str(error).startswith(
+        "ledger table "
+    )
 
 
 def _tune_sqlite(engine: Engine) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, exists, insert, select
+from sqlalchemy import delete, exists, insert, or_, select
 from sqlalchemy.orm import Session
 
 from ledger.erasure import (
@@ -42,6 +42,7 @@ from ledger.storage.models import (
     HoldRelease,
     LogEntry,
     Record,
+    Replay,
 )
 from ledger.storage.queries import RecordFilter, StoredRecord, filtered, from_log, record_in
 
@@ -121,11 +122,19 @@ def _erase_in(
     if not records:
         return []
     ids = [r.request_id for r in records]
+    # the records' content: their own disclosures, and their replays' outputs (stored at the
+    # verdicts' leaves)
+    content = or_(
+        Disclosure.request_id.in_(ids),
+        Disclosure.log_index.in_(select(Replay.log_index).where(Replay.request_id.in_(ids))),
+    )
     stored: dict[str, set[str]] = {}
-    for rid, digest in session.execute(
-        select(Disclosure.request_id, Disclosure.digest).where(Disclosure.request_id.in_(ids))
+    for rid, verdict_of, digest in session.execute(
+        select(Disclosure.request_id, Replay.request_id, Disclosure.digest)
+        .outerjoin(Replay, Replay.log_index == Disclosure.log_index)
+        .where(content)
     ):
-        stored.setdefault(rid, set()).add(digest)
+        stored.setdefault(verdict_of or rid, set()).add(digest)
     bodies = [
         erasure_body(
             request_id=r.request_id,
@@ -147,7 +156,7 @@ def _erase_in(
             for rid, idx in zip(ids, indexes, strict=True)
         ],
     )
-    session.execute(delete(Disclosure).where(Disclosure.request_id.in_(ids)))
+    session.execute(delete(Disclosure).where(content))
     session.execute(delete(CacheKey).where(CacheKey.request_id.in_(ids)))
     return [
         Erased(b["request_id"], "erased", idx, len(b["erased_digests"]))

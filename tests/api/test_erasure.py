@@ -18,16 +18,17 @@ from typing import Any
 
 import pytest
 
+from ledger import disclosures
 from ledger.evidence import verify_bundle
 from ledger.evidence_format import load_bundle
 from ledger.inference_record import body_view
 from ledger.signing import SigningKey
-from ledger.storage import erasures, queries
+from ledger.storage import erasures, queries, verdicts
 from ledger.storage.audit import audit
 from ledger.storage.database import utcnow
 from ledger.storage.queries import RecordFilter
 from tests.conftest import BACKENDS, fresh_url
-from tests.support.documents import record_envelope, record_v2
+from tests.support.documents import record_envelope, record_v2, verdict_body
 from tests.support.harness import Harness, start_harness
 from tests.support.superuser import Superuser
 from tests.support.walk import paths
@@ -333,6 +334,88 @@ def test_content_edits_are_caught(api: Harness):
     messages = [f.message for f in report.findings if f.check in ("content", "index")]
     assert any(edited in m and "disclosure" in m for m in messages), report.findings
     assert any(erased in m and "remain" in m for m in messages), report.findings
+
+
+def test_a_replay_output_filed_under_another_record_is_still_erased_and_caught(api: Harness):
+    """A replay's output is content of the record it replayed, stored at the verdict's leaf.
+    A superuser who files it under another request ID must neither keep it past the
+    record's erasure nor go unnoticed; nor may a copy put back after the erasure."""
+    key, fp = api.setup_collector()
+    rid = _greedy(api, key, fp)
+    leaf = api.client().get(f"/v1/records/{rid}").json()["log_index"]
+    out = disclosures.make("replay_output", {"kind": "replay_output", "body": {"text": "out"}})
+    body = verdict_body(queries_body(api, rid), leaf, "bitwise", output_digest=out.digest)
+    verdict = verdicts.append_verdict(api.db, api.log_key, body, [out.encoded])
+    assert audit(api.db, api.log_key.public_key).ok
+    su = Superuser(str(api.settings.database_url))
+    su.execute(
+        [
+            (
+                "UPDATE disclosures SET request_id = %s WHERE log_index = %s",
+                ("another-record", verdict.log_index),
+            )
+        ],
+        ["disclosures"],
+    )
+    found = audit(api.db, api.log_key.public_key).findings
+    assert [(f.index, f.table, f.column) for f in found] == [
+        (verdict.log_index, "disclosures", "request_id")
+    ], found
+
+    # The erasure takes the output at the verdict's leaf whatever ID it is filed under; the
+    # database refuses to delete a row under an ID with no erasure, so it fails whole.
+    erase = api.client(api.token("erasure"))
+    resp = erase.post(f"/v1/records/{rid}/erasure", json={"reason": "r"})
+    assert resp.status_code == 409, resp.text
+    assert resp.json()["error"]["code"] == "rejected_by_database"
+    assert api.client().get(f"/v1/records/{rid}").json()["content"] != "erased"
+    su.execute(
+        [
+            (
+                "UPDATE disclosures SET request_id = %s WHERE log_index = %s",
+                (rid, verdict.log_index),
+            )
+        ],
+        ["disclosures"],
+    )
+    resp = erase.post(f"/v1/records/{rid}/erasure", json={"reason": "r"})
+    assert resp.status_code == 201, resp.text
+    # the event names the record's digests and its replay's output
+    assert resp.json()["erased_digests"] == len(body_digests(api, rid)) + 1
+    replay = api.client().get(f"/v1/replays/{body['replay_id']}").json()
+    assert not replay.get("disclosures"), replay
+    assert audit(api.db, api.log_key.public_key).ok
+
+    # put back after the erasure, under any request ID: the audit names the verdict's leaf
+    for filed_under in ("another-record", rid):
+        su.execute(
+            [
+                (
+                    "INSERT INTO disclosures VALUES (%s, %s, %s, %s)",
+                    (filed_under, out.digest, verdict.log_index, out.encoded),
+                )
+            ],
+            ["disclosures"],
+        )
+        found = audit(api.db, api.log_key.public_key).findings
+        assert any(f.index == verdict.log_index and f.table == "disclosures" for f in found) or (
+            any(rid in f.message and "remain" in f.message for f in found)
+        ), found
+        su.execute(
+            [("DELETE FROM disclosures WHERE log_index = %s", (verdict.log_index,))],
+            ["disclosures"],
+        )
+
+
+def queries_body(api: Harness, rid: str) -> dict[str, Any]:
+    """The record's signed body, as logged."""
+    resp = api.client().get(f"/v1/records/{rid}")
+    body: dict[str, Any] = resp.json()["envelope"]["body"]
+    return body
+
+
+def body_digests(api: Harness, rid: str) -> list[str]:
+    return list(queries_body(api, rid)["disclosure_digests"])
 
 
 def test_disclosures_planted_at_a_v1_record_are_caught(api: Harness):
