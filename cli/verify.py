@@ -129,7 +129,8 @@ def _shown(value: str | None, missing: str = "not recorded in the fingerprint") 
 def _gpus(fp: FingerprintFacts) -> str:
     if not fp.gpus:
         return _shown(None, f"none: {fp.gpus_unknown}" if fp.gpus_unknown else "none reported")
-    names = ", ".join(f"{n} x{k}" if k > 1 else n for n, k in Counter(fp.gpus).items())
+    named = Counter("(name not recorded)" if n is None else n for n in fp.gpus)
+    names = ", ".join(f"{n} x{k}" if k > 1 else n for n, k in named.items())
     driver = f" (driver {fp.driver_version})" if fp.driver_version else ""
     return _shown(names + driver)
 

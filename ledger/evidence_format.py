@@ -20,6 +20,7 @@ from __future__ import annotations
 import binascii
 import functools
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
@@ -80,9 +81,9 @@ def b64decode(text: str) -> bytes:
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) != len(pairs):
-        names = [k for k, _ in pairs]
-        twice = sorted({k for k in names if names.count(k) > 1})
-        raise fail("format", f"an object of the bundle names a member twice: {twice}")
+        twice = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
+        shown = ", ".join(repr(k[:80]) for k in twice[:10]) + (", ..." if len(twice) > 10 else "")
+        raise fail("format", f"an object of the bundle names a member twice: {shown}")
     return obj
 
 
@@ -97,6 +98,8 @@ def load_bundle(data: bytes) -> Any:
         return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise fail("format", f"not JSON: {exc}") from exc
+    except RecursionError:
+        raise fail("format", "the bundle's JSON is nested too deeply") from None
 
 
 @dataclass(frozen=True)
@@ -263,11 +266,19 @@ def _reused(parse: Callable[[Any, str], _T], member: Any, where: str) -> _T:
         document = orjson.dumps(member, option=_CACHE_KEY)
     except orjson.JSONEncodeError:
         return parse(member, where)
+    if len(document) > _CACHED_MEMBER:  # no honest member is this large: not kept
+        return parse(member, where)
     parsed_from, parsed = _parsed(parse, document, where)
     return parsed if parsed_from == member else parse(member, where)
 
 
-@functools.lru_cache(maxsize=1024)
+# What the cache may hold: members are parsed (not verified) before they are kept, so a
+# stream of hostile bundles fills it with at most 64 entries of 64 KiB each (a fingerprint
+# and three key entries take a few KiB).
+_CACHED_MEMBER = 64 * 1024
+
+
+@functools.lru_cache(maxsize=64)
 def _parsed(parse: Callable[[Any, str], Any], document: bytes, where: str) -> tuple[Any, Any]:
     member = orjson.loads(document)
     return member, parse(member, where)
@@ -297,6 +308,10 @@ def parse_bundle(bundle: Any) -> ParsedBundle:
     record = _envelope(top["envelope"], "envelope")
     if record.kind != RECORD_KIND:
         raise fail("format", f"the envelope is a {record.kind!r}, not an {RECORD_KIND!r}")
+    if not v3 and record.body.get("schema_version") != 1:
+        # older formats cannot carry a v2 record's content or its erasure: relabelled, a v3
+        # bundle would verify with its content and fingerprint checks left out
+        raise fail("format", f"a {version} bundle carries schema version 1 records only")
     try:
         leaf_hash = b64decode(top["leaf_hash"])
     except (binascii.Error, ValueError) as exc:

@@ -33,7 +33,7 @@ class FingerprintFacts:
     model_digest: str | None
     engine_name: str | None
     engine_version: str | None
-    gpus: tuple[str, ...]  # one name per device; empty when the host reported none
+    gpus: tuple[str | None, ...]  # one name per device (None: not recorded); empty: none
     gpus_unknown: str | None  # the body's reason when it reports no GPU
     driver_version: str | None
     batch_invariance: str | None
@@ -54,7 +54,7 @@ class FingerprintFacts:
             engine_name=shown(engine.get("name")),
             engine_version=shown(engine.get("version")),
             gpus=tuple(
-                str(shown(d.get("name") if isinstance(d, dict) else d))
+                shown(d.get("name") if isinstance(d, dict) else d)
                 for d in (devices if isinstance(devices, list) else [])
             ),
             gpus_unknown=shown(unknown.get("gpus")) if isinstance(unknown, dict) else None,

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from ledger import disclosures
+from ledger.errors import VerificationError
 from ledger.evidence import verify_bundle
 from ledger.evidence_format import load_bundle
 from ledger.inference_record import body_view
@@ -416,6 +417,21 @@ def queries_body(api: Harness, rid: str) -> dict[str, Any]:
 
 def body_digests(api: Harness, rid: str) -> list[str]:
     return list(queries_body(api, rid)["disclosure_digests"])
+
+
+@pytest.mark.parametrize("older", ["inference-ledger/evidence/v2", "inference-ledger/evidence/v1"])
+def test_a_v2_record_relabelled_in_an_older_bundle_format_is_invalid(api: Harness, older: str):
+    """Older formats have no content members: relabelled, a v3 bundle of a v2 record would
+    verify with its content (and for v1, its fingerprint) checks left out."""
+    key, fp = api.setup_collector()
+    bundle = _bundle(api, _greedy(api, key, fp))
+    bundle = {k: v for k, v in bundle.items() if k not in ("disclosures", "erasure")}
+    bundle["format"] = older
+    if older.endswith("v1"):
+        del bundle["fingerprint"], bundle["keys"]["fingerprint_signer"]
+    with pytest.raises(VerificationError) as err:
+        _verify(api, bundle)
+    assert err.value.details["check"] == "format" and "schema version 1" in err.value.message
 
 
 def test_disclosures_planted_at_a_v1_record_are_caught(api: Harness):

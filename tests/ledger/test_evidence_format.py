@@ -4,13 +4,14 @@ produces, in place of one that parsed, is parsed afresh and refused as it would 
 
 import copy
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ledger.errors import VerificationError
-from ledger.evidence_format import parse_bundle
+from ledger.evidence_format import load_bundle, parse_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = json.loads((ROOT / "docs" / "examples" / "evidence-example.json").read_text())
@@ -73,3 +74,35 @@ def test_an_edit_after_parsing_does_not_reach_the_next_bundle() -> None:
     parse_bundle(bundle)
     bundle["keys"]["collector"]["name"] = "edited afterwards"
     assert parse_bundle(copy.deepcopy(BUNDLE)).collector.name == BUNDLE["keys"]["collector"]["name"]
+
+
+def test_a_large_member_is_parsed_but_not_kept() -> None:
+    """Members are kept before any signature is checked: a hostile one is not kept."""
+    from ledger.evidence_format import _parsed
+
+    _parsed.cache_clear()
+    parse_bundle(copy.deepcopy(BUNDLE))
+    assert _parsed.cache_info().currsize == 2  # the example's keys and its fingerprint
+    for n in range(3):
+        pad = ("keys", "collector", "registration", "envelope", "body", "pad")
+        large = parse_bundle(_edited(pad, str(n) * 70_000))  # parsed, not kept
+        assert large.collector.registration.envelope.body["pad"] == str(n) * 70_000
+    assert _parsed.cache_info().currsize == 2
+
+
+def test_a_member_named_many_times_is_refused_at_once() -> None:
+    """The names repeated are found in one pass (a count per name was quadratic)."""
+    names = ", ".join(f'"m{i}": {i}' for i in range(60_000))
+    text = json.dumps(BUNDLE)[:-1] + ', "extra": {' + names + ', "m1": 0}}'
+    started = time.perf_counter()
+    with pytest.raises(VerificationError) as err:
+        load_bundle(text.encode())
+    assert time.perf_counter() - started < 5  # was minutes; a generous bound for slow hosts
+    assert err.value.details["check"] == "format" and "'m1'" in err.value.message
+
+
+def test_a_bundle_nested_too_deeply_fails_the_format_check() -> None:
+    text = json.dumps(BUNDLE)[:-1] + ', "extra": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(VerificationError) as err:
+        load_bundle(text.encode())
+    assert err.value.details["check"] == "format"

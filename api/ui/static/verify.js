@@ -1644,6 +1644,9 @@
     const log = await logKeyEntryAt(keys.log, "keys.log");
     const record = envelopeAt(top.envelope, "envelope");
     if (record.kind !== RECORD_KIND) throw fail("format", `the envelope is a ${show(record.kind)}, not an '${RECORD_KIND}'`);
+    if (!v3 && !pyEq(get(record.body, "schema_version"), 1)) {
+      throw fail("format", `a ${version} bundle carries schema version 1 records only`);
+    }
     let leafHash;
     try {
       leafHash = a2b(top.leaf_hash);
@@ -1751,10 +1754,7 @@
       model_digest: shown(get(model, "digest")),
       engine_name: shown(get(engine, "name")),
       engine_version: shown(get(engine, "version")),
-      gpus: (isList(devices) ? devices : []).map((d) => {
-        const name = shown(isDict(d) ? get(d, "name") : d);
-        return name === null ? "None" : name; // str(shown(...)): str(None) is "None"
-      }),
+      gpus: (isList(devices) ? devices : []).map((d) => shown(isDict(d) ? get(d, "name") : d)),
       gpus_unknown: isDict(unknown) ? shown(get(unknown, "gpus")) : null,
       driver_version: shown(get(gpu, "driver_version")),
       batch_invariance: shown(get(engine, "batch_invariance")),

@@ -69,7 +69,12 @@ RICH_FINGERPRINT = {
     "engine": {"name": "vllm", "version": "0.32.0", "batch_invariance": "serial"},
     "gpu": {
         "driver_version": "580.65",
-        "gpus": [{"index": 0, "name": "NVIDIA H200"}, {"index": 1, "name": "NVIDIA H200"}],
+        # a device whose name NVML did not give is recorded as null, and shown as such
+        "gpus": [
+            {"index": 0, "name": "NVIDIA H200"},
+            {"index": 1, "name": "NVIDIA H200"},
+            {"index": 2, "name": None},
+        ],
     },
 }
 
@@ -310,7 +315,7 @@ def test_the_ledger_bundles_cover_what_the_console_shows(cases: dict[str, Case])
     assert seen["v1-record"]["content"]["schema_version"] == 1
     assert seen["v1-record"]["replay_verdicts"] == ["bitwise"]
     fingerprint = seen["disclosed"]["fingerprint"]
-    assert fingerprint["gpus"] == ["NVIDIA H200", "NVIDIA H200"]
+    assert fingerprint["gpus"] == ["NVIDIA H200", "NVIDIA H200", None]
     assert fingerprint["engine_name"] == "vllm" and fingerprint["batch_invariance"] == "serial"
 
 
@@ -617,6 +622,18 @@ def tamper_cases(ledger: Ledger, cases: dict[str, Case]) -> list[tuple[str, str,
         put(("keys", "log", "vkey"), verifier_key("another/origin", ledger.log_key.public_key)),
     )
     forge("example-v1", "a v1 bundle given a fingerprint", "format", put(("fingerprint",), {}))
+
+    def relabelled(older: str) -> Callable[[dict[str, Any]], None]:
+        def edit(b: dict[str, Any]) -> None:
+            b["format"] = older
+            del b["disclosures"]
+            if older.endswith("v1"):
+                del b["fingerprint"], b["keys"]["fingerprint_signer"]
+
+        return edit
+
+    for older in ("inference-ledger/evidence/v2", "inference-ledger/evidence/v1"):
+        forge("disclosed", f"a v2 record's bundle relabelled {older}", "format", relabelled(older))
     forge(
         "disclosed",
         "the record edited, its leaf_hash recomputed",
