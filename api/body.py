@@ -38,8 +38,14 @@ def _no_constants(name: str) -> Any:
 
 
 def parse_json(raw: bytes) -> Any:
+    """A JSON body (RFC 8259: UTF-8 only; json.loads of bytes would also take UTF-16 and
+    UTF-32, and decode surrogate code points encoded as bytes)."""
     try:
-        return json.loads(raw, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"body is not UTF-8 text: {exc}", code="invalid_json") from exc
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"body is not valid JSON: {exc}", code="invalid_json") from exc
     except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit

@@ -312,9 +312,11 @@ class RecordFilter:
         if self.since and self.until and self.since >= self.until:
             raise InvalidInput("since must be earlier than until", code="invalid_time_range")
         if self.model is not None and (
-            not 1 <= len(self.model) <= MAX_MODEL or "\x00" in self.model
+            not 1 <= len(self.model) <= MAX_MODEL
+            or "\x00" in self.model
+            or not _is_text(self.model)
         ):
-            raise _bad(f"model must be 1-{MAX_MODEL} characters, without NUL")
+            raise _bad(f"model must be 1-{MAX_MODEL} characters of text, without NUL")
         if self.fingerprint_id is not None and not FINGERPRINT_ID.fullmatch(self.fingerprint_id):
             raise _bad("fingerprint_id must be sha256: and 64 lowercase hex digits")
         if self.pool is not None and not NAME.fullmatch(self.pool):
@@ -402,3 +404,12 @@ def filtered(q: _Q, flt: RecordFilter, received_at: Any) -> _Q:
     if flt.pool is not None:
         q = q.where(Record.pool == flt.pool)
     return q
+
+
+def _is_text(value: str) -> bool:
+    """Whether a string is Unicode text (JSON can escape a lone surrogate into one)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -29,7 +29,14 @@ from sqlalchemy.orm import Session
 from ledger.canonical import digest_of
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
 from ledger.fingerprint import FINGERPRINT_KIND
-from ledger.heartbeat import HEARTBEAT_KIND, batch_invariance, check_heartbeat, format_time
+from ledger.heartbeat import (
+    HEARTBEAT_KIND,
+    MAX_SKEW,
+    batch_invariance,
+    check_heartbeat,
+    format_time,
+    parse_time,
+)
 from ledger.signing import Envelope
 from ledger.storage import keystore
 from ledger.storage.database import Database, as_utc, utcnow
@@ -99,20 +106,21 @@ def heartbeat(
 ) -> WorkerInfo:
     """Register a worker or refresh it (the same call) from a signed heartbeat envelope.
 
-    Checks, in order: the envelope and body (``ledger.heartbeat``), the URL and every address
-    it resolves to (``ledger.worker_url``), the signer (registered, unrevoked, role collector,
-    signature), the fingerprint (registered), the owner (``worker_conflict``) and that the
-    heartbeat is newer than the last one accepted (``stale_heartbeat``)."""
+    Checks, in order: the envelope and body (``ledger.heartbeat``), the signer (registered,
+    role collector, signature: no name is resolved for an envelope nobody registered signed),
+    the URL and every address it resolves to (``ledger.worker_url``), the signer unrevoked, the
+    fingerprint (registered), the owner (``worker_conflict``) and that the heartbeat is newer
+    than the last one accepted (``stale_heartbeat``), as that one's signed body says."""
     env = Envelope.from_dict(data)
     if env.kind != HEARTBEAT_KIND:
         raise InvalidInput(
             f"expected an envelope of kind {HEARTBEAT_KIND!r}, got {env.kind!r}", code="wrong_kind"
         )
     beat = check_heartbeat(env.body, utcnow())
-    check_worker_url(beat.url, policy, resolve)
     with db.read() as s:
         keys = keystore.load_keys(s, [env.key_id])
     keystore.check_signer(env, keys)
+    check_worker_url(beat.url, policy, resolve)
     with db.write() as s:
         keystore.require_unrevoked(s, [env.key_id])
         if s.get(Fingerprint, beat.fingerprint_id) is None:
@@ -132,11 +140,10 @@ def heartbeat(
                 code="worker_conflict",
                 details={"worker_id": beat.worker_id, "key_id": row.key_id},
             )
-        elif beat.issued_at <= as_utc(row.heartbeat_issued_at):
+        elif (last := _trusted_issued_at(row, keys)) is not None and beat.issued_at <= last:
             raise InvalidInput(
                 f"this heartbeat (issued {format_time(beat.issued_at)}) is not newer than the "
-                f"last one accepted for worker {beat.worker_id!r} "
-                f"({format_time(as_utc(row.heartbeat_issued_at))})",
+                f"last one accepted for worker {beat.worker_id!r} ({format_time(last)})",
                 code="stale_heartbeat",
             )
         row.pool, row.url, row.fingerprint_id = beat.pool, beat.url, beat.fingerprint_id
@@ -190,6 +197,12 @@ def _problem(row: Worker, keys: dict[str, keystore.KeyInfo]) -> tuple[str | None
     signed = (body.get("worker_id"), body.get("pool"), body.get("url"), body.get("fingerprint_id"))
     if signed != (row.worker_id, row.pool, row.url, row.fingerprint_id) or env.key_id != row.key_id:
         return "the worker row disagrees with its signed heartbeat", None
+    issued = _issued_at(body)
+    # the ledger accepted the heartbeat within MAX_SKEW of the time it was signed
+    if issued is None or as_utc(row.heartbeat_issued_at) != issued:
+        return "the worker row's heartbeat time disagrees with its signed heartbeat", None
+    if abs(as_utc(row.last_seen) - issued) > MAX_SKEW:
+        return "the worker row's last_seen is not when its signed heartbeat was issued", None
     if env.kind != HEARTBEAT_KIND:
         return f"the stored heartbeat is a {env.kind!r}", None
     try:
@@ -197,6 +210,20 @@ def _problem(row: Worker, keys: dict[str, keystore.KeyInfo]) -> tuple[str | None
     except LedgerError as exc:
         return f"{exc.code}: {exc.message}", None
     return None, body
+
+
+def _issued_at(body: Any) -> datetime | None:
+    try:
+        return parse_time(body["issued_at"])
+    except (LedgerError, KeyError, TypeError):
+        return None
+
+
+def _trusted_issued_at(row: Worker, keys: dict[str, keystore.KeyInfo]) -> datetime | None:
+    """When the worker's stored heartbeat was signed, if it can be trusted (None: it cannot,
+    and a heartbeat signed by the worker's key replaces it)."""
+    problem, body = _problem(row, keys)
+    return None if problem is not None else _issued_at(body)
 
 
 def _info(
@@ -208,6 +235,7 @@ def _info(
 ) -> WorkerInfo:
     seen = as_utc(row.last_seen)
     problem, body = _problem(row, keys)
+    issued = _issued_at(body) if problem is None else None
     pending = body.get("spool_pending") if body is not None else None
     return WorkerInfo(
         worker_id=row.worker_id,
@@ -219,7 +247,9 @@ def _info(
         registered_at=as_utc(row.registered_at),
         last_seen=seen,
         heartbeat_issued_at=as_utc(row.heartbeat_issued_at),
-        live=problem is None and now - seen <= ttl,
+        # a heartbeat is live for ttl after the ledger took it, and never longer after it was
+        # signed than ttl and the clock skew a heartbeat may have (row times are not signed)
+        live=issued is not None and now - seen <= ttl and now - issued <= ttl + MAX_SKEW,
         problem=problem,
         spool_pending=pending if type(pending) is int else None,
     )

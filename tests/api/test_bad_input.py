@@ -327,3 +327,31 @@ def test_a_key_text_that_is_no_key_is_422(api: Harness):
         body = json.dumps({"name": "k", "role": "collector", "public_key": text})
         resp = c.post("/v1/keys", content=body.encode(), headers=JSON)
         assert_error(resp, 422, "invalid_public_key")
+
+
+def test_a_body_that_is_not_utf8_is_400(api: Harness):
+    """RFC 8259: JSON text is UTF-8. UTF-16 and UTF-32 (which Python's json would detect and
+    decode), a byte order mark and surrogate code points encoded as bytes are refused."""
+    payload = json.dumps({"name": "k16", "role": "collector", "public_key": "x"})
+    c = api.client()
+    for body in (
+        payload.encode("utf-16"),
+        payload.encode("utf-32-be"),
+        b"\xef\xbb\xbf" + payload.encode(),
+        b'{"\xed\xa0\x80": 1}',
+    ):
+        assert_error(c.post("/v1/keys", content=body, headers=JSON), 400, "invalid_json")
+    assert all(k["name"] != "k16" for k in c.get("/v1/keys").json()["items"])
+
+
+def test_a_filter_model_that_is_not_text_is_422(api: Harness):
+    """JSON can escape a lone surrogate into a string: a search filter refuses it by name
+    (it answered 500 from the database driver)."""
+    c = api.client(api.token("erasure"))
+    body = json.dumps({"filter": {"model": "\udc00"}, "reason": "x"}).encode()
+    assert_error(c.post("/v1/erasures", content=body, headers=JSON), 422, "invalid_parameters")
+    body = json.dumps({"filter": {"model": "\udc00"}, "reason": "x", "dry_run": False}).encode()
+    assert_error(c.post("/v1/erasures", content=body, headers=JSON), 422, "invalid_parameters")
+    body = json.dumps({"filter": {"model": "m\udc00"}, "reason": "x"}).encode()
+    holds = api.client(api.token("holds"))
+    assert_error(holds.post("/v1/holds", content=body, headers=JSON), 422, "invalid_parameters")

@@ -238,6 +238,53 @@ def test_an_edited_worker_row_is_not_trusted(api: Harness, fakes: list[FakeWorke
     assert impostor.orders == []
 
 
+def test_edited_worker_times_neither_revive_a_worker_nor_lock_it_out(api: Harness) -> None:
+    """A superuser makes a dead worker live (its row's times moved on), or rolls its row back
+    to an older heartbeat it really signed: the route trusts only the signed time, and the
+    worker's next heartbeat is taken."""
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    ids = {"worker_id": _name("w"), "pool": _name("pool"), "fingerprint_id": fp}
+    now = datetime.now(UTC)
+    assert post_heartbeat(api, heartbeat(key, **ids, url="http://127.0.0.1:8")).status_code == 200
+    # a heartbeat the worker signed long ago (captured then, or kept by the database)
+    at = now - timedelta(seconds=100)
+    old = heartbeat(key, **ids, url="http://127.0.0.1:7", issued_at=at)
+    rolled_back = {"heartbeat": old.canonical, "url": "http://127.0.0.1:7"}
+    later = datetime(2036, 1, 1, tzinfo=UTC)
+    for change in (
+        {"last_seen": later, "heartbeat_issued_at": later},  # revived, far ahead
+        {"last_seen": later},
+        {**rolled_back, "heartbeat_issued_at": at, "last_seen": now},  # seen now: it was not
+        {**rolled_back, "heartbeat_issued_at": at, "last_seen": at},  # as the ledger took it
+    ):
+        with api.db.write() as s:
+            s.execute(update(Worker).where(Worker.worker_id == ids["worker_id"]).values(**change))
+        listed = _worker(api, ids["worker_id"])
+        assert not listed["live"], (change, listed)
+    # and the worker's next heartbeat is taken, whatever the row's times say
+    newer = heartbeat(key, **ids, url="http://127.0.0.1:8", issued_at=now + timedelta(seconds=1))
+    answer = post_heartbeat(api, newer)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["url"] == "http://127.0.0.1:8" and answer.json()["live"]
+
+
+def test_a_heartbeat_nobody_registered_signed_is_refused_before_its_url_is_looked_at(
+    api: Harness,
+) -> None:
+    """Otherwise any records:write holder learns from the ledger whether a name resolves, and
+    to which address (url_not_allowed names it)."""
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    stranger = SigningKey.generate()
+    for url in ("http://169.254.169.254/", "http://no-such-host.invalid:8100"):
+        ids = {"worker_id": _name("w"), "pool": _name("p"), "fingerprint_id": fp}
+        _error(post_heartbeat(api, heartbeat(stranger, **ids, url=url)), 422, "unknown_key")
+        tampered = heartbeat(key, **ids, url="http://127.0.0.1:9").to_dict()
+        tampered["body"]["url"] = url
+        _error(post_heartbeat(api, tampered), 422, "bad_signature")
+
+
 # ---- worker URL policy -------------------------------------------------------------------
 
 REFUSED_URLS = [
