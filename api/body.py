@@ -22,6 +22,8 @@ from api.state import get_state
 from ledger.errors import InvalidInput, TooLarge
 
 M = TypeVar("M", bound=BaseModel)
+# A body past this is parsed off the event loop: parsing megabytes takes milliseconds.
+LOOP_BODY = 64 * 1024
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -96,7 +98,7 @@ async def read_json_bytes(request: Request, limit: int) -> bytes:
 
 async def read_json(request: Request, limit: int) -> Any:
     raw = await read_json_bytes(request, limit)
-    if len(raw) > 65536:  # parsing megabytes takes milliseconds: keep the event loop free
+    if len(raw) > LOOP_BODY:
         return await run_in_threadpool(parse_json, raw)
     return parse_json(raw)
 

@@ -2,14 +2,15 @@
 
 A cache lookup is worth having only when it takes about a millisecond; the framework's routing
 and dependency resolution took most of that here. This ASGI middleware sits inside the gate
-(which has checked the token, its ``cache:read`` scope and the body's size) and answers a
-lookup itself when, and only when, :func:`ledger.storage.cache_lookup.kept_answer` has an
-answer: one verified against the log before, whose key's index rows read now are those it
-was verified through, or (a key's first lookup, on Postgres) one verified now from the key's
-rows read in one statement with their log entries and content. The body is read as the route
-reads it (strict JSON, the same model); anything else, a refusal included, goes on to the
-route with the body replayed, so every error and every other answer comes from one place. The
-answer is the route's (:func:`api.routes.cache.render_answer`).
+(which has checked the token, its ``cache:read`` scope and the body's size) and answers a lookup
+itself when, and only when, :func:`ledger.storage.cache_lookup.kept_answer` has an answer: one
+verified against the log before, whose key's index rows read now are those it was verified
+through, or (a key's first lookup, on Postgres) one verified now from the key's rows read in one
+statement with their log entries and content. The body is read as the route reads it (strict
+JSON, the same model), and only a body of up to 64 KiB (parsed and keyed on the event loop);
+anything else, a refusal included, goes on to the route with the body replayed, so every error
+and every other answer comes from one place. The answer is the route's
+(:func:`api.routes.cache.render_answer`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.body import parse_json, validate_model
+from api.body import LOOP_BODY, parse_json, validate_model
 from api.routes.cache import render_answer
 from api.schemas import CacheLookupRequest
 from api.state import AppState
@@ -46,7 +47,9 @@ class CacheFastPath:
             await self.app(scope, receive, send)
             return
         body = await _body(receive)
-        if await self._answer(body, send):
+        # parsed and keyed on the event loop: a large body (a long prompt) goes to the route,
+        # which does both on a worker thread
+        if len(body) <= LOOP_BODY and await self._answer(body, send):
             return
         await self.app(scope, _replay(body, receive), send)
 

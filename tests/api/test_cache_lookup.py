@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from api.body import LOOP_BODY
 from api.routes.cache import render_answer
 from api.schemas import CacheLookupRequest
 from ledger.cachekey import CHAT, COMPLETIONS
@@ -420,6 +421,24 @@ def test_a_kept_answer_is_the_routes_answer_and_refusals_stay_refusals(api: Harn
     misses = [_one_call(c, other, fingerprint_id=fp) for _ in range(3)]
     assert {m.content for m in misses} == {misses[0].content}
     assert misses[0].json()["reason"] == "no_record"
+
+
+def test_a_lookup_of_a_long_prompt_is_answered_by_the_route(api: Harness) -> None:
+    """The process's own path parses and keys a body on the event loop: a body past 64 KiB
+    (a long prompt) goes to the route, which does both on a worker thread, and gets the same
+    answer every time."""
+    key, fp = api.setup_collector()
+    c = api.client()
+    body = record_body(fp, seed=7075, prompt_len=12_000, text_prompt=True, request_extra=GREEDY)
+    _post(api, key, body)
+    lookup = {"endpoint": COMPLETIONS, "request": body["request"], "fingerprint_id": fp}
+    assert len(json.dumps(lookup)) > LOOP_BODY
+    before = {via: _lookups_counted(api, "hit", via) for via in ("first", "kept", "log")}
+    answers = [c.post("/v1/cache/lookup", json=lookup) for _ in range(3)]
+    assert all(a.status_code == 200 and a.json()["hit"] for a in answers), answers[0].text
+    assert {a.content for a in answers} == {answers[0].content}
+    after = {via: _lookups_counted(api, "hit", via) for via in before}
+    assert after == {**before, "log": before["log"] + 3}
 
 
 def _lookups_counted(api: Harness, outcome: str, via: str) -> float:
