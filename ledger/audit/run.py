@@ -67,11 +67,21 @@ class AuditOptions:
 class _Stream:
     """An index table's rows in log_index order, taken a span at a time."""
 
-    def __init__(self, source: Iterator[Sequence[Any]]) -> None:
+    def __init__(self, table: str, source: Iterator[Sequence[Any]]) -> None:
+        self.table = table
         self.source = source
         self.buffer: Sequence[Any] = ()
         self.pos = 0
         self.done = False
+        self.found: list[Finding] = []  # rows whose log_index is no integer
+
+    def _next(self) -> Sequence[Any]:
+        rows = next(self.source)
+        if all(type(row.log_index) is int for row in rows):
+            return rows
+        good, found = tables.leaf_indexes(self.table, rows)
+        self.found += found
+        return good
 
     def until(self, end: int) -> list[Any]:
         """The next rows whose log_index is below ``end``."""
@@ -86,15 +96,18 @@ class _Stream:
             if pos < len(buffer) or self.done:
                 return out
             try:
-                self.buffer, self.pos = next(self.source), 0
+                self.buffer, self.pos = self._next(), 0
             except StopIteration:
                 self.buffer, self.pos, self.done = (), 0, True
 
     def rest(self) -> list[Any]:
         out = list(self.buffer[self.pos :])
-        for rows in self.source:
-            out.extend(rows)
-        self.buffer, self.pos, self.done = (), 0, True
+        while not self.done:
+            try:
+                out.extend(self._next())
+            except StopIteration:
+                self.done = True
+        self.buffer, self.pos = (), 0
         return out
 
     def close(self) -> None:
@@ -257,15 +270,15 @@ class _Audit:
     def _open_streams(self) -> dict[str, _Stream]:
         reader, chunk = self.reader, self.options.chunk
         return {
-            "records": _Stream(reader.records(chunk)),
-            "cache_keys": _Stream(reader.cache_keys(chunk)),
-            "fingerprints": _Stream(reader.fingerprints(chunk)),
-            "replays": _Stream(reader.replays(chunk)),
-            "certificates": _Stream(reader.certificates(chunk)),
-            "disclosures": _Stream(reader.disclosures(chunk)),
-            "erasures": _Stream(reader.erasures(chunk)),
-            "holds": _Stream(reader.holds(chunk)),
-            "hold_releases": _Stream(reader.hold_releases(chunk)),
+            "records": _Stream("records", reader.records(chunk)),
+            "cache_keys": _Stream("cache_keys", reader.cache_keys(chunk)),
+            "fingerprints": _Stream("fingerprints", reader.fingerprints(chunk)),
+            "replays": _Stream("replays", reader.replays(chunk)),
+            "certificates": _Stream("certificates", reader.certificates(chunk)),
+            "disclosures": _Stream("disclosures", reader.disclosures(chunk)),
+            "erasures": _Stream("erasures", reader.erasures(chunk)),
+            "holds": _Stream("holds", reader.holds(chunk)),
+            "hold_releases": _Stream("hold_releases", reader.hold_releases(chunk)),
         }
 
     def _tables(self, end: int) -> None:
@@ -274,7 +287,9 @@ class _Audit:
             self.streams = self._open_streams()
         size = self.reader.log_size()
         for name, stream in self.streams.items():
-            self.found.extend(tables.past_the_log(name, stream.rest(), end, size))
+            rest = stream.rest()
+            self.found.extend(stream.found)
+            self.found.extend(tables.past_the_log(name, rest, end, size))
         self.found.extend(tables.signing_keys(self.timeline, self.reader.signing_keys(), end, size))
         self.found.extend(tables.revocations(self.timeline, self.reader.revocations(), end, size))
 

@@ -17,6 +17,26 @@ from ledger.audit.rows import KeyRow, RevocationRow, as_time
 from ledger.signing import key_id_of
 
 
+def leaf_indexes(table: str, rows: Sequence[Any]) -> tuple[list[Any], list[Finding]]:
+    """The rows whose ``log_index`` is an integer, and a finding for each other one (SQLite
+    stores any value in an INTEGER column: a text there names no leaf)."""
+    good, found = [], []
+    for row in rows:
+        if type(row.log_index) is int:
+            good.append(row)
+        else:
+            found.append(
+                Finding(
+                    "index",
+                    f"{table} row {row[0]!r} has log_index {row.log_index!r}, which names no leaf",
+                    None,
+                    table,
+                    "log_index",
+                )
+            )
+    return good, found
+
+
 def past_the_log(table: str, rows: Sequence[Any], end: int, size: int) -> list[Finding]:
     """Rows of ``table`` at or past the scan's ``end``; those past the log's ``size`` now
     are findings."""
@@ -46,7 +66,8 @@ def _column(table: str, what: str, column: str, stored: Any, logged: Any, idx: i
 
 
 def signing_keys(timeline: KeyTimeline, rows: list[KeyRow], end: int, size: int) -> list[Finding]:
-    found = past_the_log("signing_keys", rows, end, size)
+    rows, found = leaf_indexes("signing_keys", rows)
+    found += past_the_log("signing_keys", rows, end, size)
     seen = set()
     for row in rows:
         if row.log_index >= end:
@@ -103,7 +124,8 @@ def signing_keys(timeline: KeyTimeline, rows: list[KeyRow], end: int, size: int)
 def revocations(
     timeline: KeyTimeline, rows: list[RevocationRow], end: int, size: int
 ) -> list[Finding]:
-    found = past_the_log("key_revocations", rows, end, size)
+    rows, found = leaf_indexes("key_revocations", rows)
+    found += past_the_log("key_revocations", rows, end, size)
     seen = set()
     for row in rows:
         if row.log_index >= end:

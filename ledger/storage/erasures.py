@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, exists, insert, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from ledger.erasure import (
     ERASURE_KIND,
@@ -84,15 +84,40 @@ class BulkResult:
         }
 
 
+def _holds(session: Session) -> list[tuple[Hold, dict[str, Any], bool]]:
+    """Every hold: its row, its logged body, and whether a logged release of it follows. A
+    release row counts only when its leaf is a ``hold_release`` of that hold, logged after it
+    (the row alone is not signed; ``ledger audit`` names one that is not)."""
+    release = aliased(LogEntry)
+    rows = session.execute(
+        select(Hold, LogEntry.envelope, HoldRelease.log_index, release.envelope)
+        .join(LogEntry, LogEntry.idx == Hold.log_index)
+        .outerjoin(HoldRelease, HoldRelease.hold_id == Hold.hold_id)
+        .outerjoin(release, release.idx == HoldRelease.log_index)
+        .order_by(Hold.log_index)
+    ).all()
+    out = []
+    for hold, envelope, released_at, released in rows:
+        body = json.loads(bytes(envelope))["body"]
+        out.append((hold, body, _releases(released, released_at, body, hold.log_index)))
+    return out
+
+
+def _releases(envelope: Any, index: Any, hold: dict[str, Any], hold_index: int) -> bool:
+    if envelope is None or type(index) is not int or index <= hold_index:
+        return False
+    try:
+        release = json.loads(bytes(envelope))
+        return bool(
+            release["kind"] == RELEASE_KIND and release["body"]["hold_id"] == hold["hold_id"]
+        )
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def active_holds(session: Session) -> list[HoldScope]:
     """Holds placed and not released, read from their logged bodies."""
-    rows = session.execute(
-        select(LogEntry.envelope)
-        .join(Hold, Hold.log_index == LogEntry.idx)
-        .outerjoin(HoldRelease, HoldRelease.hold_id == Hold.hold_id)
-        .where(HoldRelease.hold_id.is_(None))
-    ).scalars()
-    return [HoldScope.of(json.loads(bytes(env))["body"]) for env in rows]
+    return [HoldScope.of(body) for _, body, released in _holds(session) if not released]
 
 
 def holding(holds: Sequence[HoldScope], record: StoredRecord) -> HoldScope | None:
@@ -368,11 +393,6 @@ def release_hold(
 
 def list_holds(db: Database) -> list[dict[str, Any]]:
     with db.read() as s:
-        rows = s.execute(
-            select(Hold, HoldRelease.log_index)
-            .outerjoin(HoldRelease, HoldRelease.hold_id == Hold.hold_id)
-            .order_by(Hold.log_index)
-        ).all()
         return [
             {
                 "hold_id": h.hold_id,
@@ -380,9 +400,9 @@ def list_holds(db: Database) -> list[dict[str, Any]]:
                 "request_id": h.request_id,
                 "filter": json.loads(h.filter) if h.filter else None,
                 "placed_at": as_utc(h.created_at).isoformat(),
-                "released": released is not None,
+                "released": released,
             }
-            for h, released in rows
+            for h, _, released in _holds(s)
         ]
 
 

@@ -206,6 +206,38 @@ def test_a_hold_blocks_erasure_until_released(api: Harness):
     assert report.ok, report.findings
 
 
+def test_a_release_row_without_its_logged_release_does_not_lift_a_hold(api: Harness):
+    """A superuser inserts a hold_releases row pointing at a leaf that is no release of the
+    hold (another leaf, or on SQLite a text): the hold still holds, and the audit names it."""
+    key, fp = api.setup_collector()
+    rid = _post_v2(api, key, fp)
+    leaf = api.client().get(f"/v1/records/{rid}").json()["log_index"]
+    holds = api.client(api.token("holds"))
+    placed = holds.post("/v1/holds", json={"request_id": rid, "reason": "case 9"})
+    hold_id = placed.json()["hold_id"]
+    su = Superuser(str(api.settings.database_url))
+    forged = [leaf] if api.db.is_postgres else [leaf, f"{placed.json()['log_index']}x"]
+    for index in forged:
+        su.execute(
+            [
+                (
+                    "INSERT INTO hold_releases VALUES (%s, %s, %s)",
+                    (hold_id, index, su.time(utcnow())),
+                )
+            ],
+            ["hold_releases"],
+        )
+        listed = holds.get("/v1/holds").json()["holds"]
+        assert [(h["hold_id"], h["released"]) for h in listed] == [(hold_id, False)]
+        refused = api.client().post(f"/v1/records/{rid}/erasure", json={"reason": "x"})
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "legal_hold"
+        found = audit(api.db, api.log_key.public_key).findings
+        assert [(f.table, f.column) for f in found] == [("hold_releases", "log_index")], found
+        su.execute(
+            [("DELETE FROM hold_releases WHERE hold_id = %s", (hold_id,))], ["hold_releases"]
+        )
+
+
 def test_retention_and_bulk_erasure_erase_exactly_what_the_dry_run_listed(api: Harness):
     key, fp = api.setup_collector()
     old = [_post_v2(api, key, fp) for _ in range(4)]

@@ -424,3 +424,29 @@ def test_rows_pointing_past_the_log_are_named(ledger: Tampered):
     report = ledger.audit()
     assert named(report, far, "cache_keys", "log_index"), dump(report)
     assert named(report, far + 1, "fingerprints", "log_index"), dump(report)
+
+
+@pytest.mark.parametrize(
+    ("table", "where"),
+    [
+        ("records", "request_id = 'req-greedy'"),
+        ("cache_keys", "request_id = 'req-greedy'"),
+        ("replays", "replay_id = (SELECT min(replay_id) FROM replays)"),
+        ("fingerprints", "log_index = 2"),
+        ("signing_keys", "log_index = 1"),
+        ("key_revocations", "key_id = (SELECT min(key_id) FROM key_revocations)"),
+    ],
+)
+def test_a_log_index_that_is_no_integer_is_named_not_a_crash(
+    ledger: Tampered, table: str, where: str
+):
+    """SQLite keeps any value in an INTEGER column: a text log_index made the audit raise
+    (comparing str with int) instead of naming the row, while routes lost the record."""
+    if ledger.db.is_postgres:
+        pytest.skip("Postgres keeps integers in an integer column")
+    ledger.update(table, "log_index", "3x", where)
+    report = ledger.audit()
+    assert not report.ok
+    assert any(
+        (f.table, f.column) == (table, "log_index") and "'3x'" in f.message for f in report.findings
+    ), dump(report)
