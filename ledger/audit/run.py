@@ -290,6 +290,7 @@ class _Audit:
             rest = stream.rest()
             self.found.extend(stream.found)
             self.found.extend(tables.past_the_log(name, rest, end, size))
+        self.found.extend(tables.tree_shape(*self.reader.tree_shape()))
         self.found.extend(tables.signing_keys(self.timeline, self.reader.signing_keys(), end, size))
         self.found.extend(tables.revocations(self.timeline, self.reader.revocations(), end, size))
 

@@ -164,3 +164,31 @@ def revocations(
                 )
             )
     return found
+
+
+def tree_shape(size: int, levels: dict[Any, tuple[int, Any, Any]]) -> list[Finding]:
+    """Stored Merkle nodes outside the log's complete subtrees: a log of ``size`` leaves has
+    ``size >> level`` complete nodes at each level, indexes 0 onwards. The rebuild compares
+    those (a missing one is named there); one beyond them is never compared, and blocks the
+    append that would complete it."""
+    found = []
+    for level, (count, lo, hi) in sorted(levels.items(), key=_level_order):
+        whole = type(level) is int and 0 <= level < 64 and type(lo) is int and type(hi) is int
+        want = size >> level if whole else 0
+        if not whole or lo < 0 or hi >= want:
+            found.append(
+                Finding(
+                    "tree",
+                    f"merkle_nodes holds {count} node(s) at level {level!r} (indexes {lo!r} to "
+                    f"{hi!r}); a log of {size} leaves has {want} complete node(s) there",
+                    None,
+                    "merkle_nodes",
+                    "idx",
+                )
+            )
+    return found
+
+
+def _level_order(item: tuple[Any, Any]) -> tuple[bool, int, str]:
+    level = item[0]
+    return (type(level) is not int, level if type(level) is int else 0, repr(level))

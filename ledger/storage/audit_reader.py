@@ -42,7 +42,7 @@ from ledger.audit.rows import (
 )
 from ledger.storage import log, tree
 from ledger.storage.database import Database, as_utc
-from ledger.storage.models import CacheKey, Disclosure, Record, Replay
+from ledger.storage.models import CacheKey, Disclosure, MerkleNode, Record, Replay
 from ledger.storage.prefetch import prefetched
 
 _PG_EPOCH = 946_684_800_000_000  # 2000-01-01T00:00:00Z in microseconds since 1970
@@ -186,6 +186,19 @@ class StorageAuditReader:
                     yield tree.read_runs(s, wanted)
 
         return prefetched(runs())
+
+    def tree_shape(self) -> tuple[int, dict[int, tuple[int, int, int]]]:
+        with self.db.read() as s:
+            size = log.log_size(s)
+            rows = s.execute(
+                select(
+                    MerkleNode.level,
+                    func.count(),
+                    func.min(MerkleNode.idx),
+                    func.max(MerkleNode.idx),
+                ).group_by(MerkleNode.level)
+            ).all()
+        return size, {lv: (int(n), lo, hi) for lv, n, lo, hi in rows}  # as stored: checked
 
     def node_levels(self, spans: Spans) -> dict[int, list[tuple[int, bytes]]]:
         with self.db.read() as s:

@@ -450,3 +450,21 @@ def test_a_log_index_that_is_no_integer_is_named_not_a_crash(
     assert any(
         (f.table, f.column) == (table, "log_index") and "'3x'" in f.message for f in report.findings
     ), dump(report)
+
+
+def test_merkle_nodes_beyond_the_logs_complete_subtrees_are_named(ledger: Tampered):
+    """Nodes the rebuild never compares (past the log's complete subtrees) are named: one at
+    the next leaf's place would block the append that completes it."""
+    (size,) = ledger.su.query("SELECT count(*) FROM log_entries")[0]
+    ledger.su.execute(
+        [
+            ("INSERT INTO merkle_nodes VALUES (%s, %s, %s)", (0, size, b"\x01" * 32)),
+            ("INSERT INTO merkle_nodes VALUES (%s, %s, %s)", (5, 7, b"\x02" * 32)),
+        ],
+        ["merkle_nodes"],
+    )
+    report = ledger.audit()
+    named_ = [f.message for f in report.findings if (f.table, f.column) == ("merkle_nodes", "idx")]
+    assert len(named_) == 2, dump(report)
+    assert any(f"level 0 (indexes 0 to {size})" in m for m in named_), named_
+    assert any("level 5 (indexes 7 to 7)" in m for m in named_), named_
