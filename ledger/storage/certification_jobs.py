@@ -28,10 +28,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import insert, select, update
+from sqlalchemy.orm import aliased
 
 from ledger.errors import IndexMismatch, NotFound
 from ledger.storage.database import Database, as_utc, utcnow
-from ledger.storage.models import CertificationJob, LogEntry
+from ledger.storage.models import Certificate, CertificationJob, LogEntry
 from ledger.storage.verdicts import CERTIFICATE_KIND
 
 RUNNING, DONE, FAILED = "running", "done", "failed"
@@ -73,46 +74,71 @@ def interrupted_error(job: Job) -> dict[str, Any]:
     }
 
 
-def _checked(row: CertificationJob, envelope: bytes) -> bytes:
+def _checked(row: CertificationJob, envelope: bytes, log_index: int | None) -> bytes:
+    """The certificate at ``log_index``, checked to be this job's, for its pool, worker,
+    fingerprint and parameters as the row states them (else :class:`IndexMismatch`)."""
     try:
         logged = json.loads(envelope)
+        body = logged["body"]
         ok = logged["kind"] == CERTIFICATE_KIND
-        ok = ok and logged["body"]["certificate_id"] == row.certification_id
+        ok = ok and body["certificate_id"] == row.certification_id
+        ok = ok and (body["pool"], body["worker_id"], body["fingerprint_id"]) == (
+            row.pool,
+            row.worker_id,
+            row.fingerprint_id,
+        )
+        ok = ok and body["parameters"] == json.loads(row.parameters)
     except (ValueError, KeyError, TypeError):
         ok = False
     if not ok:
         raise IndexMismatch(
-            f"certification {row.certification_id} points at log entry {row.log_index}, which "
-            "is not its certificate: the job's row was edited (run `ledger audit`)",
-            details={"certification_id": row.certification_id, "log_index": row.log_index},
+            f"certification {row.certification_id}'s row disagrees with log entry {log_index}, "
+            "its certificate: the job's row was edited (run `ledger audit`)",
+            details={"certification_id": row.certification_id, "log_index": log_index},
         )
     return bytes(envelope)
 
 
-def _job(row: CertificationJob, certificate: bytes | None = None) -> Job:
-    if row.state == DONE and certificate is None:
-        raise IndexMismatch(
-            f"certification {row.certification_id} is done without a certificate in the log: "
-            "the job's row was edited (run `ledger audit`)",
-            details={"certification_id": row.certification_id},
-        )
+def _job(
+    row: CertificationJob,
+    pointed: bytes | None = None,
+    logged_at: int | None = None,
+    logged: bytes | None = None,
+) -> Job:
+    """The job a row states, bound to the log: a done row's certificate is the leaf it points
+    at (and the one the certificates index names, if any); a certificate logged for a job the
+    row says is running or failed makes it done (a runner between logging its certificate and
+    recording it, or an edited row: the leaf is the fact)."""
+    state, log_index, done, error = row.state, row.log_index, row.done, row.error
+    certificate = None
+    if row.state == DONE:
+        if pointed is None or (logged_at is not None and logged_at != row.log_index):
+            raise IndexMismatch(
+                f"certification {row.certification_id} is done without its certificate in the "
+                "log: the job's row was edited (run `ledger audit`)",
+                details={"certification_id": row.certification_id},
+            )
+        certificate = _checked(row, pointed, row.log_index)
+    elif logged is not None:
+        certificate = _checked(row, logged, logged_at)
+        state, log_index, done, error = DONE, logged_at, row.total, None
     return Job(
         certification_id=row.certification_id,
         pool=row.pool,
         worker_id=row.worker_id,
         fingerprint_id=row.fingerprint_id,
         parameters=json.loads(row.parameters),
-        state=row.state,
-        done=row.done,
+        state=state,
+        done=done,
         total=row.total,
-        error=json.loads(row.error) if row.error is not None else None,
-        certificate_id=row.certificate_id,
-        log_index=row.log_index,
+        error=json.loads(error) if error is not None else None,
+        certificate_id=row.certification_id if certificate is not None else row.certificate_id,
+        log_index=log_index,
         runner=row.runner,
         lease_until=as_utc(row.lease_until),
         created_at=as_utc(row.created_at),
         updated_at=as_utc(row.updated_at),
-        certificate=_checked(row, certificate) if certificate is not None else None,
+        certificate=certificate,
     )
 
 
@@ -155,13 +181,16 @@ def create(
 
 
 def _read(db: Database, certification_id: str) -> Job | None:
+    logged = aliased(LogEntry)
     with db.read() as s:
         found = s.execute(
-            select(CertificationJob, LogEntry.envelope)
+            select(CertificationJob, LogEntry.envelope, Certificate.log_index, logged.envelope)
             .outerjoin(LogEntry, LogEntry.idx == CertificationJob.log_index)
+            .outerjoin(Certificate, Certificate.certificate_id == CertificationJob.certification_id)
+            .outerjoin(logged, logged.idx == Certificate.log_index)
             .where(CertificationJob.certification_id == certification_id)
         ).first()
-    return None if found is None else _job(found[0], found[1])
+    return None if found is None else _job(*found)
 
 
 def get(db: Database, certification_id: str, now: datetime | None = None) -> Job:

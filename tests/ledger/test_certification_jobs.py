@@ -45,6 +45,19 @@ def _create(db: Database, runner: str = "host:1:a", **kw: object) -> jobs.Job:
     return jobs.create(db, **values)  # type: ignore[arg-type]
 
 
+def _certificate(job: jobs.Job, invariant: bool = True) -> dict[str, Any]:
+    """The certificate body a runner logs for ``job`` (its own pool, worker, fingerprint and
+    parameters)."""
+    return {
+        "certificate_id": job.certification_id,
+        "pool": job.pool,
+        "worker_id": job.worker_id,
+        "fingerprint_id": job.fingerprint_id,
+        "parameters": job.parameters,
+        "invariant_observed": invariant,
+    }
+
+
 def test_a_job_is_created_running_and_read_back_as_written(db: Database) -> None:
     job = _create(db)
     assert job.state == "running" and job.done == 0 and job.total == 10
@@ -111,12 +124,7 @@ def test_the_start_up_sweep_fails_only_expired_jobs(db: Database) -> None:
 def test_done_carries_the_logged_certificate(db: Database) -> None:
     seeded = seed_ledger(db)
     job = _create(db)
-    body = {
-        "certificate_id": job.certification_id,
-        "pool": "p",
-        "fingerprint_id": seeded.fingerprint_id,
-        "invariant_observed": True,
-    }
+    body = _certificate(job)
     stored = verdicts.append_certificate(db, seeded.log_key, body)
     assert jobs.finish(
         db,
@@ -142,16 +150,7 @@ def test_a_done_job_pointed_at_another_leaf_is_never_answered(db: Database) -> N
     done: list[tuple[jobs.Job, int]] = []
     for _ in range(2):
         job = _create(db)
-        stored = verdicts.append_certificate(
-            db,
-            seeded.log_key,
-            {
-                "certificate_id": job.certification_id,
-                "pool": "p",
-                "fingerprint_id": seeded.fingerprint_id,
-                "invariant_observed": True,
-            },
-        )
+        stored = verdicts.append_certificate(db, seeded.log_key, _certificate(job))
         jobs.finish(
             db,
             job.certification_id,
@@ -185,6 +184,48 @@ def test_a_done_job_pointed_at_another_leaf_is_never_answered(db: Database) -> N
         assert found.value.details["certification_id"] == job.certification_id
 
 
+def test_a_done_jobs_facts_are_its_certificates_and_a_logged_certificate_is_never_hidden(
+    db: Database,
+) -> None:
+    """A superuser restates a done job's pool, worker, fingerprint or parameters next to its
+    real certificate: an index mismatch. Or makes it a failure with no certificate: the
+    certificate is in the log, so the job is answered done with it."""
+    seeded = seed_ledger(db)
+    job = _create(db)
+    stored = verdicts.append_certificate(db, seeded.log_key, _certificate(job))
+    assert jobs.finish(
+        db, job.certification_id, "host:1:a", done=10, certificate_id=stored.id,
+        log_index=stored.log_index,
+    )  # fmt: skip
+    honest = jobs.get(db, job.certification_id)
+
+    def edit(**values: object) -> None:
+        sets = ", ".join(f"{k} = :{k}" for k in values)
+        with db.engine.begin() as conn:
+            conn.execute(
+                text(f"UPDATE certification_jobs SET {sets} WHERE certification_id = :i"),
+                {**values, "i": job.certification_id},
+            )
+
+    for column, value in (
+        ("pool", "p9"),
+        ("worker_id", "w9"),
+        ("fingerprint_id", "sha256:" + "cd" * 32),
+        ("parameters", json.dumps({**PARAMS, "prompts": 99}, sort_keys=True)),
+    ):
+        edit(**{column: value})
+        with pytest.raises(IndexMismatch):
+            jobs.get(db, job.certification_id)
+        edit(**{column: json.dumps(PARAMS, sort_keys=True) if column == "parameters" else
+                getattr(honest, column)})  # fmt: skip
+    assert jobs.get(db, job.certification_id) == honest
+    forged = json.dumps({"code": "diverged", "message": "not invariant"})
+    edit(state="failed", log_index=None, certificate_id=None, error=forged)
+    shown = jobs.get(db, job.certification_id)
+    assert shown.state == "done" and shown.error is None
+    assert shown.certificate == stored.envelope and shown.log_index == stored.log_index
+
+
 def test_a_certificate_logged_after_the_lease_ran_out_still_makes_the_job_done(
     db: Database,
 ) -> None:
@@ -192,16 +233,7 @@ def test_a_certificate_logged_after_the_lease_ran_out_still_makes_the_job_done(
     seeded = seed_ledger(db)
     job = _create(db)
     jobs.get(db, job.certification_id, now=job.lease_until + timedelta(seconds=1))
-    stored = verdicts.append_certificate(
-        db,
-        seeded.log_key,
-        {
-            "certificate_id": job.certification_id,
-            "pool": "p",
-            "fingerprint_id": seeded.fingerprint_id,
-            "invariant_observed": False,
-        },
-    )
+    stored = verdicts.append_certificate(db, seeded.log_key, _certificate(job, invariant=False))
     held = jobs.finish(
         db,
         job.certification_id,
