@@ -135,8 +135,9 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
     app.add_middleware(CacheFastPath, state=state)  # inside the gate: see api/cache_fast.py
     app.add_middleware(Gate, routes=app.router.routes, state=state)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
-    app.add_middleware(RequestIds)  # outermost: every log line of a request names it
     errors.install(app, pages=ui.routes.error_page)
+    app.add_middleware(errors.UnexpectedErrors, handler=app.state.unexpected_error)
+    app.add_middleware(RequestIds)  # outermost: every log line of a request names it
     for module in (
         health,
         keys,

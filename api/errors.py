@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import iter_route_contexts
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ledger.errors import (
     AuthenticationError,
@@ -152,6 +153,8 @@ def install(app: FastAPI, pages: PageRenderer | None = None) -> None:
             return page(request, 500, "internal_error", "internal error; it has been logged")
         return error_response(500, "internal_error", "internal error; it has been logged")
 
+    app.state.unexpected_error = _unexpected
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
@@ -162,3 +165,32 @@ def install(app: FastAPI, pages: PageRenderer | None = None) -> None:
         if exc.status_code == 405:
             headers["Allow"] = allowed_methods(request)
         return error_response(exc.status_code, code, str(exc.detail), headers=headers or None)
+
+
+class UnexpectedErrors:
+    """An unhandled exception answered as the JSON 500 inside ``RequestIds``, not by
+    Starlette's outermost handler: so the answer carries the request's ID and so does the
+    traceback's log line, and the exception is not raised on to the server, which would drop
+    the connection (and any request pipelined on it) without a word."""
+
+    def __init__(self, app: ASGIApp, handler: Callable[[Request, Exception], Any]) -> None:
+        self.app, self.handler = app, handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:  # part of an answer went out: nothing sound can follow it
+                raise
+            response = await self.handler(Request(scope), exc)
+            await response(scope, receive, send)

@@ -355,3 +355,24 @@ def test_a_filter_model_that_is_not_text_is_422(api: Harness):
     body = json.dumps({"filter": {"model": "m\udc00"}, "reason": "x"}).encode()
     holds = api.client(api.token("holds"))
     assert_error(holds.post("/v1/holds", content=body, headers=JSON), 422, "invalid_parameters")
+
+
+def test_an_unexpected_error_is_answered_with_the_request_id_and_keeps_the_connection(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """A bug answers the JSON 500 with the request's ID (support finds its traceback by it),
+    and the connection stays usable: the exception is not raised on to the server."""
+    from ledger.storage import checkpoints
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(checkpoints, "latest", broken)
+    c = api.client()
+    first = c.get("/v1/log/checkpoint", headers={"x-request-id": "support-case-17"})
+    assert_error(first, 500, "internal_error")
+    assert first.headers["x-request-id"] == "support-case-17"
+    assert "a bug" not in first.text
+    monkeypatch.undo()
+    again = c.get("/v1/log/key")  # on the same pooled connection
+    assert again.status_code == 200, again.text
