@@ -10,6 +10,9 @@ process's file descriptors or its memory. Here each request's headers must be co
   byte on a kept-alive connection: else 408 ``header_timeout`` and the connection is closed;
 - within ``max_header_bytes``: else 431 ``headers_too_large`` and the connection is closed.
 
+A request httptools cannot parse is answered 400 ``invalid_http`` in the same JSON shape
+(uvicorn's own answer is plain text), and the connection is closed.
+
 Bodies have their own limits in the app (LEDGER_MAX_BODY_BYTES, LEDGER_BODY_TIMEOUT:
 api/gate.py).
 """
@@ -85,6 +88,18 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
                         f"the request line and headers exceed {self.max_header_bytes} bytes",
                     )
                 )
+
+    def send_400_response(self, msg: str) -> None:
+        """httptools could not parse the request (an unknown method, a malformed or repeated
+        Content-Length, a raw byte no URL holds): the JSON error shape, as every answer."""
+        self.logger.debug("invalid HTTP request: %s", msg)
+        self._refuse(
+            _answer(
+                "400 Bad Request",
+                "invalid_http",
+                "the request is not valid HTTP/1.1: its request line or headers do not parse",
+            )
+        )
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

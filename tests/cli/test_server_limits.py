@@ -135,3 +135,23 @@ def test_kept_alive_connections_and_large_bodies_still_work(api: Harness, limite
         sock.sendall(head.encode() + body)
         data, _ = _read_all(sock, 3)
     assert data.startswith(b"HTTP/1.1 201 "), data[:300]
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"FOO /v1/keys HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"POST /v1/keys HTTP/1.1\r\nhost: x\r\ncontent-length: 1_4\r\n\r\n",
+        b"POST /v1/keys HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n",
+        b"GET /v1/\xff HTTP/1.1\r\nhost: x\r\n\r\n",
+    ],
+    ids=["unknown-method", "odd-length", "two-lengths", "raw-byte"],
+)
+def test_a_request_that_is_not_http_gets_the_json_error_shape(limited: str, request_bytes: bytes):
+    """uvicorn answers these in plain text; ``ledger serve`` in the shape of every answer."""
+    with _connect(limited) as sock:
+        sock.sendall(request_bytes)
+        data, closed = _read_all(sock, 5)
+    assert closed and data.startswith(b"HTTP/1.1 400 "), data
+    assert b"application/json" in data.partition(b"\r\n\r\n")[0]
+    assert _code(data) == "invalid_http"
