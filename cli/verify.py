@@ -165,7 +165,7 @@ def _print_content(result: VerifiedBundle) -> None:
 def _print(result: VerifiedBundle) -> None:
     pinned = "" if result.log_key_pinned else " [bold red](LOG KEY NOT PINNED)[/]"
     console.print(f"[bold green]VALID[/] {result.kind} {escape(str(result.request_id))}{pinned}")
-    console.print(f"  leaf {result.leaf_index} of {result.tree_size} in {escape(result.origin)}")
+    console.print(f"  leaf {result.leaf_index} of {result.tree_size} in {_shown(result.origin)}")
     console.print(
         f"  signed by collector key {result.collector_key_id} "
         f"({_shown(result.collector_name)}, {_shown(result.collector_role)})"

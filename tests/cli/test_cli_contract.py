@@ -297,3 +297,24 @@ def test_json_output_is_json(running):
 def test_a_usage_error_is_one_line_and_exit_2(args: list[str], says: str) -> None:
     line = one_error_line(ledger(*args, check=False))
     assert says in line and "Usage:" not in line
+
+
+def test_verify_prints_signed_text_without_its_control_characters(monkeypatch) -> None:
+    """The checkpoint's origin is text the log signed: printed with its control characters
+    shown as escapes, as every signed value is, not sent to the terminal."""
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from cli import verify as verify_cli
+    from ledger.evidence import verify_bundle
+    from ledger.signing import load_public_key
+
+    example = json.loads((ROOT / "docs" / "examples" / "evidence-example.json").read_text())
+    key = load_public_key((ROOT / "docs" / "examples" / "log-key.pub.pem").read_bytes())
+    result = dataclasses.replace(verify_bundle(example, key), origin="log\x1b[2Jx")
+    out = io.StringIO()
+    monkeypatch.setattr(verify_cli, "console", Console(file=out, width=200))
+    verify_cli._print(result)
+    assert "\x1b" not in out.getvalue() and "log\\x1b[2Jx" in out.getvalue()
