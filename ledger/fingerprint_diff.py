@@ -54,8 +54,7 @@ class Difference:
 
 
 def _invariance_change(a: dict[str, Any], b: dict[str, Any]) -> str | None:
-    before = (a.get("engine") or {}).get("batch_invariance")
-    after = (b.get("engine") or {}).get("batch_invariance")
+    before, after = _at(a, "engine.batch_invariance"), _at(b, "engine.batch_invariance")
     if before == after:
         return None
     if after in (None, "none"):
@@ -151,9 +150,14 @@ def _at(body: dict[str, Any], path: str) -> Any:
 
 
 def _files_by_path(value: Any) -> dict[str, Any] | None:
-    if isinstance(value, list) and all(isinstance(v, dict) and "path" in v for v in value):
-        return {v["path"]: v for v in value}
-    return None
+    """A list of files by their path, when it is one: every entry an object whose ``path`` is
+    a string, each path once (a signed body may hold anything: otherwise compared whole)."""
+    if not isinstance(value, list) or not all(
+        isinstance(v, dict) and isinstance(v.get("path"), str) for v in value
+    ):
+        return None
+    files = {v["path"]: v for v in value}
+    return files if len(files) == len(value) else None
 
 
 def _walk(path: str, x: Any, y: Any, out: list[tuple[str, Any, Any]]) -> None:

