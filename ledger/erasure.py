@@ -39,9 +39,15 @@ _HOLD_ID = re.compile(r"^hold-[0-9a-f]{24}$")
 
 
 def check_reason(reason: object) -> str:
-    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON:
+    if (
+        not isinstance(reason, str)
+        or not reason.strip()
+        or len(reason) > MAX_REASON
+        or "\x00" in reason
+    ):
         raise InvalidInput(
-            f"a reason is 1-{MAX_REASON} characters of text", code="invalid_parameters"
+            f"a reason is 1-{MAX_REASON} characters of text, without NUL",
+            code="invalid_parameters",
         )
     return reason
 

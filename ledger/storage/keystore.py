@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -177,8 +178,11 @@ def register_key(
     """Register a public key; returns (info, created). Same key, same name and role: no-op."""
     if role not in ROLES:
         raise InvalidInput(f"role must be one of {list(ROLES)}, got {role!r}", code="invalid_role")
-    if not name or len(name) > 100:
-        raise InvalidInput("key name must be 1-100 characters", code="schema_violation")
+    if not name or len(name) > 100 or not _is_text(name):
+        raise InvalidInput(
+            "key name must be 1-100 characters of text, without control characters",
+            code="schema_violation",
+        )
     pk = load_public_key(public_key)
     key_id = key_id_for(pk)
     with db.write() as s:
@@ -270,3 +274,8 @@ def require_unrevoked(session: Session, checked_key_ids: Iterable[str]) -> None:
             code="revoked_key",
             details={"key_id": revoked},
         )
+
+
+def _is_text(value: str) -> bool:
+    """Printable text: no control characters (NUL included), no lone surrogates."""
+    return not any(unicodedata.category(c) in ("Cc", "Cs") for c in value)

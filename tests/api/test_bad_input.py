@@ -376,3 +376,19 @@ def test_an_unexpected_error_is_answered_with_the_request_id_and_keeps_the_conne
     monkeypatch.undo()
     again = c.get("/v1/log/key")  # on the same pooled connection
     assert again.status_code == 200, again.text
+
+
+def test_names_and_reasons_that_are_not_text_are_422(api: Harness):
+    """A key's name is shown in bundles and the console, a reason is logged: NUL and other
+    control characters are refused there, and nothing is registered or logged."""
+    c = api.client()
+    for name in ("a\x00b", "tab\tname", "bell\x07"):
+        pem = public_key_pem(Ed25519PublicKey.from_public_bytes(bytes(range(1, 33))))
+        body = json.dumps({"name": name, "role": "collector", "public_key": pem}).encode()
+        assert_error(c.post("/v1/keys", content=body, headers=JSON), 422, "schema_violation")
+    assert all("\x00" not in k["name"] for k in c.get("/v1/keys").json()["items"])
+    holds = api.client(api.token("holds"))
+    before = holds.get("/v1/holds").json()["holds"]
+    body = json.dumps({"request_id": "req-x", "reason": "\x00"}).encode()
+    assert_error(holds.post("/v1/holds", content=body, headers=JSON), 422, "invalid_parameters")
+    assert holds.get("/v1/holds").json()["holds"] == before
