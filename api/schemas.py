@@ -34,6 +34,13 @@ class KeyCreate(StrictInput):
     name: str = Field(min_length=1, max_length=100)
     role: str = Field(description="collector | replayer")
     public_key: str = Field(description="PEM (SubjectPublicKeyInfo) or ed25519:<base64 raw>")
+    pools: list[str] | None = Field(
+        default=None,
+        description=(
+            "collector keys only: the 1-64 pools whose records and worker heartbeats the key "
+            "may sign (422 `invalid_pools` otherwise); absent or null: any pool"
+        ),
+    )
 
 
 class KeyRevoke(StrictInput):
@@ -45,6 +52,7 @@ class KeyPublic(StrictOutput):
     name: str
     role: str
     public_key: str
+    pools: list[str] | None = Field(description="the pools the key may sign for; null: any")
     registered_at: str
     log_index: int
     revoked: bool

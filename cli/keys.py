@@ -84,6 +84,12 @@ def register(
     role: Literal["collector", "replayer"] = typer.Option(
         "collector", help="what the key may sign: records and fingerprints, or replay outputs"
     ),
+    pool: list[str] | None = typer.Option(
+        None,
+        "--pool",
+        help="a pool the collector key may sign records and heartbeats for (repeat for more); "
+        "without it, any pool",
+    ),
     api: str = ApiOption,
     token_file: Path | None = TokenFileOption,
     as_json: bool = JsonOption,
@@ -92,11 +98,15 @@ def register(
     with ledger_errors():
         pub = read_public_key(public_key)
         with _client(api, token_file) as client:
-            info = client.register_key(name, role, public_key_pem(pub))
+            info = client.register_key(name, role, public_key_pem(pub), pool or None)
     if as_json:
         print_json(info)
     else:
-        console.print(f"registered {info['key_id']} as {info['name']!r} ({info['role']})")
+        scope = "any pool" if info.get("pools") is None else "pools " + ", ".join(info["pools"])
+        console.print(
+            f"registered {info['key_id']} as {info['name']!r} ({info['role']}, {scope})",
+            markup=False,
+        )
 
 
 @app.command("revoke")
@@ -128,10 +138,16 @@ def list_keys(
     if as_json:
         print_json(items)
         return
-    out = table("key ID", "name", "role", "registered", "revoked")
+    out = table("key ID", "name", "role", "pools", "registered", "revoked")
     for k in items:
+        pools = k.get("pools")
         out.add_row(
-            k["key_id"], k["name"], k["role"], when(k["registered_at"]), when(k["revoked_at"])
+            k["key_id"],
+            k["name"],
+            k["role"],
+            "any" if pools is None else ", ".join(pools),
+            when(k["registered_at"]),
+            when(k["revoked_at"]),
         )
     console.print(out)
 

@@ -116,10 +116,13 @@ class LedgerClient:
             raise cls(text, code=code, details=details)
         return resp.json()
 
-    def register_key(self, name: str, role: str, public_key_pem: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request(
-            "POST", "/v1/keys", json={"name": name, "role": role, "public_key": public_key_pem}
-        )
+    def register_key(
+        self, name: str, role: str, public_key_pem: str, pools: list[str] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "role": role, "public_key": public_key_pem}
+        if pools is not None:
+            body["pools"] = pools
+        result: dict[str, Any] = self._request("POST", "/v1/keys", json=body)
         return result
 
     def revoke_key(self, key_id: str, reason: str) -> dict[str, Any]:

@@ -74,6 +74,7 @@ from ledger.evidence_format import (
 )
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.fingerprint_facts import FingerprintFacts, shown
+from ledger.key_scope import out_of_scope, registered_pools
 from ledger.signing import (
     SIGNABLE_KINDS,
     Envelope,
@@ -349,6 +350,9 @@ def _verify_key(
             raise fail(check, f"the bundle's key {member} differs from the one registered")
     if signed.kind not in SIGNABLE_KINDS.get(str(body.get("role")), ()):
         raise fail(check, f"a {body.get('role')!r} key may not sign {signed.kind!r}")
+    problem = out_of_scope(registered_pools(body), signed.kind, signed.body)
+    if problem is not None:
+        raise fail(check, problem)
     if reg.index >= signed_index:
         raise fail(check, "the key was registered after the leaf it signed was logged")
     try:

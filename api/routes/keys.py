@@ -19,7 +19,12 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=ERRORS)
     response_model=KeyPublic,
     status_code=201,
     summary="Register a signing key",
-    description="An all-zero or other small-order Ed25519 point is refused: 422 `weak_public_key`.",
+    description=(
+        "An all-zero or other small-order Ed25519 point is refused: 422 `weak_public_key`. "
+        "`pools` scopes a collector key: records and heartbeats it signs for another pool are "
+        "refused (422 `key_out_of_scope`). A key's registration cannot change: the same key "
+        "with another name, role or pools is 409 `key_conflict`."
+    ),
     openapi_extra=body_doc(KeyCreate),
 )
 async def register_key(
@@ -35,6 +40,7 @@ async def register_key(
         name=payload.name,
         role=payload.role,
         public_key=payload.public_key,
+        pools=payload.pools,
     )
     if not created:
         response.status_code = 200

@@ -45,6 +45,7 @@ from ledger.erasure import ERASURE_KIND, HOLD_KIND, RELEASE_KIND
 from ledger.errors import LedgerError, VerificationError
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.inference_record import InferenceRecord, parse_record
+from ledger.key_scope import pool_out_of_scope
 from ledger.records import RECORD_KIND
 from ledger.replay import VERDICT_KIND
 from ledger.signing import Envelope, VerifyingKey
@@ -204,6 +205,7 @@ def _index_rows(st: _Leaf, env: Envelope, idx: int, at: Micros | None) -> None:
             _compare_one(st, "fingerprints", row, st.take("fingerprints", idx), idx)
         elif kind == VERDICT_KIND:
             replay = derive.replay_row(env, idx, at)
+            _verdict_scope(st, env, idx)
             _compare_one(st, "replays", replay, st.take("replays", idx), idx, env.body)
             _output_disclosure(st, env, idx)
         elif kind == derive.CERTIFICATE_KIND:
@@ -225,6 +227,17 @@ def _index_rows(st: _Leaf, env: Envelope, idx: int, at: Micros | None) -> None:
             if TABLES[table] == kind:
                 st.take(table, idx)
     _unexpected(st, idx, f"which holds a {kind}")
+
+
+def _verdict_scope(st: _Leaf, env: Envelope, idx: int) -> None:
+    """A verdict's pool is one its worker's key may sign for (ledger.key_scope): a worker
+    registers only in its key's pools, so a verdict naming another pool was not made here."""
+    entry = st.known.keys.get(str(env.body.get("worker_key_id")))
+    if entry is None:
+        return
+    problem = pool_out_of_scope(entry.pools, env.body.get("pool"), "replay verdict")
+    if problem is not None:
+        st.find("signature", f"{problem} (worker key {entry.key_id})", idx)
 
 
 def _disclosures(st: _Leaf, env: Envelope, idx: int, request_id: str) -> InferenceRecord:

@@ -20,6 +20,7 @@ from typing import Any
 from ledger.audit.report import Finding
 from ledger.audit.rows import Micros, as_time, micros
 from ledger.errors import LedgerError, VerificationError
+from ledger.key_scope import out_of_scope, registered_pools
 from ledger.signing import (
     KEY_ID_PREFIX,
     SIGNABLE_KINDS,
@@ -47,6 +48,7 @@ class KeyEntry:
     registered_at: int  # leaf index of the registration
     appended_at: Micros | None = None  # that leaf's receive time
     revoked_at: int | None = None  # leaf index of the revocation, if any
+    pools: tuple[str, ...] | None = None  # the pools it may sign for (None: any)
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,13 @@ class KeyTimeline:
             if key_id_of(raw) != key_id:
                 return fail(f"registration of {key_id} carries another key")
             self.keys[key_id] = KeyEntry(
-                key_id, raw, str(body.get("role")), str(body.get("name")), idx, appended_at
+                key_id,
+                raw,
+                str(body.get("role")),
+                str(body.get("name")),
+                idx,
+                appended_at,
+                pools=registered_pools(body),
             )
         else:
             key_id = str(body.get("key_id"))
@@ -186,6 +194,9 @@ def signer_finding(
         )
     if env.kind not in SIGNABLE_KINDS.get(entry.role, ()):
         return Finding("signature", f"a {entry.role} key may not sign {env.kind}", idx)
+    problem = out_of_scope(entry.pools, env.kind, env.body)
+    if problem is not None:
+        return Finding("signature", problem, idx)
     key = verifiers.get(env.key_id)
     if key is None:
         key = verifiers[env.key_id] = VerifyingKey(entry.raw, entry.key_id)

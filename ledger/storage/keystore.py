@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ from sqlalchemy import Row, Select, insert, select
 from sqlalchemy.orm import Session
 
 from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
+from ledger.key_scope import MEMBER as POOLS_MEMBER
+from ledger.key_scope import out_of_scope, parse_pools, registered_pools
 from ledger.signing import (
     SIGNABLE_KINDS,
     Envelope,
@@ -25,7 +28,7 @@ from ledger.signing import (
 )
 from ledger.storage import log
 from ledger.storage.database import Database, as_utc, utcnow
-from ledger.storage.models import KeyRevocation
+from ledger.storage.models import KeyRevocation, LogEntry
 from ledger.storage.models import SigningKey as KeyRow
 
 REGISTRATION_KIND = "key_registration"
@@ -44,6 +47,8 @@ class KeyInfo:
     log_index: int
     revoked_at: datetime | None = None
     revocation_reason: str | None = None
+    # The pools the key may sign records and heartbeats for (ledger.key_scope); None: any.
+    pools: tuple[str, ...] | None = None
 
     @property
     def revoked(self) -> bool:
@@ -55,6 +60,7 @@ class KeyInfo:
             "name": self.name,
             "role": self.role,
             "public_key": self.public_key,
+            "pools": list(self.pools) if self.pools is not None else None,
             "registered_at": self.registered_at.isoformat(),
             "log_index": self.log_index,
             "revoked": self.revoked,
@@ -67,7 +73,7 @@ def encode_public(raw: bytes) -> str:
     return "ed25519:" + base64.b64encode(raw).decode("ascii")
 
 
-_Columns = tuple[str, str, str, bytes, datetime, int, datetime | None, str | None]
+_Columns = tuple[str, str, str, bytes, datetime, int, datetime | None, str | None, bytes | None]
 _COLUMNS = (
     KeyRow.key_id,
     KeyRow.name,
@@ -77,11 +83,24 @@ _COLUMNS = (
     KeyRow.log_index,
     KeyRevocation.revoked_at,
     KeyRevocation.reason,
+    LogEntry.envelope,
 )
 
 
+def _logged_pools(envelope: bytes | None) -> tuple[str, ...] | None:
+    """The scope the key's registration leaf holds (read from the leaf, which the audit
+    proves, not from an index column). A leaf that cannot be read scopes to no pool."""
+    if envelope is None:
+        return ()
+    try:
+        body = json.loads(bytes(envelope))["body"]
+    except (ValueError, KeyError, TypeError):
+        return ()
+    return registered_pools(body) if isinstance(body, dict) else ()
+
+
 def _info(row: Row[*_Columns]) -> KeyInfo:
-    key_id, name, role, public, registered_at, log_index, revoked_at, reason = row
+    key_id, name, role, public, registered_at, log_index, revoked_at, reason, envelope = row
     return KeyInfo(
         key_id=key_id,
         name=name,
@@ -91,12 +110,17 @@ def _info(row: Row[*_Columns]) -> KeyInfo:
         log_index=log_index,
         revoked_at=as_utc(revoked_at) if revoked_at else None,
         revocation_reason=reason,
+        pools=_logged_pools(envelope),
     )
 
 
 def _with_revocations() -> Select[*_Columns]:
     # Columns, not ORM entities: every ingest batch reads its signers' keys.
-    return select(*_COLUMNS).outerjoin(KeyRevocation, KeyRevocation.key_id == KeyRow.key_id)
+    return (
+        select(*_COLUMNS)
+        .outerjoin(KeyRevocation, KeyRevocation.key_id == KeyRow.key_id)
+        .outerjoin(LogEntry, LogEntry.idx == KeyRow.log_index)
+    )
 
 
 def load_keys(session: Session, key_ids: Iterable[str]) -> dict[str, KeyInfo]:
@@ -122,10 +146,16 @@ def list_keys(db: Database) -> list[KeyInfo]:
 
 
 def _register(
-    s: Session, log_key: SigningKey, name: str, role: str, raw: bytes, key_id: str
+    s: Session,
+    log_key: SigningKey,
+    name: str,
+    role: str,
+    raw: bytes,
+    key_id: str,
+    pools: tuple[str, ...] | None = None,
 ) -> KeyInfo:
     at = utcnow()
-    body = {
+    body: dict[str, object] = {
         "schema_version": 1,
         "key_id": key_id,
         "name": name,
@@ -133,6 +163,8 @@ def _register(
         "public_key": encode_public(raw),
         "registered_at": at.isoformat(),
     }
+    if pools is not None:  # absent, not null: an unscoped key's registration is unchanged
+        body[POOLS_MEMBER] = list(pools)
     (idx,) = log.append(s, [sign_envelope(REGISTRATION_KIND, body, log_key)], at)
     s.execute(
         insert(KeyRow),
@@ -147,7 +179,7 @@ def _register(
             }
         ],
     )
-    return KeyInfo(key_id, name, role, encode_public(raw), at, idx)
+    return KeyInfo(key_id, name, role, encode_public(raw), at, idx, pools=pools)
 
 
 def ensure_log_key(db: Database, log_key: SigningKey) -> KeyInfo:
@@ -173,11 +205,23 @@ def ensure_log_key(db: Database, log_key: SigningKey) -> KeyInfo:
 
 
 def register_key(
-    db: Database, log_key: SigningKey, *, name: str, role: str, public_key: str
+    db: Database,
+    log_key: SigningKey,
+    *,
+    name: str,
+    role: str,
+    public_key: str,
+    pools: list[str] | tuple[str, ...] | None = None,
 ) -> tuple[KeyInfo, bool]:
-    """Register a public key; returns (info, created). Same key, same name and role: no-op."""
+    """Register a public key; returns (info, created). Same key, same name, role and pools:
+    no-op. ``pools`` scopes a collector key (ledger.key_scope); None: any pool."""
     if role not in ROLES:
         raise InvalidInput(f"role must be one of {list(ROLES)}, got {role!r}", code="invalid_role")
+    scope = parse_pools(pools)
+    if scope is not None and role != "collector":
+        raise InvalidInput(
+            "pools scope a collector key; a replayer key names no pool", code="invalid_pools"
+        )
     if not name or len(name) > 100 or not _is_text(name):
         raise InvalidInput(
             "key name must be 1-100 characters of text, without control characters",
@@ -188,14 +232,19 @@ def register_key(
     with db.write() as s:
         existing = load_keys(s, [key_id]).get(key_id)
         if existing is not None:
-            if (existing.name, existing.role) != (name, role):
+            if (existing.name, existing.role, existing.pools) != (name, role, scope):
                 raise Conflict(
-                    f"key {key_id} is already registered as {existing.name!r} ({existing.role})",
+                    f"key {key_id} is already registered as {existing.name!r} ({existing.role}, "
+                    f"{_scope_text(existing.pools)}); a key's registration cannot change",
                     code="key_conflict",
                     details={"key_id": key_id},
                 )
             return existing, False
-        return _register(s, log_key, name, role, public_key_raw(pk), key_id), True
+        return _register(s, log_key, name, role, public_key_raw(pk), key_id, scope), True
+
+
+def _scope_text(pools: tuple[str, ...] | None) -> str:
+    return "any pool" if pools is None else "pools " + ", ".join(pools)
 
 
 def revoke_key(db: Database, log_key: SigningKey, key_id: str, reason: str) -> tuple[KeyInfo, bool]:
@@ -246,6 +295,13 @@ def check_signer(envelope: Envelope, keys: dict[str, KeyInfo]) -> KeyInfo:
             details={"key_id": envelope.key_id},
         )
     verify_envelope(envelope, cached_verifying_key(info.public_key))
+    problem = out_of_scope(info.pools, envelope.kind, envelope.body)
+    if problem is not None:
+        raise VerificationError(
+            problem,
+            code="key_out_of_scope",
+            details={"key_id": envelope.key_id, "pools": list(info.pools or ())},
+        )
     return info
 
 

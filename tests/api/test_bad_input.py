@@ -213,7 +213,7 @@ def test_openapi_states_the_real_limits(api: Harness):
                 assert f"at most {MAX_BODY} bytes" in op["description"], path
                 assert {"408", "413"} <= set(op["responses"]), path
     keys = spec["paths"]["/v1/keys"]["post"]["requestBody"]["content"]["application/json"]
-    assert set(keys["schema"]["properties"]) == {"name", "role", "public_key"}
+    assert set(keys["schema"]["properties"]) == {"name", "role", "public_key", "pools"}
 
 
 # ---- strict types -------------------------------------------------------------------------

@@ -45,14 +45,16 @@ class Harness:
         secret, _ = tokenstore.create_token(self.db, "test", list(scopes))
         return secret
 
-    def collector(self, role: str = "collector") -> SigningKey:
+    def collector(self, role: str = "collector", pools: list[str] | None = None) -> SigningKey:
         key = SigningKey.generate()
+        scope = {} if pools is None else {"pools": pools}
         resp = self.client().post(
             "/v1/keys",
             json={
                 "name": f"k-{key.key_id[8:16]}",
                 "role": role,
                 "public_key": public_key_pem(key.public_key),
+                **scope,
             },
         )
         assert resp.status_code == 201, resp.text

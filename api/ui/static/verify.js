@@ -1720,6 +1720,26 @@
     }
   }
 
+  /** ledger.key_scope: the kinds a collector key signs that name a pool. */
+  const POOL_MEMBER = new Map([["inference_record", "pool"], ["worker_heartbeat", "pool"]]);
+
+  /** key_scope.registered_pools: null (any pool), or the pools (a malformed member: none). */
+  function registeredPools(body) {
+    if (!has(body, "pools")) return null;
+    const value = body.pools;
+    return isList(value) && value.every(isStr) ? value : [];
+  }
+
+  /** key_scope.out_of_scope: why a signed body names a pool outside its key's pools. */
+  function outOfScope(pools, kind, body) {
+    const member = POOL_MEMBER.get(kind);
+    if (member === undefined || pools === null) return null;
+    const pool = get(body, member);
+    if (isStr(pool) && pools.includes(pool)) return null;
+    const allowed = pools.length ? "only for " + pools.map(show).join(", ") : "for no pool";
+    return `${kind} names pool ${show(pool)}, but its key may sign ${allowed}`;
+  }
+
   /** evidence._verify_key. */
   async function verifyKey(run, check, entry, signed, signedIndex, cp, logKey) {
     const reg = entry.registration;
@@ -1734,6 +1754,8 @@
     const role = get(body, "role");
     const kinds = (isStr(role) && SIGNABLE_KINDS.get(role)) || [];
     if (!kinds.includes(signed.kind)) throw fail(check, `a ${show(role)} key may not sign ${show(signed.kind)}`);
+    const problem = outOfScope(registeredPools(body), signed.kind, signed.body);
+    if (problem !== null) throw fail(check, problem);
     if (reg.index >= signedIndex) throw fail(check, "the key was registered after the leaf it signed was logged");
     await wrap(check, run.signed(reg.envelope, logKey));
     await wrap(check, run.included(reg.envelope, reg.index, cp, reg.proof));

@@ -99,6 +99,14 @@ def test_sign_in_sets_a_strict_http_only_session(scene: Scene):
     for header in ("content-security-policy", "x-frame-options", "referrer-policy"):
         assert header in page.headers
     assert "default-src 'self'" in page.headers["content-security-policy"]
+    # the assets too: never sniffed into another type, never framed, revalidated when kept
+    for asset in ("verify.js", "console.js", "style.css"):
+        got = c.get(f"/ui/static/{asset}")
+        assert got.status_code == 200
+        assert got.headers["x-content-type-options"] == "nosniff"
+        assert got.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in got.headers["content-security-policy"]
+        assert got.headers["cache-control"] == "no-cache"
 
 
 def test_the_session_cookie_is_secure_behind_a_tls_proxy(scene: Scene):

@@ -96,6 +96,9 @@ class Ledger:
     host: SigningKey  # a second registered collector: it signed the records' fingerprint
     pem: str
     bundles: dict[str, dict[str, Any]]
+    # A record naming a pool its key's registration does not allow, logged by a ledger that
+    # did not check scopes (an older one, or one whose check was bypassed).
+    out_of_scope: dict[str, Any]
 
     def case(self, name: str) -> Case:
         return Case(name, json.dumps(self.bundles[name]), self.pem)
@@ -150,6 +153,21 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
     def export(name: str, redact: tuple[str, ...] = ()) -> dict[str, Any]:
         return proofs.evidence(db, log_key, origin, ids[name], redact)
 
+    scoped = SigningKey.generate()
+    keystore.register_key(
+        db,
+        log_key,
+        name="pool-a-collector",
+        role="collector",
+        public_key=public_key_pem(scoped.public_key),
+        pools=["pool-a"],
+    )
+    stray = record_envelope(scoped, fp, pool="pool-b").to_dict()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(keystore, "out_of_scope", lambda *_: None)
+        ingest.ingest_records(db, [stray])
+    ids["stray"] = stray["body"]["request_id"]
+    out_of_scope = export("stray")
     bundles = {"erasable": export("gone")}
     erasures.erase(db, log_key, ids["gone"], reason="data subject request", requested_by="dpo")
     bundles |= {
@@ -158,7 +176,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
         "redacted": export("full", ("output",)),
         "erased": export("gone"),
     }
-    yield Ledger(log_key, host, public_key_pem(log_key.public_key), bundles)
+    yield Ledger(log_key, host, public_key_pem(log_key.public_key), bundles, out_of_scope)
     db.dispose()
 
 
@@ -657,6 +675,14 @@ def tamper_cases(ledger: Ledger, cases: dict[str, Case]) -> list[tuple[str, str,
         "a hash of the fingerprint's proof altered",
         "fingerprint_inclusion",
         put(("fingerprint", "hashes", 0), lambda h: base64.b64encode(bytes(32)).decode()),
+    )
+    out.append(
+        (
+            "a record naming a pool its key's registration does not allow",
+            json.dumps(ledger.out_of_scope),
+            ledger.pem,
+            "collector_key",
+        )
     )
     for name in ("example", "disclosed"):
         wrong = cases["example-v1"].pem

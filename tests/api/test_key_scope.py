@@ -1,0 +1,142 @@
+"""Collector keys scoped to pools (``ledger.key_scope``), through the API on SQLite and Postgres.
+
+The attack this closes: a compromised collector key signs records and heartbeats that name
+another pool, so its records are searched, exported and cached as that pool's, and its worker
+joins that pool and answers its replays. With ``pools`` in the key's registration, a record
+or heartbeat naming another pool is refused and nothing is written; the registration cannot be
+widened afterwards; and a log that holds such a record anyway is caught by ``ledger audit``
+(tests/ledger/test_key_scope_audit.py) and by ``ledger verify`` and verify.js
+(tests/api/ui/test_verify_js.py).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from ledger.signing import SigningKey, public_key_pem
+from ledger.storage.models import LogEntry
+from tests.support.harness import Harness
+from tests.support.http import assert_error
+from tests.support.workers import heartbeat, post_heartbeat, register_fingerprint, serial_engine
+
+
+def _pool() -> str:
+    return f"pool-{uuid.uuid4().hex[:8]}"
+
+
+def _register(api: Harness, key: SigningKey, **extra: Any) -> Any:
+    body = {
+        "name": f"k-{key.key_id[8:16]}",
+        "role": "collector",
+        "public_key": public_key_pem(key.public_key),
+        **extra,
+    }
+    return api.client().post("/v1/keys", json=body)
+
+
+def _log_size(api: Harness) -> int:
+    with api.db.read() as s:
+        return int(s.execute(select(func.count()).select_from(LogEntry)).scalar_one())
+
+
+def _leaf_body(api: Harness, idx: int) -> dict[str, Any]:
+    with api.db.read() as s:
+        data = s.execute(select(LogEntry.envelope).where(LogEntry.idx == idx)).scalar_one()
+    body: dict[str, Any] = json.loads(bytes(data))["body"]
+    return body
+
+
+def test_a_scoped_key_is_registered_with_its_pools_and_cannot_be_widened(api: Harness) -> None:
+    key = SigningKey.generate()
+    first, second = sorted([_pool(), _pool()])
+    created = _register(api, key, pools=[second, first])
+    assert created.status_code == 201, created.text
+    assert created.json()["pools"] == [first, second]  # sorted, as the leaf holds them
+    assert _leaf_body(api, created.json()["log_index"])["pools"] == [first, second]
+    assert api.client().get(f"/v1/keys/{key.key_id}").json()["pools"] == [first, second]
+    # the same registration again is a no-op; a wider, narrower or absent scope is a conflict
+    assert _register(api, key, pools=[first, second]).status_code == 200
+    for pools in ([first], [first, second, _pool()], None):
+        assert_error(_register(api, key, pools=pools), 409, "key_conflict")
+    # an unscoped key says so, and its registration holds no pools member
+    other = SigningKey.generate()
+    unscoped = _register(api, other)
+    assert unscoped.status_code == 201 and unscoped.json()["pools"] is None
+    assert "pools" not in _leaf_body(api, unscoped.json()["log_index"])
+
+
+@pytest.mark.parametrize(
+    "pools",
+    [[], ["bad name"], ["a", "a"], ["x" * 101], [""], "pool-a", [1], [None], ["p"] * 65],
+    ids=["empty", "space", "twice", "long", "blank", "text", "number", "null", "too-many"],
+)
+def test_a_malformed_scope_is_refused_and_nothing_is_logged(api: Harness, pools: Any) -> None:
+    before = _log_size(api)
+    response = _register(api, SigningKey.generate(), pools=pools)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] in ("invalid_pools", "schema_violation")
+    assert _log_size(api) == before
+
+
+def test_a_replayer_key_takes_no_pools(api: Harness) -> None:
+    key = SigningKey.generate()
+    body = {
+        "name": "r",
+        "role": "replayer",
+        "public_key": public_key_pem(key.public_key),
+        "pools": [_pool()],
+    }
+    assert_error(api.client().post("/v1/keys", json=body), 422, "invalid_pools")
+
+
+def test_a_record_for_another_pool_is_refused_and_the_batch_is_not_written(api: Harness) -> None:
+    mine, theirs = _pool(), _pool()
+    key = api.collector(pools=[mine])
+    fp = api.fingerprint(key)
+    ok = api.record(key, fp, pool=mine)
+    stray = api.record(key, fp, pool=theirs)
+    before = _log_size(api)
+    response = api.post([ok, stray])
+    assert_error(response, 422, "key_out_of_scope")
+    error = response.json()["error"]
+    assert error["details"]["item"] == 1 and error["details"]["pools"] == [mine]
+    assert theirs in error["message"] and mine in error["message"]
+    assert _log_size(api) == before
+    for env in (ok, stray):
+        assert api.client().get(f"/v1/records/{env.body['request_id']}").status_code == 404
+    # its own pool is accepted, and found under that pool only
+    assert api.post([ok]).status_code == 201
+    found = api.client().get("/v1/records", params={"pool": theirs}).json()["items"]
+    assert found == []
+
+
+def test_a_heartbeat_for_another_pool_registers_no_worker(api: Harness) -> None:
+    mine, theirs = _pool(), _pool()
+    key = api.collector(pools=[mine])
+    fp = register_fingerprint(api, key, serial_engine())
+    worker_id = f"w-{uuid.uuid4().hex[:8]}"
+    beat = heartbeat(
+        key, worker_id=worker_id, pool=theirs, url="http://127.0.0.1:9", fingerprint_id=fp
+    )
+    assert_error(post_heartbeat(api, beat), 422, "key_out_of_scope")
+    workers = api.client().get("/v1/workers").json()["items"]
+    assert worker_id not in {w["worker_id"] for w in workers}
+    assert api.client().get(f"/v1/pools/{theirs}").status_code == 404
+    # the same worker in its own pool registers
+    beat = heartbeat(
+        key, worker_id=worker_id, pool=mine, url="http://127.0.0.1:9", fingerprint_id=fp
+    )
+    response = post_heartbeat(api, beat)
+    assert response.status_code == 200, response.text
+    assert response.json()["pool"] == mine
+
+
+def test_an_unscoped_key_still_signs_for_any_pool(api: Harness) -> None:
+    key, fp = api.setup_collector()
+    envs = [api.record(key, fp, pool=_pool()) for _ in range(2)]
+    assert api.post(envs).status_code == 201
