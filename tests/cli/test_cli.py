@@ -115,8 +115,22 @@ def test_serve_writes_an_admin_token_and_keys_register(tmp_path: Path, backend: 
             ).stdout
         )
         assert reg["role"] == "collector"
+        assert reg["pools"] is None
+        ledger("keys", "new", "scoped", "--dir", str(tmp_path))
+        scoped_pem = str(tmp_path / "scoped.pub.pem")
+        scoped = ["keys", "register", scoped_pem, "--name", "scoped", "--pool", "b", "--pool", "a"]
+        said = ledger(*scoped, *common).stdout
+        assert "(collector, pools a, b)" in said, said
+        widened = ledger(*scoped, "--pool", "c", *common, check=False)
+        assert widened.returncode != 0 and "key_conflict" in widened.stderr, widened.stderr
         listed = json.loads(ledger("keys", "list", *common, "--json").stdout)
         assert reg["key_id"] in {k["key_id"] for k in listed}
+        assert {k["name"]: k["pools"] for k in listed if k["role"] == "collector"} == {
+            "col": None,
+            "scoped": ["a", "b"],
+        }
+        table_text = ledger("keys", "list", *common, env={"COLUMNS": "250"}).stdout
+        assert "a, b" in table_text and "any" in table_text
         # the compliance path: a record in, its evidence out, verified offline
         col = SigningKey.load(tmp_path / "col.pem")
         with LedgerClient(url, token_file.read_text().strip()) as client:
