@@ -76,6 +76,7 @@ class CacheFastPath:
                 payload.request,
                 fingerprint_id,
                 prompt_token_ids=payload.prompt_token_ids,
+                pool=payload.pool,
             )
         except LedgerError:
             return False

@@ -63,6 +63,7 @@ def _lookup(state: AppState, payload: CacheLookupRequest) -> tuple[Answer, dict[
         fingerprint_id,
         prompt_token_ids=payload.prompt_token_ids,
         hot=state.hot_answers,
+        pool=payload.pool,
     )
     return found, context
 
@@ -73,7 +74,8 @@ def _lookup(state: AppState, payload: CacheLookupRequest) -> tuple[Answer, dict[
     description="Keys the request (`ck1`) under the fingerprint of the named pool's live workers "
     "(the one most of them serve; `pool_fingerprint_ids` lists all) or under `fingerprint_id`, "
     'and answers `{"hit": true, "response"}` with vLLM\'s answer rebuilt from the '
-    "earliest reusable record (re-derived from its log entry), with `request_id`, `log_index` "
+    "earliest reusable record (re-derived from its log entry; by pool, the earliest recorded "
+    "in that pool), with `request_id`, `log_index` "
     'and `fingerprint_id` for the evidence; or `{"hit": false, "reason", "message"}` '
     "(`not_deterministic`, `no_record`, `fingerprint_changed`, `not_reusable`, "
     "`not_servable`). A streamed request's hit is `text/event-stream`, the evidence in "

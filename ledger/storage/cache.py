@@ -136,8 +136,14 @@ def check_key(key: str) -> None:
         )
 
 
-def unusable(record: StoredRecord) -> str | None:
-    """Why a record, as logged, is no cache answer (None: it is one)."""
+OTHER_POOL = "recorded in another pool"
+
+
+def unusable(record: StoredRecord, pool: str | None = None) -> str | None:
+    """Why a record, as logged, is no cache answer (None: it is one); with ``pool``, a record
+    that pool's collectors did not sign is none either (a lookup by pool trusts only them)."""
+    if pool is not None and record.pool != pool:
+        return OTHER_POOL
     if record.aborted:
         return "aborted"
     if record.tier < 1:
@@ -231,8 +237,9 @@ def is_marked(row: Any) -> bool:
     return bool(row.tier >= 1 and row.deterministic)
 
 
-def find_reusable(session: Session, key: str) -> Found:
-    """The earliest reusable record under ``key``, re-derived from the log (module docstring).
+def find_reusable(session: Session, key: str, pool: str | None = None) -> Found:
+    """The earliest reusable record under ``key``, re-derived from the log (module docstring);
+    with ``pool``, the earliest one recorded in that pool.
 
     Every row read is checked against the envelope it points to, its ``tier`` and
     ``deterministic`` columns included; the rows those columns mark reusable are read first,
@@ -250,13 +257,13 @@ def find_reusable(session: Session, key: str) -> Found:
     for start in range(0, len(marked), CHUNK):
         chunk = marked[start : start + CHUNK]
         for i, record in enumerate(verifier.records(chunk)):
-            why = unusable(record)
+            why = unusable(record, pool)
             if why is None:
                 seen = tuple((r.log_index, r.request_id) for r in marked[: start + i + 1])
                 return Found(record, seen, len(rows), frozenset(reasons))
             reasons.add(why)
     others = [r for r in rows if not is_marked(r)]
-    reasons.update(str(unusable(r)) for r in verifier.records(others[:CHUNK]))
+    reasons.update(str(unusable(r, pool)) for r in verifier.records(others[:CHUNK]))
     return Found(None, (), len(rows), frozenset(reasons))
 
 
@@ -264,7 +271,7 @@ def miss_message(found: Found) -> str:
     return (
         f"{found.rows} record(s) have this key, none reusable ({', '.join(sorted(found.reasons))})"
         ": a cache answer needs tier >= 1, temperature 0 or a seed, and a record that was not "
-        "aborted"
+        "aborted (and, looked up by pool, one recorded in that pool)"
     )
 
 

@@ -25,7 +25,11 @@ body, checked when read).
 
 A pool named instead of a fingerprint resolves to the fingerprint its live workers serve
 (:func:`pool_fingerprint`: each worker's signed heartbeat re-verified), the one most of them
-serve when they differ; the resolution is kept for one second.
+serve when they differ; the resolution is kept for one second. A lookup by pool answers only
+with a record of that pool (signed by a key that may sign for it, ``ledger.key_scope``): what a
+record says of its environment is its signer's word, so another pool's compromised collector
+claiming this pool's fingerprint reaches no lookup by this pool. Its answers are kept apart
+from the fingerprint's (:func:`_hot_key`).
 """
 
 from __future__ import annotations
@@ -214,25 +218,31 @@ def _key(
     )
 
 
-def _found(db: Database, key: str, hot: HotAnswers) -> tuple[Found, Rows]:
+def _hot_key(key: str, pool: str | None) -> str:
+    """Where an answer is kept: by key, and by pool for a lookup by pool (its answer may be a
+    later record of the key)."""
+    return key if pool is None else f"{key} {pool}"
+
+
+def _found(db: Database, key: str, hot: HotAnswers, pool: str | None) -> tuple[Found, Rows]:
     """The key's answer: the kept one while the key's index rows are those it was verified
     through, else verified afresh against the log (and kept when the rows did not change
     meanwhile and its answer lies within them)."""
     rows = read_rows(db, key)
     if not rows:
         return Found(None, (), 0, frozenset()), rows
-    kept = hot.get(key)
+    kept = hot.get(_hot_key(key, pool))
     if kept is not None and kept.rows == rows:
         return kept.found, rows
     with db.read() as s:
-        found = find_reusable(s, key)
+        found = find_reusable(s, key, pool)
     # Kept only when the rows read cover it: all of the key's rows, or those up to its hit.
     hit = found.hit
     within = len(rows) < ROWS_LIMIT or (
         hit is not None and any((i, r) == (hit.log_index, hit.request_id) for i, r, _, _ in rows)
     )
     if within and read_rows(db, key) == rows:
-        hot.put(key, _Kept(rows, found))
+        hot.put(_hot_key(key, pool), _Kept(rows, found))
     return found, rows
 
 
@@ -244,7 +254,8 @@ def _answered_elsewhere(
     prompt_token_ids: list[int] | None,
 ) -> str | None:
     """Another environment of the same model (a registered fingerprint whose model section is
-    this one's) under which this request has a reusable record, re-derived from the log."""
+    this one's) under which this request has a reusable record of any pool, re-derived from
+    the log: it only names that fingerprint in a miss, it never answers."""
     others = _FINGERPRINTS.siblings(db, fingerprint_id)
     if not others:
         return None
@@ -286,6 +297,7 @@ async def kept_answer(
     fingerprint_id: str,
     *,
     prompt_token_ids: list[int] | None = None,
+    pool: str | None = None,
 ) -> Answer | None:
     """The kept answer to ``request``, checked against the key's index rows read now, or on
     a key's first lookup (Postgres) its answer verified from the rows read with their log
@@ -307,7 +319,7 @@ async def kept_answer(
         return None
     if not is_deterministic(request):
         return _not_deterministic(key, fingerprint_id)
-    kept = hot.get(key)
+    kept = hot.get(_hot_key(key, pool))
     if kept is not None:
         if kept.found.hit is None or await reader.rows(key) != kept.rows:
             return None
@@ -322,10 +334,11 @@ async def kept_answer(
             if candidates is None and await reader.rows(key):  # SQLite: the rows read now
                 return None
             return _no_record(key, fingerprint_id, via="first")
-        found = found_among(key, candidates, _known_template)
+        found = found_among(key, candidates, _known_template, pool)
         if found is None or found.hit is None:
             return None
-        hot.put(key, _Kept(tuple(c.row for c in candidates), found))  # the hit is within
+        kept_rows = tuple(c.row for c in candidates)
+        hot.put(_hot_key(key, pool), _Kept(kept_rows, found))  # the hit is within
         hit, via = found.hit, "first"
     if not_servable(endpoint, request, hit.record) is not None:
         return None
@@ -340,8 +353,10 @@ def answer(
     *,
     prompt_token_ids: list[int] | None = None,
     hot: HotAnswers,
+    pool: str | None = None,
 ) -> Answer:
-    """The recorded answer to ``request`` under ``fingerprint_id``, or why there is none.
+    """The recorded answer to ``request`` under ``fingerprint_id`` (with ``pool``: recorded
+    in that pool), or why there is none.
     NotFound: the fingerprint is not registered; IndexMismatch: the index disagrees with the
     log (never an answer); InvalidInput: a request that cannot be keyed."""
     if endpoint not in (COMPLETIONS, CHAT):
@@ -351,7 +366,7 @@ def answer(
     key = _key(db, endpoint, request, fingerprint_id, prompt_token_ids)
     if not is_deterministic(request):
         return _not_deterministic(key, fingerprint_id)
-    found, rows = _found(db, key, hot)
+    found, rows = _found(db, key, hot, pool)
     if not rows:
         other = _answered_elsewhere(db, endpoint, request, fingerprint_id, prompt_token_ids)
         if other is not None:

@@ -79,7 +79,10 @@ class NotRead(Exception):
 
 
 def found_among(
-    key: str, candidates: list[Candidate], chat_template: Callable[[str], str | None]
+    key: str,
+    candidates: list[Candidate],
+    chat_template: Callable[[str], str | None],
+    pool: str | None = None,
 ) -> Found | None:
     """The key's earliest reusable record among the rows read with their entries, verified as
     :func:`ledger.storage.cache.find_reusable` verifies it (the marked rows in log order, each
@@ -95,7 +98,7 @@ def found_among(
             stored = content_applied(stored, c.disclosures, c.erased)
             stored = checked_candidate(key, c.row, stored, chat_template)
             seen.append((c.row.log_index, c.row.request_id))
-            why = unusable(stored)
+            why = unusable(stored, pool)
             if why is None:  # ``rows``: those read (the key may have more after them)
                 return Found(stored, tuple(seen), len(candidates), frozenset(reasons))
             reasons.add(why)

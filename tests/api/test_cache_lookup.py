@@ -268,13 +268,55 @@ def test_a_pool_resolves_to_its_live_workers_fingerprint(api: Harness) -> None:
         assert (
             post_heartbeat(api, heartbeat(key, **worker, fingerprint_id=served)).status_code == 200
         ), i
-    body = record_body(fp, seed=7030, text_prompt=True, request_extra=GREEDY)
+    body = record_body(fp, seed=7030, text_prompt=True, request_extra=GREEDY, pool=pool)
     [(rid, _)] = _post(api, key, body)
     reader = api.client(api.token("cache:read"))
     data = _one_call(reader, body["request"], pool=pool).json()
     assert data["hit"] and data["request_id"] == rid and data["fingerprint_id"] == fp
     assert data["pool"] == pool and data["pool_fingerprint_ids"] == sorted([fp, other])
     assert_error(_one_call(reader, body["request"], pool="no-such-pool"), 404, "pool_not_found")
+
+
+def test_a_lookup_by_pool_answers_only_with_that_pools_records(api: Harness) -> None:
+    """Another pool's compromised collector, its key scoped to its own pool, signs a record
+    that claims this pool's fingerprint, before this pool answers the same request: a lookup
+    by fingerprint may serve it (it trusts every collector), a lookup by pool never does."""
+    pool, theirs = (f"pool-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    honest, rogue = api.collector(pools=[pool]), api.collector(pools=[theirs])
+    fp = _fingerprint(api, honest, f"m-{uuid.uuid4().hex[:8]}")
+    beat = heartbeat(
+        honest,
+        worker_id=f"w-{uuid.uuid4().hex[:8]}",
+        pool=pool,
+        url="http://127.0.0.1:9",
+        fingerprint_id=fp,
+    )
+    assert post_heartbeat(api, beat).status_code == 200
+    forged = record_body(fp, seed=7031, text_prompt=True, request_extra=GREEDY, pool=theirs)
+    [(forged_id, _)] = _post(api, rogue, forged)
+    reader = api.client(api.token("cache:read"))
+    for _ in range(3):  # the full check, then the kept answer: the same outcome
+        miss = _one_call(reader, forged["request"], pool=pool).json()
+        assert not miss["hit"] and miss["reason"] == "not_reusable", miss
+        assert "recorded in another pool" in miss["message"]
+        by_fp = _one_call(reader, forged["request"], fingerprint_id=fp).json()
+        assert by_fp["hit"] and by_fp["request_id"] == forged_id
+    own = dict(record_body(fp, seed=7031, text_prompt=True, request_extra=GREEDY, pool=pool))
+    [(own_id, _)] = _post(api, honest, own)
+    for _ in range(3):
+        hit = _one_call(reader, forged["request"], pool=pool).json()
+        assert hit["hit"] and hit["request_id"] == own_id, hit
+        by_fp = _one_call(reader, forged["request"], fingerprint_id=fp).json()
+        assert by_fp["hit"] and by_fp["request_id"] == forged_id  # the earliest, any pool
+    # both logged before the first lookup (on Postgres, the one-statement first lookup)
+    forged = record_body(fp, seed=7032, text_prompt=True, request_extra=GREEDY, pool=theirs)
+    [(forged_id, _)] = _post(api, rogue, forged)
+    [(own_id, _)] = _post(
+        api, honest, {**forged, "pool": pool, "request_id": f"r-{uuid.uuid4().hex}"}
+    )
+    for _ in range(3):
+        hit = _one_call(reader, forged["request"], pool=pool).json()
+        assert hit["hit"] and hit["request_id"] == own_id, hit
 
 
 def test_bad_lookups_are_refused_with_a_clear_error(api: Harness) -> None:
