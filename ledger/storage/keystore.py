@@ -87,13 +87,17 @@ _COLUMNS = (
 )
 
 
-def _logged_pools(envelope: bytes | None) -> tuple[str, ...] | None:
+def _logged_pools(key_id: str, envelope: bytes | None) -> tuple[str, ...] | None:
     """The scope the key's registration leaf holds (read from the leaf, which the audit
-    proves, not from an index column). A leaf that cannot be read scopes to no pool."""
+    proves, not from an index column). A leaf that is not this key's registration (an edited
+    ``signing_keys.log_index``, which the audit names) scopes the key to no pool."""
     if envelope is None:
         return ()
     try:
-        body = json.loads(bytes(envelope))["body"]
+        leaf = json.loads(bytes(envelope))
+        body = leaf["body"]
+        if leaf["kind"] != REGISTRATION_KIND or body["key_id"] != key_id:
+            return ()
     except (ValueError, KeyError, TypeError):
         return ()
     return registered_pools(body) if isinstance(body, dict) else ()
@@ -110,7 +114,7 @@ def _info(row: Row[*_Columns]) -> KeyInfo:
         log_index=log_index,
         revoked_at=as_utc(revoked_at) if revoked_at else None,
         revocation_reason=reason,
-        pools=_logged_pools(envelope),
+        pools=_logged_pools(key_id, envelope),
     )
 
 

@@ -19,7 +19,11 @@ import pytest
 from sqlalchemy import func, select
 
 from ledger.signing import SigningKey, public_key_pem
+from ledger.storage.audit import audit
 from ledger.storage.models import LogEntry
+from ledger.storage.models import SigningKey as SigningKey_
+from tests.api.test_read_paths import superuser
+from tests.support.documents import fingerprint_envelope
 from tests.support.harness import Harness
 from tests.support.http import assert_error
 from tests.support.workers import heartbeat, post_heartbeat, register_fingerprint, serial_engine
@@ -140,3 +144,32 @@ def test_an_unscoped_key_still_signs_for_any_pool(api: Harness) -> None:
     key, fp = api.setup_collector()
     envs = [api.record(key, fp, pool=_pool()) for _ in range(2)]
     assert api.post(envs).status_code == 201
+
+
+def test_a_key_row_pointed_at_another_leaf_signs_for_no_pool(api: Harness) -> None:
+    """A superuser points a scoped key's ``signing_keys.log_index`` at a leaf that is not its
+    registration (one without ``pools``): the ledger reads the scope from that leaf, so the
+    key is taken to sign for no pool at all, never for any pool; the audit names the row."""
+    mine = _pool()
+    key = api.collector(pools=[mine])
+    created = api.client().post("/v1/fingerprints", content=fingerprint_envelope(key).canonical)
+    assert created.status_code == 201, created.text
+    fp, leaf = created.json()["fingerprint_id"], created.json()["log_index"]
+    with api.db.read() as s:
+        registered = s.execute(
+            select(SigningKey_.log_index).where(SigningKey_.key_id == key.key_id)
+        ).scalar_one()
+    edit = "UPDATE signing_keys SET log_index = :i WHERE key_id = :k"
+    superuser(api, ("signing_keys",), (edit, {"i": leaf, "k": key.key_id}))
+    try:
+        for pool in (mine, _pool()):
+            response = api.post([api.record(key, fp, pool=pool)])
+            assert_error(response, 422, "key_out_of_scope")
+            assert "for no pool" in response.json()["error"]["message"]
+        findings = audit(api.db, api.log_key.public_key).findings
+        assert any(
+            f.table == "signing_keys" and f.column == "log_index" and key.key_id in f.message
+            for f in findings
+        ), findings
+    finally:
+        superuser(api, ("signing_keys",), (edit, {"i": registered, "k": key.key_id}))
