@@ -2,11 +2,13 @@
 
 A worker qualifies when it is live (a recent heartbeat, signed by its key, that still
 verifies), its fingerprint ID equals the record's and the batch invariance derived from that
-fingerprint is not ``none``. Without one: 409 ``no_matching_pool`` listing the nearest pools
-with the field-level fingerprint diff. With ``force`` the named pool's worker is used and the
-verdict is ``not_comparable`` (the comparison is still reported) unless that worker does
-qualify. A worker that fails to answer, or answers with output not signed by the key it is
-bound to, yields a logged ``error`` verdict. Every verdict names the worker and its key.
+fingerprint is not ``none``; a replay that names no pool considers only workers whose keys
+may sign for the record's pool (``ledger.key_scope``). Without one: 409
+``no_matching_pool`` listing the nearest pools with the field-level fingerprint diff. With
+``force`` the named pool's worker is used and the verdict is ``not_comparable`` (the
+comparison is still reported) unless that worker does qualify. A worker that fails to
+answer, or answers with output not signed by the key it is bound to, yields a logged
+``error`` verdict. Every verdict names the worker and its key.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from ledger.cachekey import is_deterministic
 from ledger.compact_json import compact_json
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
 from ledger.fingerprint_diff import diff
+from ledger.key_scope import may_sign_for
 from ledger.replay import build_verdict, output_generation, record_generation
-from ledger.storage import cache, queries, verdicts, workers
+from ledger.storage import cache, queries, registered, verdicts, workers
 from ledger.storage.database import Database
 from ledger.storage.workers import WorkerInfo
 
@@ -69,8 +72,21 @@ def nearest_pools(db: Database, live: list[WorkerInfo], fingerprint_id: str) -> 
     return sorted(seen.values(), key=lambda p: (p["differences"], p["pool"]))[:5]
 
 
+def _trusted_for(db: Database, live: list[WorkerInfo], record_pool: str) -> list[WorkerInfo]:
+    """The workers whose keys may sign for the record's pool (``ledger.key_scope``): a replay
+    that names no pool sends the record's request only to them, so another pool's collector
+    claiming the record's fingerprint never receives it (a requester may name its pool)."""
+    keys = registered.signer_keys(db, {w.key_id for w in live})
+    return [w for w in live if w.key_id in keys and may_sign_for(keys[w.key_id].pools, record_pool)]
+
+
 def choose_worker(
-    db: Database, ttl: float, fingerprint_id: str, pool: str | None, force: bool
+    db: Database,
+    ttl: float,
+    fingerprint_id: str,
+    pool: str | None,
+    force: bool,
+    record_pool: str,
 ) -> WorkerInfo:
     if force and pool is None:
         raise InvalidInput("force needs a pool to replay on", code="pool_required")
@@ -78,6 +94,8 @@ def choose_worker(
     live = [w for w in everyone if w.live]
     if pool is not None and not any(w.pool == pool for w in everyone):
         raise InvalidInput(f"no pool {pool!r}: no worker has registered in it", code="unknown_pool")
+    if pool is None:
+        live = _trusted_for(db, live, record_pool)
     candidates = [w for w in live if (pool is None or w.pool == pool)]
     matching = [w for w in candidates if _qualifies(w, fingerprint_id)]
     if matching:
@@ -107,7 +125,13 @@ async def replay(
     typed = record.record
     body = typed.content_view()  # Gone (410 content_erased) once the content was erased
     worker = await run_in_threadpool(
-        choose_worker, db, state.settings.worker_ttl, record.fingerprint_id, pool, force
+        choose_worker,
+        db,
+        state.settings.worker_ttl,
+        record.fingerprint_id,
+        pool,
+        force,
+        record.pool,
     )
     replay_id = new_replay_id()
     raw = (

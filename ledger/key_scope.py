@@ -5,9 +5,11 @@ registration leaf, signed by the log key, then says which pools the key's record
 heartbeats may name. A key registered without ``pools`` speaks for any pool (as every key did
 before scopes existed). A scope turns a compromised collector key from "can sign a record or
 a worker for any pool" into "can lie about its own pools only": a record naming another pool
-is refused at ingest, a heartbeat naming another pool cannot register a worker (so no replay
-order reaches it and no verdict names it), and ``ledger audit`` and ``ledger verify`` re-check
-every logged record and verdict against the scope its key's registration leaf holds.
+is refused at ingest, a heartbeat naming another pool cannot register a worker there, a
+replay that names no pool goes only to workers whose keys may sign for the record's pool
+(:func:`may_sign_for`), and a cache lookup by pool answers only with that pool's records.
+``ledger verify`` re-checks a bundle's record, and ``ledger audit`` every logged record and
+replay verdict, against the scope the key's registration leaf holds.
 
 One pure function per question, shared by the ledger, the audit and bundle verification
 (``api/ui/static/verify.js`` mirrors :func:`out_of_scope`)."""
@@ -67,6 +69,11 @@ def out_of_scope(pools: tuple[str, ...] | None, kind: str, body: Mapping[str, An
     if member is None:
         return None
     return pool_out_of_scope(pools, body.get(member), kind)
+
+
+def may_sign_for(pools: tuple[str, ...] | None, pool: str) -> bool:
+    """Whether a key scoped to ``pools`` (None: any) may sign for ``pool``."""
+    return pools is None or pool in pools
 
 
 def pool_out_of_scope(pools: tuple[str, ...] | None, pool: Any, what: str) -> str | None:

@@ -32,7 +32,7 @@ from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.inference_record import InferenceRecord
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database
-from ledger.storage.models import CacheKey, Fingerprint, LogEntry
+from ledger.storage.models import CacheKey, Fingerprint, LogEntry, Record
 from ledger.storage.queries import (
     FINGERPRINT_ID,
     StoredRecord,
@@ -246,11 +246,17 @@ def find_reusable(session: Session, key: str, pool: str | None = None) -> Found:
     in log order, 16 envelopes per query, until one is reusable as logged (it is not when it
     was ``aborted``). A miss reads up to 16 of the other rows to say why they do not qualify.
     IndexMismatch: the index disagrees with the log (never an answer)."""
-    rows = session.execute(
-        select(CacheKey.request_id, CacheKey.log_index, CacheKey.tier, CacheKey.deterministic)
-        .where(CacheKey.cache_key == key)
-        .order_by(CacheKey.log_index, CacheKey.request_id)
-    ).all()
+    query = select(
+        CacheKey.request_id, CacheKey.log_index, CacheKey.tier, CacheKey.deterministic
+    ).where(CacheKey.cache_key == key)
+    if pool is not None:
+        # The records index narrows what is read, so other pools' rows cost nothing; an
+        # edited records.pool can only hide a record (the audit names the column), since
+        # the envelope's own pool decides (unusable).
+        query = query.join(Record, Record.log_index == CacheKey.log_index).where(
+            Record.pool == pool
+        )
+    rows = session.execute(query.order_by(CacheKey.log_index, CacheKey.request_id)).all()
     verifier = _Verifier(session, key)
     marked = [r for r in rows if is_marked(r)]
     reasons: set[str] = set()

@@ -12,7 +12,8 @@ logprob strings).
 
 Fast, and still derived from the log: a process keeps the last verified answers by key
 (:class:`HotAnswers`), each with the index rows it was verified through: the key's first 17
-rows in log order, which hold the record served (or all of them). Every lookup reads those
+rows in log order, which hold the record served (or all of them; a lookup by pool whose
+answer lies beyond them is not kept). Every lookup reads those
 rows again (one prepared index read, :mod:`ledger.storage.cache_rows`); the kept answer is
 served only when they are unchanged, so a new row, an edited row or an erasure (which deletes
 the key's rows) sends the lookup back through the full check against the log
@@ -381,6 +382,14 @@ def answer(
     if found.hit is None:
         if found.rows:
             return Answer(key, fingerprint_id, reason="not_reusable", message=miss_message(found))
+        if pool is not None and rows:
+            return Answer(
+                key,
+                fingerprint_id,
+                reason="no_record",
+                message=f"no record of pool {pool!r} has this cache key; records of other pools "
+                "do (a lookup by fingerprint_id considers them)",
+            )
         return _no_record(key, fingerprint_id)
     record = found.hit.record
     why = not_servable(endpoint, request, record)

@@ -24,6 +24,7 @@ from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.packing import unpack_float32, unpack_int32
 from ledger.records import RECORD_KIND, Choice, build_record_body
 from ledger.signing import SigningKey, sign_envelope
+from ledger.storage import cache
 from ledger.storage.cache_lookup import HotAnswers, answer
 from tests.api.test_read_paths import superuser
 from tests.conftest import BACKENDS, fresh_url
@@ -297,8 +298,8 @@ def test_a_lookup_by_pool_answers_only_with_that_pools_records(api: Harness) -> 
     reader = api.client(api.token("cache:read"))
     for _ in range(3):  # the full check, then the kept answer: the same outcome
         miss = _one_call(reader, forged["request"], pool=pool).json()
-        assert not miss["hit"] and miss["reason"] == "not_reusable", miss
-        assert "recorded in another pool" in miss["message"]
+        assert not miss["hit"] and miss["reason"] == "no_record", miss
+        assert f"no record of pool {pool!r}" in miss["message"]
         by_fp = _one_call(reader, forged["request"], fingerprint_id=fp).json()
         assert by_fp["hit"] and by_fp["request_id"] == forged_id
     own = dict(record_body(fp, seed=7031, text_prompt=True, request_extra=GREEDY, pool=pool))
@@ -317,6 +318,42 @@ def test_a_lookup_by_pool_answers_only_with_that_pools_records(api: Harness) -> 
     for _ in range(3):
         hit = _one_call(reader, forged["request"], pool=pool).json()
         assert hit["hit"] and hit["request_id"] == own_id, hit
+
+
+def test_a_lookup_by_pool_reads_no_record_of_another_pool(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records of other pools under the key (an attacker's, or a twin pool's) cost a lookup
+    by pool nothing: only the pool's own rows are read and checked against their entries."""
+    pool, theirs = (f"pool-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    key = api.collector()
+    fp = _fingerprint(api, key, f"m-{uuid.uuid4().hex[:8]}")
+    first = record_body(fp, seed=7040, text_prompt=True, request_extra=GREEDY, pool=theirs)
+    others = [{**first, "request_id": f"r-{uuid.uuid4().hex}"} for _ in range(40)]
+    _post(api, key, first, *others)
+    [(own_id, _)] = _post(api, key, {**first, "pool": pool, "request_id": f"r-{uuid.uuid4().hex}"})
+    cache_key = (
+        api.client()
+        .post(
+            "/v1/cache/key",
+            json={"endpoint": COMPLETIONS, "request": first["request"], "fingerprint_id": fp},
+        )
+        .json()["key"]
+    )
+    checked: list[str] = []
+    original = cache.checked_candidate
+
+    def counting(key: str, row: Any, stored: Any, template: Any) -> Any:
+        checked.append(row.request_id)
+        return original(key, row, stored, template)
+
+    monkeypatch.setattr(cache, "checked_candidate", counting)
+    with api.db.read() as s:
+        found = cache.find_reusable(s, cache_key, pool)
+    assert found.hit is not None and found.hit.request_id == own_id
+    assert checked == [own_id] and found.rows == 1
+    with api.db.read() as s:
+        assert cache.find_reusable(s, cache_key).hit.request_id == first["request_id"]
 
 
 def test_bad_lookups_are_refused_with_a_clear_error(api: Harness) -> None:

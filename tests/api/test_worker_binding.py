@@ -154,6 +154,37 @@ def test_no_verdict_for_output_not_signed_by_the_workers_key(
     }
 
 
+def test_a_replay_naming_no_pool_goes_only_to_workers_whose_keys_may_sign_for_the_record(
+    api: Harness, fakes: list[FakeWorker]
+) -> None:
+    """Another pool's compromised collector (its key scoped to its own pool) registers a
+    worker there claiming the record's fingerprint, and heartbeats more often: a replay that
+    names no pool never sends it the record's request."""
+    mine, theirs = _name("pool"), _name("pool")
+    owner, rogue = api.collector(pools=[mine]), api.collector(pools=[theirs])
+    fp = register_fingerprint(api, owner, serial_engine())
+    env = api.record(owner, fp, pool=mine, request_extra={"temperature": 0})
+    assert api.post([env]).status_code == 201
+    record, request_id = env.body, env.body["request_id"]
+    trap = _fake(fakes, rogue, record)
+    _register(api, rogue, fp, trap.url, pool=theirs)
+    refused = api.client().post("/v1/replays", json={"request_id": request_id})
+    _error(refused, 409, "no_matching_pool")
+    assert theirs not in {p["pool"] for p in refused.json()["error"]["details"]["nearest_pools"]}
+    honest = _fake(fakes, owner, record)
+    own = _register(api, owner, fp, honest.url, pool=mine)
+    _register(api, rogue, fp, trap.url, pool=theirs)  # the most recent heartbeat
+    response = api.client().post("/v1/replays", json={"request_id": request_id})
+    assert response.status_code == 201, response.text
+    verdict = response.json()["envelope"]["body"]
+    assert verdict["worker_id"] == own["worker_id"] and verdict["verdict"] == "bitwise"
+    assert trap.orders == [] and len(honest.orders) == 1
+    # a requester who names the other pool chooses it: its verdict says so
+    named = _replay(api, request_id, theirs)
+    assert named["pool"] == theirs and named["worker_key_id"] == rogue.key_id
+    assert len(trap.orders) == 1
+
+
 # ---- heartbeats: signed, fresh, newer ----------------------------------------------------
 
 
