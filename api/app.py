@@ -34,7 +34,7 @@ from api.state import AppState, InflightLimit, TokenCache
 from ledger import __version__
 from ledger.errors import LedgerError
 from ledger.signing import SigningKey
-from ledger.storage import checkpoints, erasures
+from ledger.storage import checkpoints, erasures, keystore
 from ledger.storage.database import Database
 
 logger = logging.getLogger("ledger.api")
@@ -83,6 +83,7 @@ async def _retention(state: AppState, days: int, interval: float) -> None:
 
 def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI:
     """Build the app around an already migrated database and the ledger's key."""
+    keystore.trust_log_key(log_key.public_key)  # each worker process's own (ledger serve)
     state = AppState(
         settings=settings,
         db=db,

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import base64
-import json
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import Row, Select, insert, select
 from sqlalchemy.orm import Session
 
-from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
+from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound, VerificationError
 from ledger.key_scope import MEMBER as POOLS_MEMBER
 from ledger.key_scope import out_of_scope, parse_pools, registered_pools
 from ledger.signing import (
     SIGNABLE_KINDS,
     Envelope,
     SigningKey,
+    VerifyingKey,
     cached_verifying_key,
     key_id_for,
     load_public_key,
@@ -87,20 +88,47 @@ _COLUMNS = (
 )
 
 
+# The log keys this process holds (the ledger's own, loaded from its key file): a key's scope
+# is taken from a registration leaf only when one of them signed it.
+_ANCHORS: dict[str, VerifyingKey] = {}
+# Registration leaves verified under a held log key, by key ID and bytes: the scope each gives.
+_SCOPES: dict[tuple[str, bytes], tuple[str, ...] | None] = {}
+
+
+def trust_log_key(public_key: Ed25519PublicKey) -> None:
+    """Accept registrations signed by this log key (the ledger's own key file's, held in
+    memory: a database superuser cannot change it) as the source of keys' scopes."""
+    anchor = VerifyingKey.of(public_key)
+    _ANCHORS[anchor.key_id] = anchor
+
+
 def _logged_pools(key_id: str, envelope: bytes | None) -> tuple[str, ...] | None:
-    """The scope the key's registration leaf holds (read from the leaf, which the audit
-    proves, not from an index column). A leaf that is not this key's registration (an edited
-    ``signing_keys.log_index``, which the audit names) scopes the key to no pool."""
+    """The scope the key's registration leaf holds, read from the leaf, never from an index
+    column. A leaf that is not this key's registration (an edited ``signing_keys.log_index``)
+    or, once the process holds its log key, not validly signed by it (an edited
+    ``log_entries.envelope``) scopes the key to no pool. The audit names either edit."""
     if envelope is None:
         return ()
+    data = bytes(envelope)
+    if (key_id, data) in _SCOPES:
+        return _SCOPES[key_id, data]
     try:
-        leaf = json.loads(bytes(envelope))
-        body = leaf["body"]
-        if leaf["kind"] != REGISTRATION_KIND or body["key_id"] != key_id:
+        leaf = Envelope.from_bytes(data)
+        if leaf.kind != REGISTRATION_KIND or leaf.body.get("key_id") != key_id:
             return ()
-    except (ValueError, KeyError, TypeError):
+        if _ANCHORS:
+            anchor = _ANCHORS.get(leaf.key_id)
+            if anchor is None:
+                return ()
+            verify_envelope(leaf, anchor)
+    except (ValueError, LedgerError):
         return ()
-    return registered_pools(body) if isinstance(body, dict) else ()
+    scope = registered_pools(leaf.body)
+    if _ANCHORS:
+        if len(_SCOPES) >= 4096:
+            _SCOPES.clear()
+        _SCOPES[key_id, data] = scope
+    return scope
 
 
 def _info(row: Row[*_Columns]) -> KeyInfo:
@@ -192,6 +220,7 @@ def ensure_log_key(db: Database, log_key: SigningKey) -> KeyInfo:
     A log has exactly one log key, registered by its first leaf. Starting with another key
     (a lost or swapped key file) is refused: it would fork the log's trust anchor.
     """
+    trust_log_key(log_key.public_key)
     with db.write() as s:
         found = load_keys(s, [log_key.key_id])
         if log_key.key_id in found:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from ledger.signing import SigningKey, public_key_pem
+from ledger.signing import Envelope, SigningKey, public_key_pem
 from ledger.storage.audit import audit
 from ledger.storage.models import LogEntry
 from ledger.storage.models import SigningKey as SigningKey_
@@ -173,3 +173,33 @@ def test_a_key_row_pointed_at_another_leaf_signs_for_no_pool(api: Harness) -> No
         ), findings
     finally:
         superuser(api, ("signing_keys",), (edit, {"i": registered, "k": key.key_id}))
+
+
+def test_a_rewritten_registration_leaf_narrows_a_scope_never_widens_it(api: Harness) -> None:
+    """A superuser rewrites a scoped key's registration leaf without its ``pools`` (the
+    signature then fails): the ledger takes the scope only from a leaf its own log key signed,
+    so the key signs for no pool until the leaf is restored; the audit names the leaf."""
+    mine = _pool()
+    key = api.collector(pools=[mine])
+    fp = api.fingerprint(key)
+    with api.db.read() as s:
+        idx, data = s.execute(
+            select(LogEntry.idx, LogEntry.envelope)
+            .join(SigningKey_, SigningKey_.log_index == LogEntry.idx)
+            .where(SigningKey_.key_id == key.key_id)
+        ).one()
+    original = bytes(data)
+    leaf = json.loads(original)
+    del leaf["body"]["pools"]
+    widened = Envelope.from_dict(leaf).canonical
+    edit = "UPDATE log_entries SET envelope = :e WHERE idx = :i"
+    superuser(api, ("log_entries",), (edit, {"e": widened, "i": idx}))
+    try:
+        for pool in (_pool(), mine):
+            response = api.post([api.record(key, fp, pool=pool)])
+            assert_error(response, 422, "key_out_of_scope")
+        assert api.client().get(f"/v1/keys/{key.key_id}").json()["pools"] == []
+        findings = audit(api.db, api.log_key.public_key).findings
+        assert any(f.index == idx for f in findings), findings
+    finally:
+        superuser(api, ("log_entries",), (edit, {"e": original, "i": idx}))
