@@ -139,8 +139,13 @@ def _prepared(value: Any) -> Any:
         return _GENERAL
     copy = None
     for key, item in members:
-        if type(item) in _SCALARS:  # most members: skip the call
+        member_kind = type(item)
+        if member_kind in _SCALARS:  # most members: skip the call
             continue
+        if member_kind is int:  # and integers, the next most
+            if -_MAX_SAFE <= item <= _MAX_SAFE:
+                continue
+            return _GENERAL
         ready = _prepared(item)
         if ready is not item:
             if ready is _GENERAL:

@@ -16,7 +16,7 @@ erased: the exporter left it out).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ledger import merkle
 from ledger.checkpoint import Checkpoint
@@ -30,8 +30,7 @@ from ledger.signing import Envelope, VerifyingKey, verify_envelope
 STATUSES = ("disclosed", "redacted", "erased")
 
 
-@dataclass(frozen=True)
-class ContentItem:
+class ContentItem(NamedTuple):  # one per digest of every bundle verified: a tuple builds fast
     digest: str
     member: str | None  # known only when disclosed
     status: str  # one of STATUSES

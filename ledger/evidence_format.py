@@ -155,12 +155,17 @@ def _members(
 ) -> dict[str, Any]:
     # Exact types: JSON parsers give exactly str, int, bool, dict, list, so a boolean is not
     # an int here. The first loop is the whole cost for a well-formed member.
-    if type(obj) is dict and len(obj) == len(schema):
+    if type(obj) is dict:
+        held = 0
         for name, kind in schema.items():
-            if type(obj.get(name)) is not kind:
+            kind_held = type(obj.get(name, _ABSENT))
+            if kind_held is kind:
+                held += 1
+            elif kind_held is not _Absent or name not in optional:
                 break
         else:
-            return obj
+            if held == len(obj):  # no member the schema does not define
+                return obj
     if not isinstance(obj, dict):
         raise fail("format", f"{where} must be a JSON object")
     unknown = sorted(set(obj) - set(schema))
@@ -177,6 +182,13 @@ def _members(
 
 
 _TYPE_NAMES = {str: "string", int: "integer", dict: "object", list: "array"}
+
+
+class _Absent:
+    """The type of a member that is not there (no JSON value has it)."""
+
+
+_ABSENT = _Absent()
 
 
 def _envelope(data: Any, where: str) -> Envelope:

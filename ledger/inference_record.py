@@ -14,8 +14,9 @@ otherwise the missing members were erased (in the ledger) or redacted (in a bund
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from ledger.disclosures import Disclosure, open_disclosures
 from ledger.errors import Gone, InvalidInput
@@ -37,6 +38,7 @@ from ledger.records import (
 )
 
 CONTENT_MEMBERS_V1 = ("request", "request_raw", "prompt_token_ids")
+_NOTHING_DISCLOSED: Mapping[str, Disclosure] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,10 @@ class RecordChoice:
     top_logprobs: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
-class InferenceRecord:
+class InferenceRecord(NamedTuple):
+    """A parsed record (immutable: a named tuple, because every record read or verified
+    builds one, and a tuple builds in a fraction of a frozen dataclass's time)."""
+
     schema_version: int
     summary: RecordSummary
     sampling: Mapping[str, Any]
@@ -64,7 +68,7 @@ class InferenceRecord:
     choices: tuple[RecordChoice, ...]
     # v2: the body's digests and the disclosures opened (member -> disclosure); v1: empty.
     digests: tuple[str, ...] = ()
-    disclosed: Mapping[str, Disclosure] = field(default_factory=dict)
+    disclosed: Mapping[str, Disclosure] = _NOTHING_DISCLOSED
     request: dict[str, Any] | None = None
     request_raw: str | None = None
     prompt_token_ids: str | None = None
@@ -168,7 +172,7 @@ def _build(
         aborted=body.get("aborted") is True,
         choices=_choices(view),
         digests=digests,
-        disclosed=disclosed or {},
+        disclosed=disclosed or _NOTHING_DISCLOSED,
         request=view.get("request"),
         request_raw=view.get("request_raw"),
         prompt_token_ids=view.get("prompt_token_ids"),

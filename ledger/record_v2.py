@@ -76,6 +76,11 @@ CLEAR = (
     DIGESTS,
 )
 OPTIONAL_CLEAR = ("aborted",)
+# the same, as sets (a v2 body is checked against them once per record read)
+_CLEAR = frozenset(CLEAR)
+_CLEAR_ALLOWED = _CLEAR | frozenset(OPTIONAL_CLEAR)
+_SAMPLING = frozenset(SAMPLING)
+_CHOICE_CLEAR = frozenset(CHOICE_CLEAR)
 
 
 def sampling_of(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -160,14 +165,14 @@ def as_wire_item(item: bytes) -> bytes:
 def check_clear(body: Mapping[str, Any]) -> tuple[str, ...]:
     """The v2-only members' shape (members, sampling, choices, digests); returns the digests.
     The members v1 shares are checked by ``ledger.records`` on the reassembled view."""
-    missing = set(CLEAR) - set(body)
+    missing = _CLEAR - body.keys()
     if missing:
         raise InvalidInput(f"record is missing {sorted(missing)}", code="schema_violation")
-    extra = set(body) - set(CLEAR) - set(OPTIONAL_CLEAR)
+    extra = body.keys() - _CLEAR_ALLOWED
     if extra:
         raise InvalidInput(f"record has unknown members {sorted(extra)}", code="schema_violation")
     sampling = body["sampling"]
-    if not isinstance(sampling, dict) or set(sampling) - set(SAMPLING):
+    if not isinstance(sampling, dict) or sampling.keys() - _SAMPLING:
         raise InvalidInput(
             f"sampling must be an object of {list(SAMPLING)}", code="schema_violation"
         )
@@ -175,7 +180,7 @@ def check_clear(body: Mapping[str, Any]) -> tuple[str, ...]:
     if not isinstance(choices, list) or not choices:
         raise InvalidInput("choices must be a non-empty list", code="schema_violation")
     for i, c in enumerate(choices):
-        if not isinstance(c, dict) or set(c) != set(CHOICE_CLEAR):
+        if not isinstance(c, dict) or c.keys() != _CHOICE_CLEAR:
             raise InvalidInput(
                 f"choices[{i}] must hold exactly {list(CHOICE_CLEAR)}",
                 code="schema_violation",

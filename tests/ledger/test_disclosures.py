@@ -226,3 +226,29 @@ def test_base64url_decoding_takes_and_refuses_what_the_strict_c_decoder_does(
         texts = [item]
     for text in texts:
         assert _outcome(disclosures._unb64url, text) == _outcome(_reference_unb64url, text), text
+
+
+@settings(max_examples=2000)
+@given(
+    st.one_of(
+        st.text(alphabet=_B64_CHARS, min_size=18, max_size=30),
+        st.binary(min_size=12, max_size=24).map(
+            lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+        ),
+    )
+)
+def test_a_salt_is_taken_exactly_when_it_decodes_to_16_bytes_or_more(salt: str) -> None:
+    """``parse`` decides most salts without decoding them: it takes exactly those that the
+    strict decoder reads as at least 16 bytes, and refuses the others as before."""
+    encoded = base64.urlsafe_b64encode(canonicalize([salt, "request", {}])).rstrip(b"=").decode()
+    outcome, raw = _outcome(_reference_unb64url, salt)
+    expected = outcome == "decoded" and len(raw) >= disclosures.SALT_BYTES
+    try:
+        opened = disclosures.parse(encoded)
+    except VerificationError as exc:
+        assert not expected, salt
+        assert exc.details["check"] == "encoding"
+        assert "salt" in exc.message
+    else:
+        assert expected, salt
+        assert opened.salt == salt and opened.digest == disclosures.digest_of(encoded)
