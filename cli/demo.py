@@ -30,7 +30,7 @@ from cli.common import (
 )
 from client.ledger_client import LedgerClient
 from demo import traffic as demo_traffic
-from demo.engine import EngineDemo, open_embedded_ledger, register_demo_key
+from demo.engine import EngineDemo, open_embedded_ledger, register_demo_keys
 from demo.scenario import evidence_and_audit, walkthrough
 from demo.server_thread import ServerThread, free_port
 
@@ -74,10 +74,10 @@ def demo(
             if engine_python is None:
                 rows, request_id = walkthrough(client, settings.data_dir)
             else:
-                key = register_demo_key(client, settings.data_dir)
                 engine = EngineDemo(str(engine_python), settings.data_dir, server.url, token)
-                engine.start(key)
-                rows, ids, request_id = demo_traffic.traffic(engine.workers, client, key)
+                keys = register_demo_keys(client, settings.data_dir, engine.pools)
+                engine.start(keys)
+                rows, ids, request_id = demo_traffic.traffic(engine.workers, client, keys)
                 rows += demo_traffic.replays(client, ids)
                 rows += demo_traffic.cache_lookup(client, request_id)
                 rows += [demo_traffic.certify(client, pool) for pool in ("strict", "throughput")]

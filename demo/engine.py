@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,12 @@ class EngineDemo:
         }
         self.workers: dict[str, Worker] = {}
 
-    def start(self, key: SigningKey) -> None:
+    @property
+    def pools(self) -> list[str]:
+        return list(self.engines)
+
+    def start(self, keys: Mapping[str, SigningKey]) -> None:
+        """Start the engines, then one collector per pool, each signing with its pool's key."""
         log.info(
             f"starting {len(self.engines)} vLLM pools on the fixture model, "
             f"{' and '.join(self.engines)} (a few minutes on 2 CPU cores) ..."
@@ -89,7 +95,7 @@ class EngineDemo:
                     engine_url=engine.url,
                     ledger_url=self.ledger_url,
                     ledger_token=self.token,
-                    key=key,
+                    key=keys[pool],
                     pool=pool,
                     worker_id=f"{self.worker_prefix}-{pool}",
                     model_dir=engine.model_dir,
@@ -125,10 +131,20 @@ def open_embedded_ledger(settings: Any, token_name: str) -> tuple[Database, Any,
     return db, boot, token
 
 
-def register_demo_key(client: LedgerClient, data_dir: Path) -> SigningKey:
-    key_path = data_dir / "demo-collector.pem"
+def register_demo_key(client: LedgerClient, data_dir: Path, pool: str) -> SigningKey:
+    """The demo's collector key for ``pool`` (kept in the data directory, made on first use),
+    registered as production registers one: scoped to its own pool, so it can sign for no
+    other."""
+    name = f"demo-collector-{pool}"
+    key_path = data_dir / f"{name}.pem"
     key = SigningKey.load(key_path) if key_path.exists() else SigningKey.generate()
     if not key_path.exists():
-        key.write(key_path, data_dir / "demo-collector.pub.pem")
-    client.register_key("demo-collector", "collector", public_key_pem(key.public_key))
+        key.write(key_path, data_dir / f"{name}.pub.pem")
+    client.register_key(name, "collector", public_key_pem(key.public_key), pools=[pool])
     return key
+
+
+def register_demo_keys(
+    client: LedgerClient, data_dir: Path, pools: Iterable[str]
+) -> dict[str, SigningKey]:
+    return {pool: register_demo_key(client, data_dir, pool) for pool in pools}

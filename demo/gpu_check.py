@@ -34,7 +34,7 @@ import httpx
 from api.app import create_app
 from api.settings import Settings
 from client.ledger_client import LedgerClient
-from demo.engine import EngineDemo, Pools, open_embedded_ledger, register_demo_key
+from demo.engine import EngineDemo, Pools, open_embedded_ledger, register_demo_keys
 from demo.errors import DemoTrouble
 from demo.server_thread import ServerThread, free_port
 from demo.traffic import mixed_request, run_certification, send, wait_record
@@ -239,11 +239,11 @@ def run_gpu_check(
     }
     try:
         with LedgerClient(server.url, token) as client:
-            key = register_demo_key(client, data_dir)
-            clock.lap("ledger")
             pools = GPU_POOLS if mode == "cuda" else CPU_POOLS
+            keys = register_demo_keys(client, data_dir, pools)
+            clock.lap("ledger")
             engine = EngineDemo(str(engine_python), data_dir, server.url, token, pools, "gpu-check")
-            engine.start(key)
+            engine.start(keys)
             clock.lap("engines and collectors")
             report["pools"] = {}
             for pool, worker in engine.workers.items():

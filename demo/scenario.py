@@ -29,6 +29,7 @@ from ledger.storage.audit import audit
 from ledger.storage.database import Database
 
 Rows = list[tuple[str, str]]
+DEMO_POOL = "demo"  # the pool of the walkthrough's sample record, and of its collector key
 
 
 def sample_fingerprint() -> dict[str, Any]:
@@ -51,7 +52,7 @@ def sample_record(fp_id: str, rng: random.Random) -> dict[str, Any]:
         request_id=f"demo-{datetime.now(UTC):%Y%m%dT%H%M%S}-{rng.randrange(16**6):06x}",
         fingerprint_id=fp_id,
         worker_id="demo-worker",
-        pool="demo",
+        pool=DEMO_POOL,
         tier=1,
         endpoint="/v1/completions",
         model="demo-sample",
@@ -69,8 +70,8 @@ def walkthrough(client: LedgerClient, data_dir: Path) -> tuple[Rows, str]:
     """Register a key and a fingerprint, ingest a signed record, read it back; return the
     summary rows and the record's request ID."""
     rows: list[tuple[str, str]] = []
-    key = register_demo_key(client, data_dir)
-    rows.append(("collector key registered", key.key_id))
+    key = register_demo_key(client, data_dir, DEMO_POOL)
+    rows.append(("collector key registered", f"{key.key_id} (signs for pool {DEMO_POOL} only)"))
 
     fp_body = sample_fingerprint()
     fp = client.register_fingerprint(sign_envelope(FINGERPRINT_KIND, fp_body, key))

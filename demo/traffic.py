@@ -12,6 +12,7 @@ import base64
 import logging
 import struct
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -78,10 +79,11 @@ def wait_record(client: LedgerClient, request_id: str, timeout: float = 60.0) ->
 
 
 def traffic(
-    workers: dict[str, Worker], client: LedgerClient, key: SigningKey
+    workers: dict[str, Worker], client: LedgerClient, keys: Mapping[str, SigningKey]
 ) -> tuple[Rows, dict[str, list[str]], str]:
     """Concurrent mixed traffic on both pools; returns rows, IDs per pool and the ID of a
-    tier-2 greedy completion on the strict pool whose logprob bits were checked."""
+    tier-2 greedy completion on the strict pool whose logprob bits were checked (``keys``:
+    each pool's collector key)."""
     strict, throughput = workers["strict"], workers["throughput"]
     rows: Rows = [
         (
@@ -128,7 +130,7 @@ def traffic(
     for request_id in [*ids["strict"], *ids["throughput"]]:
         wait_record(client, request_id)
     record = wait_record(client, checked_id)
-    verify_envelope(Envelope.from_dict(record["envelope"]), key.public_key)
+    verify_envelope(Envelope.from_dict(record["envelope"]), keys["strict"].public_key)
     raw = base64.b64decode(body_view(record)["choices"][0]["logprobs"])
     answered = checked.json()["choices"][0]["logprobs"]["token_logprobs"]
     if struct.pack(f"<{len(answered)}f", *answered) != raw:

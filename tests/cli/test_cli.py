@@ -78,6 +78,13 @@ def test_demo_once(tmp_path: Path):
     proc = ledger("demo", "--once", "--port", "0", "--data-dir", str(tmp_path))
     assert "logprobs bit-exact" in proc.stdout and "signature verified" in proc.stdout
     assert (tmp_path / "admin.token").read_text().startswith("lgr_")
+    # the demo registers its collector key as production should: scoped to its one pool
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        rows = conn.execute(
+            "SELECT envelope FROM log_entries WHERE kind = 'key_registration'"
+        ).fetchall()
+    bodies = {b["name"]: b for b in (json.loads(row[0])["body"] for row in rows)}
+    assert bodies["demo-collector-demo"]["pools"] == ["demo"], bodies
     # a second run on the same data reuses keys and the fingerprint
     again = ledger("demo", "--once", "--port", "0", "--data-dir", str(tmp_path))
     assert "(duplicate)" in again.stdout
@@ -86,6 +93,7 @@ def test_demo_once(tmp_path: Path):
     report = json.loads(scripted.stdout)
     steps = {row["step"]: row["result"] for row in report["steps"]}
     assert {"signature verified", "logprobs bit-exact"} <= set(steps), steps
+    assert steps["collector key registered"].endswith("(signs for pool demo only)"), steps
     assert report["url"].startswith("http://") and report["collectors"] == {}
     assert "ledger API" in scripted.stderr
 

@@ -54,6 +54,10 @@ def test_demo_records_replays_and_certifies_two_pools(tmp_path: Path):
     verdicts = [r["envelope"]["body"]["verdict"] for r in bundle["replays"]]
     assert verdicts == ["bitwise", "not_comparable"]  # replayed, then forced onto throughput
     assert bundle["envelope"]["body"]["tier"] == 2
+    # each pool's collector signs with its own key, registered for that pool only
+    collector = bundle["keys"]["collector"]
+    assert collector["name"] == "demo-collector-strict"
+    assert collector["registration"]["envelope"]["body"]["pools"] == ["strict"]
     verified = ledger("verify", str(bundles[0]), "--log-key", str(tmp_path / "log-key.pem"))
     assert verified.returncode == 0
     missing = ledger(
