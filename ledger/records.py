@@ -37,9 +37,9 @@ from __future__ import annotations
 import binascii
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from ledger.errors import InvalidInput
 from ledger.packing import (
@@ -111,9 +111,9 @@ def _str(value: object, field: str, pattern: re.Pattern[str] | None = None) -> s
     return value
 
 
-@dataclass(frozen=True)
-class RecordSummary:
-    """The indexed facts of a validated record body (what search filters on)."""
+class RecordSummary(NamedTuple):
+    """The indexed facts of a validated record body (what search filters on). A named tuple:
+    every record ingested, audited or verified builds one, or two."""
 
     request_id: str
     fingerprint_id: str
@@ -273,7 +273,7 @@ def check_content(view: dict[str, Any], summary: RecordSummary) -> RecordSummary
     indexes = [c["index"] for c in choices]
     if len(set(indexes)) != len(indexes):
         raise _fail("choices have duplicate index values")
-    return replace(summary, output_tokens=output_tokens)
+    return summary._replace(output_tokens=output_tokens)
 
 
 def _check_base64(value: object, field: str) -> None:
