@@ -94,9 +94,9 @@ def choose_worker(
     live = [w for w in everyone if w.live]
     if pool is not None and not any(w.pool == pool for w in everyone):
         raise InvalidInput(f"no pool {pool!r}: no worker has registered in it", code="unknown_pool")
-    if pool is None:
-        live = _trusted_for(db, live, record_pool)
-    candidates = [w for w in live if (pool is None or w.pool == pool)]
+    in_pool = [w for w in live if pool is None or w.pool == pool]
+    # the workers the request may be sent to; the nearest pools are listed from all of them
+    candidates = _trusted_for(db, in_pool, record_pool) if pool is None else in_pool
     matching = [w for w in candidates if _qualifies(w, fingerprint_id)]
     if matching:
         return max(matching, key=lambda w: w.last_seen)
@@ -112,7 +112,7 @@ def choose_worker(
         code="no_matching_pool",
         details={
             "fingerprint_id": fingerprint_id,
-            "nearest_pools": nearest_pools(db, candidates or live, fingerprint_id),
+            "nearest_pools": nearest_pools(db, in_pool or live, fingerprint_id),
         },
     )
 

@@ -91,8 +91,11 @@ _COLUMNS = (
 # The log keys this process holds (the ledger's own, loaded from its key file): a key's scope
 # is taken from a registration leaf only when one of them signed it.
 _ANCHORS: dict[str, VerifyingKey] = {}
-# Registration leaves verified under a held log key, by key ID and bytes: the scope each gives.
-_SCOPES: dict[tuple[str, bytes], tuple[str, ...] | None] = {}
+# Registration leaves verified under a held log key, by key ID and bytes: the role and scope
+# each gives.
+_SCOPES: dict[tuple[str, bytes], tuple[str, tuple[str, ...] | None]] = {}
+# The role of a key whose registration leaf is not its own valid registration: it signs nothing.
+UNVERIFIED_ROLE = "unverified"
 
 
 def trust_log_key(public_key: Ed25519PublicKey) -> None:
@@ -102,37 +105,43 @@ def trust_log_key(public_key: Ed25519PublicKey) -> None:
     _ANCHORS[anchor.key_id] = anchor
 
 
-def _logged_pools(key_id: str, envelope: bytes | None) -> tuple[str, ...] | None:
-    """The scope the key's registration leaf holds, read from the leaf, never from an index
-    column. A leaf that is not this key's registration (an edited ``signing_keys.log_index``)
-    or, once the process holds its log key, not validly signed by it (an edited
-    ``log_entries.envelope``) scopes the key to no pool. The audit names either edit."""
+def _logged(key_id: str, envelope: bytes | None) -> tuple[str, tuple[str, ...] | None]:
+    """The role and scope the key's registration leaf holds, read from the leaf, never from
+    the index columns. A leaf that is not this key's registration (an edited
+    ``signing_keys.log_index``) or, once the process holds its log key, not validly signed by
+    it (an edited ``log_entries.envelope``) gives the key no role and no pool, so it signs
+    nothing. An edited ``signing_keys.role`` changes nothing. The audit names every such edit."""
+    unverified: tuple[str, tuple[str, ...] | None] = (UNVERIFIED_ROLE, ())
     if envelope is None:
-        return ()
+        return unverified
     data = bytes(envelope)
     if (key_id, data) in _SCOPES:
         return _SCOPES[key_id, data]
     try:
         leaf = Envelope.from_bytes(data)
         if leaf.kind != REGISTRATION_KIND or leaf.body.get("key_id") != key_id:
-            return ()
+            return unverified
         if _ANCHORS:
             anchor = _ANCHORS.get(leaf.key_id)
             if anchor is None:
-                return ()
+                return unverified
             verify_envelope(leaf, anchor)
     except (ValueError, LedgerError):
-        return ()
-    scope = registered_pools(leaf.body)
+        return unverified
+    role = leaf.body.get("role")
+    if not isinstance(role, str) or role not in SIGNABLE_KINDS:
+        return unverified
+    logged = (role, registered_pools(leaf.body))
     if _ANCHORS:
         if len(_SCOPES) >= 4096:
             _SCOPES.clear()
-        _SCOPES[key_id, data] = scope
-    return scope
+        _SCOPES[key_id, data] = logged
+    return logged
 
 
 def _info(row: Row[*_Columns]) -> KeyInfo:
-    key_id, name, role, public, registered_at, log_index, revoked_at, reason, envelope = row
+    key_id, name, _, public, registered_at, log_index, revoked_at, reason, envelope = row
+    role, pools = _logged(key_id, envelope)
     return KeyInfo(
         key_id=key_id,
         name=name,
@@ -142,7 +151,7 @@ def _info(row: Row[*_Columns]) -> KeyInfo:
         log_index=log_index,
         revoked_at=as_utc(revoked_at) if revoked_at else None,
         revocation_reason=reason,
-        pools=_logged_pools(key_id, envelope),
+        pools=pools,
     )
 
 
@@ -319,6 +328,13 @@ def check_signer(envelope: Envelope, keys: dict[str, KeyInfo]) -> KeyInfo:
         raise VerificationError(
             f"envelope is signed by revoked key {envelope.key_id} ({info.name})",
             code="revoked_key",
+            details={"key_id": envelope.key_id},
+        )
+    if info.role == UNVERIFIED_ROLE:
+        raise VerificationError(
+            f"key {envelope.key_id}'s registration in the log does not verify, so it may sign "
+            "nothing (`ledger audit` names the edit)",
+            code="key_role_not_allowed",
             details={"key_id": envelope.key_id},
         )
     if envelope.kind not in SIGNABLE_KINDS.get(info.role, ()):

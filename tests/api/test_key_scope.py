@@ -146,10 +146,10 @@ def test_an_unscoped_key_still_signs_for_any_pool(api: Harness) -> None:
     assert api.post(envs).status_code == 201
 
 
-def test_a_key_row_pointed_at_another_leaf_signs_for_no_pool(api: Harness) -> None:
+def test_a_key_row_pointed_at_another_leaf_signs_nothing(api: Harness) -> None:
     """A superuser points a scoped key's ``signing_keys.log_index`` at a leaf that is not its
-    registration (one without ``pools``): the ledger reads the scope from that leaf, so the
-    key is taken to sign for no pool at all, never for any pool; the audit names the row."""
+    registration (one without ``pools``): the ledger reads role and scope from that leaf, so
+    the key signs nothing at all, for no pool, never for any pool; the audit names the row."""
     mine = _pool()
     key = api.collector(pools=[mine])
     created = api.client().post("/v1/fingerprints", content=fingerprint_envelope(key).canonical)
@@ -164,8 +164,10 @@ def test_a_key_row_pointed_at_another_leaf_signs_for_no_pool(api: Harness) -> No
     try:
         for pool in (mine, _pool()):
             response = api.post([api.record(key, fp, pool=pool)])
-            assert_error(response, 422, "key_out_of_scope")
-            assert "for no pool" in response.json()["error"]["message"]
+            assert_error(response, 422, "key_role_not_allowed")
+            assert "does not verify" in response.json()["error"]["message"]
+        shown = api.client().get(f"/v1/keys/{key.key_id}").json()
+        assert (shown["role"], shown["pools"]) == ("unverified", [])
         findings = audit(api.db, api.log_key.public_key).findings
         assert any(
             f.table == "signing_keys" and f.column == "log_index" and key.key_id in f.message
@@ -177,8 +179,8 @@ def test_a_key_row_pointed_at_another_leaf_signs_for_no_pool(api: Harness) -> No
 
 def test_a_rewritten_registration_leaf_narrows_a_scope_never_widens_it(api: Harness) -> None:
     """A superuser rewrites a scoped key's registration leaf without its ``pools`` (the
-    signature then fails): the ledger takes the scope only from a leaf its own log key signed,
-    so the key signs for no pool until the leaf is restored; the audit names the leaf."""
+    signature then fails): the ledger takes role and scope only from a leaf its own log key
+    signed, so the key signs nothing until the leaf is restored; the audit names the leaf."""
     mine = _pool()
     key = api.collector(pools=[mine])
     fp = api.fingerprint(key)
@@ -197,9 +199,77 @@ def test_a_rewritten_registration_leaf_narrows_a_scope_never_widens_it(api: Harn
     try:
         for pool in (_pool(), mine):
             response = api.post([api.record(key, fp, pool=pool)])
-            assert_error(response, 422, "key_out_of_scope")
-        assert api.client().get(f"/v1/keys/{key.key_id}").json()["pools"] == []
+            assert_error(response, 422, "key_role_not_allowed")
+        shown = api.client().get(f"/v1/keys/{key.key_id}").json()
+        assert (shown["role"], shown["pools"]) == ("unverified", [])
         findings = audit(api.db, api.log_key.public_key).findings
         assert any(f.index == idx for f in findings), findings
     finally:
         superuser(api, ("log_entries",), (edit, {"e": original, "i": idx}))
+
+
+def test_an_edited_role_column_gives_a_key_nothing_more_to_sign(api: Harness) -> None:
+    """A superuser rewrites a replayer key's ``signing_keys.role`` to ``collector``: a
+    replayer's registration names no pools, so the key would sign records and heartbeats for
+    every pool. The ledger takes a key's role from its registration leaf, like its scope, so
+    the key still signs only what a replayer signs; the audit names the column."""
+    replayer = SigningKey.generate()
+    registered = api.client().post(
+        "/v1/keys",
+        json={
+            "name": f"r-{replayer.key_id[8:16]}",
+            "role": "replayer",
+            "public_key": public_key_pem(replayer.public_key),
+        },
+    )
+    assert registered.status_code == 201, registered.text
+    collector = api.collector(pools=[_pool()])
+    fp = register_fingerprint(api, collector, serial_engine())
+    edit = "UPDATE signing_keys SET role = :r WHERE key_id = :k"
+    superuser(api, ("signing_keys",), (edit, {"r": "collector", "k": replayer.key_id}))
+    try:
+        record = api.post([api.record(replayer, fp, pool=_pool())])
+        assert_error(record, 422, "key_role_not_allowed")
+        beat = heartbeat(
+            replayer,
+            worker_id=f"w-{uuid.uuid4().hex[:8]}",
+            pool=_pool(),
+            url="http://127.0.0.1:9",
+            fingerprint_id=fp,
+        )
+        assert_error(post_heartbeat(api, beat), 422, "key_role_not_allowed")
+        assert api.client().get(f"/v1/keys/{replayer.key_id}").json()["role"] == "replayer"
+        findings = audit(api.db, api.log_key.public_key).findings
+        assert any(
+            f.table == "signing_keys" and f.column == "role" and replayer.key_id in f.message
+            for f in findings
+        ), findings
+    finally:
+        superuser(api, ("signing_keys",), (edit, {"r": "replayer", "k": replayer.key_id}))
+
+
+def test_a_replay_with_no_match_lists_every_pool_near_the_fingerprint(api: Harness) -> None:
+    """A replay that names no pool is sent only to workers whose keys may sign for the
+    record's pool, but the 409 ``no_matching_pool`` still lists the nearest pools among every
+    live worker (names and differences, no request content), scoped keys or not."""
+    from api.replayer import choose_worker
+    from ledger.errors import Conflict
+
+    pools = [_pool(), _pool()]
+    for pool in pools:
+        key = api.collector(pools=[pool])
+        fp = register_fingerprint(api, key, serial_engine())
+        beat = heartbeat(
+            key,
+            worker_id=f"w-{uuid.uuid4().hex[:8]}",
+            pool=pool,
+            url="http://127.0.0.1:9",
+            fingerprint_id=fp,
+        )
+        assert post_heartbeat(api, beat).status_code == 200
+    other = api.fingerprint(api.collector(pools=[pools[0]]))
+    with pytest.raises(Conflict) as refused:
+        choose_worker(api.db, 60.0, other, None, False, pools[0])
+    assert refused.value.code == "no_matching_pool"
+    nearest = {p["pool"] for p in refused.value.details["nearest_pools"]}
+    assert set(pools) <= nearest, nearest
