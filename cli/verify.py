@@ -104,6 +104,9 @@ def _as_json(result: VerifiedBundle) -> dict[str, Any]:
         "collector_key_id": result.collector_key_id,
         "collector_key_name": result.collector_name,
         "collector_key_role": result.collector_role,
+        "collector_key_pools": (
+            list(result.collector_pools) if result.collector_pools is not None else None
+        ),
         "log_key_id": result.log_key_id,
         "log_key_pinned": result.log_key_pinned,
         "fingerprint": result.fingerprint.to_dict() if result.fingerprint else None,
@@ -166,9 +169,12 @@ def _print(result: VerifiedBundle) -> None:
     pinned = "" if result.log_key_pinned else " [bold red](LOG KEY NOT PINNED)[/]"
     console.print(f"[bold green]VALID[/] {result.kind} {escape(str(result.request_id))}{pinned}")
     console.print(f"  leaf {result.leaf_index} of {result.tree_size} in {_shown(result.origin)}")
+    pools = result.collector_pools
+    scope = "any pool" if pools is None else "pools " + ", ".join(pools) if pools else "no pool"
     console.print(
         f"  signed by collector key {result.collector_key_id} "
-        f"({_shown(result.collector_name)}, {_shown(result.collector_role)})"
+        f"({_shown(result.collector_name)}, {_shown(result.collector_role)}, "
+        f"registered for {_shown(scope)})"
     )
     at = result.checkpoint_signed_at
     signed = f" at {when(at)}" if at else " (no signed timestamp)"

@@ -213,6 +213,8 @@ class VerifiedBundle:
     collector_key_id: str
     collector_name: str
     collector_role: str
+    # the pools the collector key was registered for (None: any pool), as the log key signed
+    collector_pools: tuple[str, ...] | None
     log_key_id: str
     log_key_pinned: bool
     fingerprint: FingerprintFacts | None  # None: a v1 bundle, which carries none
@@ -294,6 +296,7 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None) -> Verif
         collector_key_id=record.key_id,
         collector_name=b.collector.name,
         collector_role=b.collector.role,
+        collector_pools=registered_pools(b.collector.registration.envelope.body),
         log_key_id=log_key.key_id,
         log_key_pinned=pinned_log_key is not None,
         fingerprint=facts,

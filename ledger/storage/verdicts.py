@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy import insert, select
 
 from ledger.disclosures import digest_of
-from ledger.errors import NotFound
+from ledger.errors import Gone, NotFound
 from ledger.replay import VERDICT_KIND
 from ledger.signing import SigningKey, sign_envelope
 from ledger.storage import log
 from ledger.storage.database import Database, as_utc, utcnow
-from ledger.storage.models import Certificate, Disclosure, LogEntry, Replay
+from ledger.storage.models import Certificate, Disclosure, Erasure, LogEntry, Replay
 from ledger.storage.queries import disclosures_at
 
 CERTIFICATE_KIND = "pool_certificate"
@@ -52,9 +52,22 @@ def _append(
     **row: Any,
 ) -> Stored:
     """Sign ``body`` with the log key, append it as a leaf and write its index row (and the
-    disclosures it commits to, ``(request_id, encoded)``), at once."""
+    disclosures it commits to, ``(request_id, encoded)``), at once. Content of a record erased
+    in the meantime (a replay runs for up to minutes) is never stored again: Gone, and nothing
+    is logged."""
     env = sign_envelope(kind, body, log_key)
-    with db.write() as s:
+    with db.write() as s:  # holds the append lock, as an erasure does
+        rids = {rid for rid, _ in content}
+        erased = (
+            s.execute(select(Erasure.request_id).where(Erasure.request_id.in_(rids))).first()
+            if rids
+            else None
+        )
+        if erased is not None:
+            raise Gone(
+                f"the content of record {erased[0]!r} was erased while it was being replayed",
+                details={"request_id": erased[0]},
+            )
         at = utcnow()
         (idx,) = log.append(s, [env], at)
         s.execute(insert(model), [{**row, "log_index": idx, "created_at": at}])

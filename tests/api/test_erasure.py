@@ -24,7 +24,7 @@ from ledger.evidence import verify_bundle
 from ledger.evidence_format import load_bundle
 from ledger.inference_record import body_view
 from ledger.signing import SigningKey
-from ledger.storage import erasures, queries, verdicts
+from ledger.storage import erasures, log, queries, verdicts
 from ledger.storage.audit import audit
 from ledger.storage.database import utcnow
 from ledger.storage.queries import RecordFilter
@@ -548,3 +548,30 @@ def _change_at(parent: Any, key: Any) -> None:
         parent[key] = [*value, json.loads(json.dumps(value[-1])) if value else "x"]
     else:
         parent[key] = {**value, "x": 1}
+
+
+def test_a_replay_that_ends_after_an_erasure_stores_none_of_the_content(api: Harness):
+    """A replay reads the record's content, then waits minutes for its worker; an erasure in
+    between deletes the content. The verdict the replay then logs would store the replayed
+    output again (content of the erased record): it is refused instead, 410
+    ``content_erased``, nothing is logged, and the audit still passes."""
+    from ledger.errors import Gone
+
+    key, fp = api.setup_collector()
+    rid = _greedy(api, key, fp)
+    leaf = api.client().get(f"/v1/records/{rid}").json()["log_index"]
+    body = queries_body(api, rid)  # what the replay holds while its worker answers
+    erase = api.client(api.token("erasure"))
+    assert erase.post(f"/v1/records/{rid}/erasure", json={"reason": "r"}).status_code == 201
+    with api.db.read() as s:
+        size = log.log_size(s)
+    out = disclosures.make("replay_output", {"kind": "replay_output", "body": {"text": "out"}})
+    verdict = verdict_body(body, leaf, "bitwise", output_digest=out.digest)
+    with pytest.raises(Gone) as refused:
+        verdicts.append_verdict(api.db, api.log_key, verdict, [out.encoded])
+    assert refused.value.details == {"request_id": rid}
+    missing = api.client().get(f"/v1/replays/{verdict['replay_id']}")
+    assert missing.status_code == 404, missing.text
+    with api.db.read() as s:
+        assert log.log_size(s) == size
+    assert audit(api.db, api.log_key.public_key).ok

@@ -273,3 +273,34 @@ def test_a_replay_with_no_match_lists_every_pool_near_the_fingerprint(api: Harne
     assert refused.value.code == "no_matching_pool"
     nearest = {p["pool"] for p in refused.value.details["nearest_pools"]}
     assert set(pools) <= nearest, nearest
+
+
+def test_a_bundle_says_which_pools_its_collector_key_was_registered_for(
+    api: Harness, tmp_path: Any
+) -> None:
+    """``ledger verify`` shows the signer's scope as the log key signed it: the pools of a
+    scoped key, "any pool" for a key registered without them."""
+    from ledger.evidence import verify_bundle
+    from tests.support.cli import ledger
+
+    mine = _pool()
+    scoped, unscoped = api.collector(pools=[mine]), api.collector()
+    shown = []
+    for key, expected in ((scoped, [mine]), (unscoped, None)):
+        fp = api.fingerprint(key)
+        record = api.record(key, fp, pool=mine)
+        assert api.post([record]).status_code == 201
+        rid = record.body["request_id"]
+        bundle = api.client().get(f"/v1/records/{rid}/evidence").json()
+        verified = verify_bundle(bundle, api.log_key.public_key)
+        assert verified.collector_pools == (tuple(expected) if expected else None)
+        path = tmp_path / f"{rid}.json"
+        path.write_text(json.dumps(bundle))
+        pinned = tmp_path / "log.pub.pem"
+        pinned.write_text(public_key_pem(api.log_key.public_key))
+        out = ledger("verify", str(path), "--log-key", str(pinned), "--json")
+        assert json.loads(out.stdout)["collector_key_pools"] == expected
+        text = ledger("verify", str(path), "--log-key", str(pinned), env={"COLUMNS": "400"})
+        shown.append(text.stdout)
+    assert f"registered for pools {mine})" in shown[0], shown[0]
+    assert "registered for any pool)" in shown[1], shown[1]
