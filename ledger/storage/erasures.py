@@ -44,7 +44,14 @@ from ledger.storage.models import (
     Record,
     Replay,
 )
-from ledger.storage.queries import RecordFilter, StoredRecord, filtered, from_log, record_in
+from ledger.storage.queries import (
+    RecordFilter,
+    StoredRecord,
+    filtered,
+    from_log,
+    mismatch,
+    record_in,
+)
 
 # Records erased per transaction by a bulk erasure or the retention purge.
 CHUNK = 500
@@ -98,9 +105,32 @@ def _holds(session: Session) -> list[tuple[Hold, dict[str, Any], bool]]:
     ).all()
     out = []
     for hold, envelope, released_at, released in rows:
-        body = json.loads(bytes(envelope))["body"]
+        body = _placed(hold, envelope)
         out.append((hold, body, _releases(released, released_at, body, hold.log_index)))
     return out
+
+
+def _placed(hold: Hold, envelope: bytes) -> dict[str, Any]:
+    """The logged body of the hold a ``holds`` row names: the leaf must be that hold's
+    placement, and the row's request ID and filter the ones it logged (index_mismatch
+    otherwise: no hold is read from an edited row, and no erasure proceeds past one)."""
+    try:
+        leaf = json.loads(bytes(envelope))
+        body: dict[str, Any] = leaf["body"]
+        flt = body.get("filter")
+        agrees = (
+            leaf["kind"] == HOLD_KIND
+            and body["hold_id"] == hold.hold_id
+            and body.get("request_id") == hold.request_id
+            and (json.dumps(flt, sort_keys=True) if flt else None) == hold.filter
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        agrees = False
+    if not agrees:
+        raise mismatch(
+            f"hold {hold.hold_id!r}", hold.log_index, "the leaf is not this hold as it was placed"
+        )
+    return body
 
 
 def _releases(envelope: Any, index: Any, hold: dict[str, Any], hold_index: int) -> bool:
@@ -381,9 +411,20 @@ def release_hold(
     body = release_body(hold_id=hold_id, reason=reason, released_by=released_by)
     env = sign_envelope(RELEASE_KIND, body, log_key)
     with db.write() as s:
-        if s.get(Hold, hold_id) is None:
+        hold = s.get(Hold, hold_id)
+        if hold is None:
             raise NotFound(f"no hold {hold_id!r}", code="hold_not_found")
-        if s.get(HoldRelease, hold_id) is not None:
+        released = s.get(HoldRelease, hold_id)
+        if released is not None:
+            at_index = released.log_index if type(released.log_index) is int else None
+            entry = s.get(LogEntry, at_index) if at_index is not None else None
+            logged = entry.envelope if entry is not None else None
+            if not _releases(logged, at_index, {"hold_id": hold_id}, hold.log_index):
+                raise mismatch(
+                    f"the release of hold {hold_id!r}",
+                    hold.log_index if at_index is None else at_index,
+                    "the leaf is not a release of this hold",
+                )
             raise Conflict(f"hold {hold_id!r} is already released", code="hold_released")
         at = utcnow()
         (idx,) = log.append(s, [env], at)

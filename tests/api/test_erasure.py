@@ -231,11 +231,59 @@ def test_a_release_row_without_its_logged_release_does_not_lift_a_hold(api: Harn
         assert [(h["hold_id"], h["released"]) for h in listed] == [(hold_id, False)]
         refused = api.client().post(f"/v1/records/{rid}/erasure", json={"reason": "x"})
         assert refused.status_code == 409 and refused.json()["error"]["code"] == "legal_hold"
+        # nor can it be released, or said to be: the row is an edit, and is named as one
+        again = holds.delete(f"/v1/holds/{hold_id}", params={"reason": "closed"})
+        assert again.status_code == 500 and again.json()["error"]["code"] == "index_mismatch"
         found = audit(api.db, api.log_key.public_key).findings
         assert [(f.table, f.column) for f in found] == [("hold_releases", "log_index")], found
         su.execute(
             [("DELETE FROM hold_releases WHERE hold_id = %s", (hold_id,))], ["hold_releases"]
         )
+    assert holds.delete(f"/v1/holds/{hold_id}", params={"reason": "closed"}).status_code == 200
+
+
+def test_a_hold_row_pointed_at_another_leaf_is_an_index_mismatch_never_a_scope(api: Harness):
+    """A superuser points a ``holds`` row at a leaf that is not its placement: a record's
+    leaf (whose body has no hold to read) or another hold's (whose scope the row would take
+    on, so the held record could be erased). Search, listing and erasure answer 500
+    ``index_mismatch`` naming the hold, nothing is erased, and the audit names the row."""
+    key, fp = api.setup_collector()
+    held, other = _post_v2(api, key, fp), _post_v2(api, key, fp)
+    holds = api.client(api.token("holds"))
+    mine = holds.post("/v1/holds", json={"request_id": held, "reason": "case 1"}).json()
+    wide = holds.post("/v1/holds", json={"filter": {"pool": "none"}, "reason": "case 2"}).json()
+    record_leaf = api.client().get(f"/v1/records/{other}").json()["log_index"]
+    su = Superuser(str(api.settings.database_url))
+    edit = "UPDATE holds SET log_index = %s WHERE hold_id = %s"
+    erase = api.client(api.token("erasure"))
+    swap = [  # the two holds' rows trade leaves (log_index is unique: by way of the record's)
+        (edit, (record_leaf, mine["hold_id"])),
+        (edit, (mine["log_index"], wide["hold_id"])),
+        (edit, (wide["log_index"], mine["hold_id"])),
+    ]
+    for edits in ([(edit, (record_leaf, mine["hold_id"]))], swap):
+        su.execute(edits, ["holds"])
+        answers = [
+            holds.get("/v1/holds"),
+            api.client().get("/v1/records"),
+            erase.post(f"/v1/records/{held}/erasure", json={"reason": "x"}),
+            erase.post("/v1/erasures", json={"filter": {}, "reason": "x"}),
+        ]
+        for answer in answers:
+            assert answer.status_code == 500, answer.text
+            error = answer.json()["error"]
+            assert error["code"] == "index_mismatch", error
+            assert mine["hold_id"] in error["message"] or wide["hold_id"] in error["message"]
+        assert api.client().get(f"/v1/records/{held}").json()["content"] != "erased"
+        found = audit(api.db, api.log_key.public_key).findings
+        assert any(f.table == "holds" for f in found), found
+        restore = [
+            (edit, (record_leaf, mine["hold_id"])),
+            (edit, (wide["log_index"], wide["hold_id"])),
+            (edit, (mine["log_index"], mine["hold_id"])),
+        ]
+        su.execute(restore, ["holds"])
+        assert audit(api.db, api.log_key.public_key).ok
 
 
 def test_retention_and_bulk_erasure_erase_exactly_what_the_dry_run_listed(api: Harness):
