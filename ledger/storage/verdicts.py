@@ -16,7 +16,7 @@ from ledger.signing import SigningKey, sign_envelope
 from ledger.storage import log
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import Certificate, Disclosure, Erasure, LogEntry, Replay
-from ledger.storage.queries import disclosures_at
+from ledger.storage.queries import disclosures_at, logged_envelope, mismatch
 
 CERTIFICATE_KIND = "pool_certificate"
 
@@ -87,7 +87,19 @@ def _append(
     return Stored(row[id_column], idx, at.isoformat(), env.canonical)
 
 
-def _get(db: Database, model: type[Any], column: Any, key: str, what: str) -> Stored:
+def _logged(envelope: bytes, log_index: int, kind: str, member: str, key: str) -> dict[str, Any]:
+    """The body of the leaf an index row names, which must be the ``kind`` whose ``member``
+    is ``key`` (IndexMismatch otherwise: an edited row is never an answer)."""
+    env, _ = logged_envelope(bytes(envelope), log_index, kind)
+    body: dict[str, Any] = env["body"]
+    if body.get(member) != key:
+        raise mismatch(f"{kind} {key!r}", log_index, f"the leaf is the {kind} of another {member}")
+    return body
+
+
+def _get(db: Database, model: type[Any], column: Any, key: str, what: str, kind: str) -> Stored:
+    """A verdict or certificate as logged, and the replay output its leaf commits to (each
+    disclosure must open the leaf's ``output_digest``)."""
     with db.read() as s:
         found = s.execute(
             select(model, LogEntry.envelope)
@@ -97,7 +109,13 @@ def _get(db: Database, model: type[Any], column: Any, key: str, what: str) -> St
         if found is None:
             raise NotFound(f"no {what} {key!r}", code=f"{what}_not_found")
         row, envelope = found
+        body = _logged(envelope, row.log_index, kind, column.key, key)
         content = tuple(disclosures_at(s, [row.log_index]).get(row.log_index, ()))
+    for encoded in content:
+        if digest_of(encoded) != body.get("output_digest"):
+            raise mismatch(
+                f"the output of {what} {key!r}", row.log_index, "a disclosure opens no digest"
+            )
     return Stored(key, row.log_index, as_utc(row.created_at).isoformat(), envelope, content)
 
 
@@ -123,26 +141,36 @@ def append_verdict(
 
 
 def get_verdict(db: Database, replay_id: str) -> Stored:
-    return _get(db, Replay, Replay.replay_id, replay_id, "replay")
+    return _get(db, Replay, Replay.replay_id, replay_id, "replay", VERDICT_KIND)
 
 
 def verdicts_of(db: Database, request_id: str) -> list[dict[str, Any]]:
     """A record's replays, oldest first (summary rows; fetch one for its envelope)."""
     with db.read() as s:
         rows = s.execute(
-            select(Replay).where(Replay.request_id == request_id).order_by(Replay.log_index)
-        ).scalars()
-        return [
+            select(Replay, LogEntry.envelope)
+            .join(LogEntry, LogEntry.idx == Replay.log_index)
+            .where(Replay.request_id == request_id)
+            .order_by(Replay.log_index)
+        ).all()
+    out = []
+    for r, envelope in rows:  # each summary read from its leaf, never from the index row
+        body = _logged(envelope, r.log_index, VERDICT_KIND, "replay_id", r.replay_id)
+        if body.get("request_id") != request_id:
+            raise mismatch(
+                f"replay {r.replay_id!r}", r.log_index, "the verdict is about another record"
+            )
+        out.append(
             {
                 "replay_id": r.replay_id,
-                "verdict": r.verdict,
-                "pool": r.pool,
-                "worker_id": r.worker_id,
+                "verdict": body.get("verdict"),
+                "pool": body.get("pool"),
+                "worker_id": body.get("worker_id"),
                 "log_index": r.log_index,
                 "created_at": as_utc(r.created_at).isoformat(),
             }
-            for r in rows
-        ]
+        )
+    return out
 
 
 def append_certificate(db: Database, log_key: SigningKey, body: dict[str, Any]) -> Stored:
@@ -161,7 +189,9 @@ def append_certificate(db: Database, log_key: SigningKey, body: dict[str, Any]) 
 
 
 def get_certificate(db: Database, certificate_id: str) -> Stored:
-    return _get(db, Certificate, Certificate.certificate_id, certificate_id, "certificate")
+    return _get(
+        db, Certificate, Certificate.certificate_id, certificate_id, "certificate", CERTIFICATE_KIND
+    )
 
 
 def latest_certificate(db: Database, pool: str) -> dict[str, Any] | None:

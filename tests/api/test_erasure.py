@@ -623,3 +623,46 @@ def test_a_replay_that_ends_after_an_erasure_stores_none_of_the_content(api: Har
     with api.db.read() as s:
         assert log.log_size(s) == size
     assert audit(api.db, api.log_key.public_key).ok
+
+
+def test_a_verdict_is_served_only_as_its_leaf_logged_it(api: Harness):
+    """``GET /v1/replays/{id}`` and a record's replay list read each verdict from its leaf:
+    an edited verdict column shows nothing false, a row pointed at another leaf and a replay
+    output that opens no digest of the verdict are 500 ``index_mismatch``, never an answer."""
+    key, fp = api.setup_collector()
+    rid = _greedy(api, key, fp)
+    leaf = api.client().get(f"/v1/records/{rid}").json()["log_index"]
+    out = disclosures.make("replay_output", {"kind": "replay_output", "body": {"text": "out"}})
+    body = verdict_body(queries_body(api, rid), leaf, "diverged", output_digest=out.digest)
+    stored = verdicts.append_verdict(api.db, api.log_key, body, [out.encoded])
+    path = f"/v1/replays/{body['replay_id']}"
+    assert api.client().get(path).json()["disclosures"] == [out.encoded]
+    su = Superuser(str(api.settings.database_url))
+    forged = disclosures.make("replay_output", {"kind": "replay_output", "body": {"text": "x"}})
+    edits = [
+        ("UPDATE replays SET verdict = %s WHERE replay_id = %s", ("bitwise", body["replay_id"])),
+        (
+            "UPDATE disclosures SET disclosure = %s WHERE log_index = %s",
+            (forged.encoded, stored.log_index),
+        ),
+        ("UPDATE replays SET log_index = %s WHERE replay_id = %s", (leaf, body["replay_id"])),
+    ]
+    su.execute(edits[:1], ["replays"])
+    listed = api.client().get(f"/v1/records/{rid}").json()["replays"]
+    assert [r["verdict"] for r in listed] == ["diverged"], listed
+    su.execute(edits[1:2], ["disclosures"])
+    answer = api.client().get(path)
+    assert answer.status_code == 500 and answer.json()["error"]["code"] == "index_mismatch"
+    su.execute(
+        [
+            (
+                "UPDATE disclosures SET disclosure = %s WHERE log_index = %s",
+                (out.encoded, stored.log_index),
+            )
+        ],
+        ["disclosures"],
+    )
+    assert api.client().get(path).status_code == 200
+    su.execute(edits[2:], ["replays"])
+    for answer in (api.client().get(path), api.client().get(f"/v1/records/{rid}")):
+        assert answer.status_code == 500 and answer.json()["error"]["code"] == "index_mismatch"
