@@ -66,6 +66,7 @@ async def _retention(state: AppState, days: int, interval: float) -> None:
                     progress=metrics.erasures.labels("retention").inc,
                 )
             )
+            state.hot_answers.forget(set(result.erased))
             metrics.retention_held.inc(len(result.held))
             metrics.retention_runs.labels("done").inc()
             if result.erased:

@@ -65,6 +65,7 @@ async def erase_record(
             requested_by=principal.name,
         )
     )
+    state.hot_answers.forget({request_id})
     if erased.status == "erased":
         state.metrics.erasures.labels("request").inc()
     else:
@@ -97,6 +98,7 @@ async def erase_matching(
         )
     )
     if not payload.dry_run:
+        state.hot_answers.forget(set(result.erased))
         state.metrics.erasures.labels("request").inc(len(result.erased))
     return result.to_dict()
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +117,25 @@ class HotAnswers:
             self._items.move_to_end(key)
             while len(self._items) > self._size:
                 self._items.popitem(last=False)
+
+    def drop(self, key: str) -> None:
+        """Forget a key whose rows changed: what it kept may be content erased since."""
+        with self._lock:
+            self._items.pop(key, None)
+
+    def forget(self, request_ids: Collection[str]) -> None:
+        """Forget every answer that is one of these records (their content was erased): a
+        kept answer is never served once its rows change, but it holds the content."""
+        if not request_ids:
+            return
+        with self._lock:
+            gone = [
+                key
+                for key, kept in self._items.items()
+                if kept.found.hit is not None and kept.found.hit.request_id in request_ids
+            ]
+            for key in gone:
+                del self._items[key]
 
 
 @dataclass(frozen=True)
@@ -230,11 +249,13 @@ def _found(db: Database, key: str, hot: HotAnswers, pool: str | None) -> tuple[F
     through, else verified afresh against the log (and kept when the rows did not change
     meanwhile and its answer lies within them)."""
     rows = read_rows(db, key)
-    if not rows:
-        return Found(None, (), 0, frozenset()), rows
     kept = hot.get(_hot_key(key, pool))
     if kept is not None and kept.rows == rows:
         return kept.found, rows
+    if kept is not None:
+        hot.drop(_hot_key(key, pool))
+    if not rows:
+        return Found(None, (), 0, frozenset()), rows
     with db.read() as s:
         found = find_reusable(s, key, pool)
     # Kept only when the rows read cover it: all of the key's rows, or those up to its hit.
@@ -323,7 +344,7 @@ async def kept_answer(
     kept = hot.get(_hot_key(key, pool))
     if kept is not None:
         if kept.found.hit is None or await reader.rows(key) != kept.rows:
-            return None
+            return None  # the slow path reads the rows again, and drops or replaces it
         hit, via = kept.found.hit, "kept"
     else:
         candidates = await reader.candidates(key)

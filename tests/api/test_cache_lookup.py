@@ -24,7 +24,7 @@ from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.packing import unpack_float32, unpack_int32
 from ledger.records import RECORD_KIND, Choice, build_record_body
 from ledger.signing import SigningKey, sign_envelope
-from ledger.storage import cache
+from ledger.storage import cache, erasures
 from ledger.storage.cache_lookup import HotAnswers, answer
 from tests.api.test_read_paths import superuser
 from tests.conftest import BACKENDS, fresh_url
@@ -454,6 +454,46 @@ def test_erased_content_is_never_served(api: Harness) -> None:
     data = _one_call(c, request, fingerprint_id=fp).json()
     # an erasure deletes the key with the content: nothing tells the prompt was ever sent
     assert data["hit"] is False and data["reason"] == "no_record" and "response" not in data
+
+
+def _kept_ids(hot: HotAnswers) -> set[str]:
+    return {k.found.hit.request_id for k in hot._items.values() if k.found.hit is not None}
+
+
+def test_an_erasure_leaves_no_kept_answer_holding_the_content(api: Harness) -> None:
+    """A kept answer holds the record it serves, content and all: the process that erases a
+    record forgets it at once, and any process drops it the next time the key is looked up
+    (its rows changed), so erased content does not stay in memory until pushed out."""
+    key, fp = api.setup_collector()
+    c = api.client()
+    hot: HotAnswers = api.server.server.config.app.state.ledger.hot_answers
+    rids, requests = [], []
+    for seed in (7060, 7061):
+        env, disclosures = record_v2(
+            key, fp, tier=1, seed=seed, text_prompt=True, request_extra=GREEDY
+        )
+        posted = c.post(
+            "/v1/records",
+            json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]},
+        )
+        assert posted.status_code == 201, posted.text
+        rids.append(env.body["request_id"])
+        requests.append(
+            record_body(fp, seed=seed, text_prompt=True, request_extra=GREEDY)["request"]
+        )
+        for _ in range(2):
+            assert _one_call(c, requests[-1], fingerprint_id=fp).json()["request_id"] == rids[-1]
+    assert set(rids) <= _kept_ids(hot)
+    # the route that erases forgets the record's answers in its process
+    assert c.post(f"/v1/records/{rids[0]}/erasure", json={"reason": "r"}).status_code == 201
+    assert rids[0] not in _kept_ids(hot) and rids[1] in _kept_ids(hot)
+    # another process's answers (here, a lookup's own): dropped once the key's rows changed
+    other = HotAnswers()
+    assert answer(api.db, COMPLETIONS, requests[1], fp, hot=other).hit
+    assert rids[1] in _kept_ids(other)
+    assert erasures.erase(api.db, api.log_key, rids[1], reason="r", requested_by="t").status
+    assert answer(api.db, COMPLETIONS, requests[1], fp, hot=other).hit is False
+    assert not _kept_ids(other)
 
 
 @pytest.mark.parametrize("stream", [False, True])
