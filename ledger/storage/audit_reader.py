@@ -11,6 +11,7 @@ text is parsed, and anything that is not a time is ``None`` (the audit reports i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -70,8 +71,15 @@ _REPLAY_COLUMNS = (
 Raw = tuple[Any, ...]
 
 
+# The one text the ledger writes a time as on SQLite (SQLAlchemy's, naive UTC). SQL range
+# filters compare that text, so any other spelling of the same instant (an offset, a "T")
+# would move a row in or out of every time window while parsing to an equal time: it is "not
+# a time" to the audit, which names the table and column.
+_SQLITE_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}")
+
+
 def _sqlite_micros(value: Any) -> Micros | None:
-    if not isinstance(value, str):
+    if not isinstance(value, str) or not _SQLITE_TIME.fullmatch(value):
         return None
     try:
         return micros(datetime.fromisoformat(value))

@@ -320,7 +320,9 @@ def erase_matching(
         holds = active_holds(s)
         todo = []
         for stored in page:
-            if not flt.matches(stored):
+            # the index only selects candidates: the filter and the cutoff are decided on the
+            # receive time as read with the record, never on the SQL comparison alone
+            if not flt.matches(stored) or (before is not None and stored.received_at >= before):
                 continue
             if not stored.record.erasable:
                 result.not_erasable += 1

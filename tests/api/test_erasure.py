@@ -666,3 +666,35 @@ def test_a_verdict_is_served_only_as_its_leaf_logged_it(api: Harness):
     su.execute(edits[2:], ["replays"])
     for answer in (api.client().get(path), api.client().get(f"/v1/records/{rid}")):
         assert answer.status_code == 500 and answer.json()["error"]["code"] == "index_mismatch"
+
+
+def test_a_receive_time_respelled_in_another_zone_is_caught_and_moves_no_cutoff(api: Harness):
+    """On SQLite a time is text, and SQL time windows compare that text: a superuser who
+    writes a receive time as the same instant in another zone (``-23:00``) moves the record in
+    every window while the time still parses equal. The audit takes only the text the ledger
+    writes, so it names both columns; and the retention purge decides its cutoff on the time as
+    read with the record, so a record not yet due is not erased. (Postgres keeps one
+    canonical form: the same edit changes nothing there.)"""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    key, fp = api.setup_collector()
+    due_later = _post_v2(api, key, fp)
+    shown = api.client().get(f"/v1/records/{due_later}").json()
+    at = datetime.fromisoformat(shown["received_at"]).astimezone(UTC)
+    su = Superuser(str(api.settings.database_url))
+    respelled = at.astimezone(timezone(timedelta(hours=-23)))
+    value = respelled if su.postgres else respelled.isoformat(" ", "microseconds")
+    for table, column, match in (  # the index column alone, then the log entry's time too
+        ("records", "received_at", lambda r: r["request_id"] == due_later),
+        ("log_entries", "appended_at", lambda r: r["idx"] == shown["log_index"]),
+    ):
+        (row,) = [rid for rid, r in su.rows(table) if match(r)]
+        su.set(table, row, column, value)
+        found = audit(api.db, api.log_key.public_key).findings
+        if su.postgres:
+            assert not found, found
+        else:
+            assert (table, column) in {(f.table, f.column) for f in found}, found
+    purged = erasures.purge_expired(api.db, api.log_key, 1, now=at + timedelta(hours=12))
+    assert purged.erased == [], purged
+    assert api.client().get(f"/v1/records/{due_later}").json()["content"] != "erased"
