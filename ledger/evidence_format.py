@@ -94,8 +94,14 @@ def _no_constant(name: str) -> Any:
 def load_bundle(data: bytes) -> Any:
     """A bundle file's JSON, refusing what JSON parsers read differently: a member named twice
     (one reader sees the first value, another the last) and NaN or Infinity."""
+    # UTF-8, strictly (json.loads of bytes would take an encoded surrogate, and UTF-16), a
+    # leading BOM skipped as a browser's TextDecoder skips it
     try:
-        return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise fail("format", f"the bytes are not UTF-8 text: {exc}") from exc
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise fail("format", f"not JSON: {exc}") from exc
     except RecursionError:

@@ -197,6 +197,8 @@ def parse_record(
                 "a schema version 1 record has no disclosures", code="schema_violation"
             )
         summary = validate_record_body(b)
+        if complete:
+            _check_depth(b)
         return _build(b, b, summary, sampling_of(b["request"]))
     digests = check_clear(b)
     summary = check_common(b)
@@ -204,10 +206,34 @@ def parse_record(
         opened = open_record(b, disclosures)
         view = assemble(b, opened)
         summary = check_content(view, summary)
+        _check_depth(view)
     else:
         opened = open_disclosures(digests, disclosures)
         view = assemble(b, opened)
     return _build(b, view, summary, b["sampling"], digests, opened)
+
+
+# How deep a record may nest, at ingest: a collector records no request nested deeper than 64
+# levels (collectors/vllm_request.py), and every verifier (ledger verify, the browser's) reads
+# a bundle of such a record well within its own limit, so what the ledger logs verifies alike
+# everywhere. Records logged before the limit are read and verified as before.
+MAX_RECORD_DEPTH = 128
+
+
+def _check_depth(view: Mapping[str, Any]) -> None:
+    """InvalidInput when a record's v1-shaped body nests deeper than MAX_RECORD_DEPTH."""
+    level: list[Any] = [view]  # the containers at one depth, the body's own at depth 1
+    for _ in range(MAX_RECORD_DEPTH):
+        inner: list[Any] = []
+        for value in level:
+            members = value.values() if isinstance(value, dict) else value
+            inner.extend(v for v in members if isinstance(v, dict | list))
+        if not inner:
+            return
+        level = inner
+    raise InvalidInput(
+        f"the record nests deeper than {MAX_RECORD_DEPTH} levels", code="schema_violation"
+    )
 
 
 def body_view(answer: Mapping[str, Any]) -> dict[str, Any]:

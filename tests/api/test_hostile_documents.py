@@ -123,3 +123,40 @@ def test_the_record_page_shows_only_the_notices_its_forms_send(api: Harness) -> 
     forged = c.get(f"/ui/records/{rid}", params={"done": "erased. Your token was revoked"})
     assert "Done:" not in forged.text and "revoked" not in forged.text
     assert "Done: held." in c.get(f"/ui/records/{rid}", params={"done": "held"}).text
+
+
+def test_a_record_nested_past_the_limit_is_refused_at_ingest(api: Harness) -> None:
+    """A record nesting deeper than 128 levels (a collector records no request deeper than 64)
+    is refused, schema v1 and v2 alike, so nothing the ledger logs is past what a verifier
+    reads; one just within is logged and its bundle verifies."""
+    from ledger.evidence import verify_bundle
+    from ledger.inference_record import MAX_RECORD_DEPTH
+
+    key = api.collector()
+    fp = api.fingerprint(key)
+
+    def nested(levels: int) -> Any:
+        value: Any = 1
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    # the request is at depth 2 of the body, its member "x" at 3: x's arrays fill the rest
+    within, past = nested(MAX_RECORD_DEPTH - 2), nested(MAX_RECORD_DEPTH - 1)
+    for extra, status in ((within, 201), (past, 422)):
+        v1 = api.record(key, fp, request_extra={"x": extra})
+        answer = api.post([v1])
+        assert answer.status_code == status, answer.text
+        env, disclosures = record_v2(key, fp, request_extra={"x": extra})
+        answer = api.client().post(
+            "/v1/records",
+            json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]},
+        )
+        assert answer.status_code == status, answer.text
+        if status == 422:
+            assert answer.json()["error"]["code"] == "schema_violation"
+            assert "deeper than 128 levels" in answer.json()["error"]["message"]
+        else:
+            rid = env.body["request_id"]
+            bundle = api.client().get(f"/v1/records/{rid}/evidence").json()
+            assert verify_bundle(bundle, api.log_key.public_key).request_id == rid

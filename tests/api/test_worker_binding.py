@@ -170,7 +170,9 @@ def test_a_replay_naming_no_pool_goes_only_to_workers_whose_keys_may_sign_for_th
     _register(api, rogue, fp, trap.url, pool=theirs)
     refused = api.client().post("/v1/replays", json={"request_id": request_id})
     _error(refused, 409, "no_matching_pool")
-    assert theirs not in {p["pool"] for p in refused.json()["error"]["details"]["nearest_pools"]}
+    # listed among the nearest pools (a requester may name it), but sent nothing
+    assert theirs in {p["pool"] for p in refused.json()["error"]["details"]["nearest_pools"]}
+    assert trap.orders == []
     honest = _fake(fakes, owner, record)
     own = _register(api, owner, fp, honest.url, pool=mine)
     _register(api, rogue, fp, trap.url, pool=theirs)  # the most recent heartbeat

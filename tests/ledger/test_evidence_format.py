@@ -106,3 +106,16 @@ def test_a_bundle_nested_too_deeply_fails_the_format_check() -> None:
     with pytest.raises(VerificationError) as err:
         load_bundle(text.encode())
     assert err.value.details["check"] == "format"
+
+
+def test_a_bundle_file_must_be_utf8_text() -> None:
+    """``ledger verify`` reads a file as the browser's verifier does: strict UTF-8 (an encoded
+    surrogate, even in the unsigned ``exported_at``, is refused), a leading BOM skipped."""
+    from ledger.errors import VerificationError
+    from ledger.evidence_format import load_bundle
+
+    assert load_bundle(b'\xef\xbb\xbf{"a": "b"}') == {"a": "b"}
+    for data in (b'{"exported_at": "\xed\xa0\x80"}', '{"a": 1}'.encode("utf-16")):
+        with pytest.raises(VerificationError) as refused:
+            load_bundle(data)
+        assert refused.value.details["check"] == "format"
