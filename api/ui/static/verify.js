@@ -722,11 +722,8 @@
 
   const checkedKeys = new Set();
 
-  /** ledger.signing.check_public_key: refuse what is not a canonical, large-order point. */
-  function checkPublicKey(raw) {
-    if (raw.length !== 32) throw invalid(`an Ed25519 key is 32 bytes, not ${raw.length}`, "invalid_public_key");
-    const id = hex(raw);
-    if (checkedKeys.has(id)) return;
+  /** The point a 32-byte encoding names: {x, y, sign, yBits}, or null for none. */
+  function decodePoint(raw) {
     let n = 0n;
     for (let k = 31; k >= 0; k--) n = (n << 8n) | BigInt(raw[k]);
     const sign = n >> 255n;
@@ -736,10 +733,26 @@
     const v = modP(CURVE_D * y * y + 1n);
     let x = modP(modP(u * powP(v, 3n)) * powP(modP(u * powP(v, 7n)), (P - 5n) / 8n));
     if (modP(v * x * x - u) !== 0n) x = modP(x * SQRT_M1);
-    if (modP(v * x * x - u) !== 0n) throw invalid("the public key is not a point on Ed25519", "invalid_public_key");
+    if (modP(v * x * x - u) !== 0n) return null;
+    return { x, y, sign, yBits };
+  }
+
+  /** Whether a point is one of the 8 torsion points (8 times it is the identity). */
+  function isSmallOrder({ x, y }) {
     let point = [x, y, 1n, modP(x * y)];
     for (let k = 0; k < 3; k++) point = pointAdd(point, point);
-    if (point[0] === 0n && point[1] === point[2]) {
+    return point[0] === 0n && point[1] === point[2];
+  }
+
+  /** ledger.signing.check_public_key: refuse what is not a canonical, large-order point. */
+  function checkPublicKey(raw) {
+    if (raw.length !== 32) throw invalid(`an Ed25519 key is 32 bytes, not ${raw.length}`, "invalid_public_key");
+    const id = hex(raw);
+    if (checkedKeys.has(id)) return;
+    const decoded = decodePoint(raw);
+    if (decoded === null) throw invalid("the public key is not a point on Ed25519", "invalid_public_key");
+    const { x, sign, yBits } = decoded;
+    if (isSmallOrder(decoded)) {
       throw invalid(
         "the public key is a small-order Ed25519 point (all-zero or another of the 8 torsion " +
           "points): it binds no signer",
@@ -851,6 +864,12 @@
   async function verifySignature(raw, signature, message) {
     if (signature.length !== SIGNATURE_SIZE) {
       throw new LedgerError(`a signature is ${SIGNATURE_SIZE} bytes, not ${signature.length}`, "bad_signature");
+    }
+    // libsodium (ledger verify) refuses a signature whose R is a small-order point; WebCrypto
+    // takes one (R the identity, S = h·a verifies): refused here as there
+    const r = decodePoint(signature.subarray(0, 32));
+    if (r !== null && isSmallOrder(r)) {
+      throw new LedgerError("the signature does not verify", "bad_signature");
     }
     let ok = false;
     try {

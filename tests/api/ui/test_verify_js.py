@@ -1106,3 +1106,46 @@ def test_verification_stops_at_the_first_failed_check(
         + [("not_run", None)] * (len(CHECKS) - failed_at - 1)
     )
     assert got["message"] == got["steps"][failed_at]["message"] != ""
+
+
+_L = 2**252 + 27742317777372353535851937790883648493  # the order of Ed25519's base point
+
+
+def _identity_r_signature(key: Any, message: bytes) -> bytes:
+    """An Ed25519 signature of ``message`` whose R is the identity (a small-order point) and
+    S = h·a: it satisfies the verification equation, libsodium refuses it, WebCrypto not."""
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization
+
+    seed = key.private_key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    a = bytearray(hashlib.sha512(seed).digest()[:32])
+    a[0] &= 248
+    a[31] = (a[31] & 127) | 64
+    r = (1).to_bytes(32, "little")
+    public = key.private_key.public_key().public_bytes_raw()
+    h = int.from_bytes(hashlib.sha512(r + public + message).digest(), "little") % _L
+    return r + (h * int.from_bytes(a, "little") % _L).to_bytes(32, "little")
+
+
+def test_a_signature_with_a_small_order_r_fails_in_both(
+    verify_page: BrowserPage, ledger: Ledger, cases: dict[str, Case]
+) -> None:
+    """The log key's own signature of the checkpoint, made with R the identity point: the
+    equation holds, so WebCrypto accepts it, but libsodium (``ledger verify``) refuses a
+    small-order R; verify.js refuses it too, at ``checkpoint_signature``."""
+    from ledger.checkpoint import note_key_hash
+
+    bundle = json.loads(cases["disclosed"].text)
+    note = bundle["checkpoint"]
+    cp, _ = parse_checkpoint(note)
+    signed = note.split("\n\n")[0] + "\n"
+    sig = _identity_r_signature(ledger.log_key, signed.encode())
+    blob = base64.b64encode(note_key_hash(cp.origin, ledger.log_key.public_key) + sig).decode()
+    bundle["checkpoint"] = signed + "\n\u2014 " + cp.origin + " " + blob + "\n"
+    text = json.dumps(bundle)
+    assert python_check(text, ledger.pem) == "checkpoint_signature"
+    (got,) = js_checks(verify_page, [text], ledger.pem)
+    assert got["failed"] == "checkpoint_signature", got
