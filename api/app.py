@@ -77,6 +77,7 @@ async def _retention(state: AppState, days: int, interval: float) -> None:
                     len(result.held),
                 )
         except Exception:  # never let the purge die silently; try again next tick
+            state.hot_answers.clear()  # batches before the failure were erased
             metrics.retention_runs.labels("failed").inc()
             logger.exception("retention purge failed; retrying next tick")
         await asyncio.sleep(interval)

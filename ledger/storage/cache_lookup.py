@@ -123,6 +123,12 @@ class HotAnswers:
         with self._lock:
             self._items.pop(key, None)
 
+    def clear(self) -> None:
+        """Forget every answer (an erasure that failed part way: which records it erased
+        before failing is not known here)."""
+        with self._lock:
+            self._items.clear()
+
     def forget(self, request_ids: Collection[str]) -> None:
         """Forget every answer that is one of these records (their content was erased): a
         kept answer is never served once its rows change, but it holds the content."""

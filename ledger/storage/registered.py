@@ -64,7 +64,14 @@ def signer_keys(db: Database, key_ids: Iterable[str]) -> dict[str, KeyInfo]:
         with db.read() as s:
             return keystore.load_keys(s, missing)
 
-    return _KEYS.get(db, key_ids, read, keep=lambda info: info.revoked_at is None)
+    # Kept: keys not revoked whose registration verified (an "unverified" key, its leaf
+    # edited, is read again: once the leaf is restored, the key signs again).
+    return _KEYS.get(
+        db,
+        key_ids,
+        read,
+        keep=lambda info: info.revoked_at is None and info.role != keystore.UNVERIFIED_ROLE,
+    )
 
 
 def chat_templates(db: Database, fingerprint_ids: Iterable[str]) -> dict[str, str | None]:

@@ -87,9 +87,14 @@ def _append(
     return Stored(row[id_column], idx, at.isoformat(), env.canonical)
 
 
-def _logged(envelope: bytes, log_index: int, kind: str, member: str, key: str) -> dict[str, Any]:
+def _logged(
+    envelope: bytes | None, log_index: int, kind: str, member: str, key: str
+) -> dict[str, Any]:
     """The body of the leaf an index row names, which must be the ``kind`` whose ``member``
-    is ``key`` (IndexMismatch otherwise: an edited row is never an answer)."""
+    is ``key`` (IndexMismatch otherwise, a leaf the log does not hold included: an edited row
+    is never an answer, nor hidden)."""
+    if envelope is None:
+        raise mismatch(f"{kind} {key!r}", log_index, "the log holds no such leaf")
     env, _ = logged_envelope(bytes(envelope), log_index, kind)
     body: dict[str, Any] = env["body"]
     if body.get(member) != key:
@@ -103,7 +108,7 @@ def _get(db: Database, model: type[Any], column: Any, key: str, what: str, kind:
     with db.read() as s:
         found = s.execute(
             select(model, LogEntry.envelope)
-            .join(LogEntry, LogEntry.idx == model.log_index)
+            .outerjoin(LogEntry, LogEntry.idx == model.log_index)
             .where(column == key)
         ).first()
         if found is None:
@@ -149,7 +154,7 @@ def verdicts_of(db: Database, request_id: str) -> list[dict[str, Any]]:
     with db.read() as s:
         rows = s.execute(
             select(Replay, LogEntry.envelope)
-            .join(LogEntry, LogEntry.idx == Replay.log_index)
+            .outerjoin(LogEntry, LogEntry.idx == Replay.log_index)
             .where(Replay.request_id == request_id)
             .order_by(Replay.log_index)
         ).all()

@@ -666,6 +666,49 @@ def test_a_verdict_is_served_only_as_its_leaf_logged_it(api: Harness):
     su.execute(edits[2:], ["replays"])
     for answer in (api.client().get(path), api.client().get(f"/v1/records/{rid}")):
         assert answer.status_code == 500 and answer.json()["error"]["code"] == "index_mismatch"
+    # pointed at no leaf at all: named, not hidden
+    su.execute(
+        [("UPDATE replays SET log_index = %s WHERE replay_id = %s", (10**9, body["replay_id"]))],
+        ["replays"],
+    )
+    for answer in (api.client().get(path), api.client().get(f"/v1/records/{rid}")):
+        assert answer.status_code == 500 and answer.json()["error"]["code"] == "index_mismatch"
+
+
+def test_a_bulk_erasure_that_fails_part_way_keeps_no_cache_answer(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """A bulk erasure commits batch by batch: one that fails after its first batch (here an
+    edited row in the second) has erased records whose kept cache answers hold their content.
+    The process forgets every kept answer then, not only those it could name."""
+    key, fp = api.setup_collector()
+    first, second = _greedy(api, key, fp), _greedy(api, key, fp)
+    hot = api.server.server.config.app.state.ledger.hot_answers
+    view = body_view(api.client().get(f"/v1/records/{first}").json())
+    lookup = {"endpoint": view["endpoint"], "request": view["request"], "fingerprint_id": fp}
+    for _ in range(2):
+        assert api.client().post("/v1/cache/lookup", json=lookup).json()["request_id"] == first
+    assert any(k.found.hit and k.found.hit.request_id == first for k in hot._items.values())
+    holds = api.client(api.token("holds"))
+    later = holds.post("/v1/holds", json={"request_id": "req-none", "reason": "x"}).json()
+    su = Superuser(str(api.settings.database_url))
+    su.execute(  # the second record's row now names a leaf after the first's: no record
+        [
+            (
+                "UPDATE records SET log_index = %s WHERE request_id = %s",
+                (later["log_index"], second),
+            )
+        ],
+        ["records"],
+    )
+    monkeypatch.setattr(erasures, "CHUNK", 1)
+    failed = api.client(api.token("erasure")).post(
+        "/v1/erasures",
+        json={"filter": {"fingerprint_id": fp}, "reason": "r", "dry_run": False},
+    )
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "index_mismatch"
+    assert api.client().get(f"/v1/records/{first}").json()["content"] == "erased"
+    assert not hot._items
 
 
 def test_a_receive_time_respelled_in_another_zone_is_caught_and_moves_no_cutoff(api: Harness):

@@ -175,6 +175,8 @@ def test_a_key_row_pointed_at_another_leaf_signs_nothing(api: Harness) -> None:
         ), findings
     finally:
         superuser(api, ("signing_keys",), (edit, {"i": registered, "k": key.key_id}))
+    # the row restored, the key signs again for its pool (no refusal is kept)
+    assert api.post([api.record(key, fp, pool=mine)]).status_code == 201
 
 
 def test_a_rewritten_registration_leaf_narrows_a_scope_never_widens_it(api: Harness) -> None:

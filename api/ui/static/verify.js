@@ -418,30 +418,14 @@
   const UTF8 = new TextEncoder();
   const UTF8_STRICT = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 
-  /** The bundle's bytes as json.loads(bytes) decodes them (json.detect_encoding). */
+  /** The bundle's bytes as ledger verify reads a file (load_bundle): strict UTF-8, one
+   * leading BOM skipped; any other encoding is not a bundle. */
   function decodeBundleBytes(bytes) {
-    const b = bytes;
-    const starts = (...sig) => sig.every((x, k) => b[k] === x);
-    let encoding = "utf-8";
-    let skip = 0;
-    if (starts(0x00, 0x00, 0xfe, 0xff) || starts(0xff, 0xfe, 0x00, 0x00)) encoding = "utf-32";
-    else if (starts(0xfe, 0xff)) [encoding, skip] = ["utf-16be", 2];
-    else if (starts(0xff, 0xfe)) [encoding, skip] = ["utf-16le", 2];
-    else if (starts(0xef, 0xbb, 0xbf)) skip = 3;
-    else if (b.length >= 4) {
-      if (!b[0]) encoding = b[1] ? "utf-16be" : "utf-32";
-      else if (!b[1]) encoding = b[2] || b[3] ? "utf-16le" : "utf-32";
-    } else if (b.length === 2) {
-      if (!b[0]) encoding = "utf-16be";
-      else if (!b[1]) encoding = "utf-16le";
-    }
-    if (encoding === "utf-32") {
-      throw fail("format", "the bundle is UTF-32 text, which this verifier does not read");
-    }
+    const skip = bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf ? 3 : 0;
     try {
-      return new TextDecoder(encoding, { fatal: true, ignoreBOM: true }).decode(b.subarray(skip));
+      return UTF8_STRICT.decode(bytes.subarray(skip));
     } catch (e) {
-      throw fail("format", `not JSON: the bytes are not ${encoding} text`);
+      throw fail("format", "the bytes are not UTF-8 text");
     }
   }
 

@@ -1149,3 +1149,40 @@ def test_a_signature_with_a_small_order_r_fails_in_both(
     assert python_check(text, ledger.pem) == "checkpoint_signature"
     (got,) = js_checks(verify_page, [text], ledger.pem)
     assert got["failed"] == "checkpoint_signature", got
+
+
+def test_bundle_bytes_are_read_as_strict_utf8_in_both(
+    verify_page: BrowserPage, cases: dict[str, Case]
+) -> None:
+    """A bundle given as bytes is read as ``ledger verify`` reads a file: UTF-8 with one
+    leading BOM skipped verifies in both; UTF-16 (with or without its BOM) and an encoded
+    surrogate fail ``format`` in both."""
+    case = cases["disclosed"]
+    text = json.dumps(json.loads(case.text))
+    forms = {
+        "utf-8 with a BOM": b"\xef\xbb\xbf" + text.encode(),
+        "utf-16": text.encode("utf-16"),
+        "utf-16-le": text.encode("utf-16-le"),
+        # in the member nothing signs: still not UTF-8 text
+        "encoded surrogate": text.encode().replace(
+            b'"exported_at": "', b'"exported_at": "\xed\xa0\x80'
+        ),
+    }
+    pinned = load_public_key(case.pem)
+    for label, data in forms.items():
+        try:
+            verify_bundle(load_bundle(data), pinned)
+            python = ""
+        except VerificationError as exc:
+            python = str(exc.details.get("check"))
+        got = verify_page.evaluate(
+            """async ([bytes, pem]) => {
+              const key = await LedgerVerify.parsePinnedKey(pem);
+              const r = await LedgerVerify.verifyBundle(Uint8Array.from(bytes), key);
+              return {valid: r.valid, failed: r.failed};
+            }""",
+            [list(data), case.pem],
+        )
+        expected = "" if label == "utf-8 with a BOM" else "format"
+        assert python == expected, (label, python)
+        assert (got["failed"] or "") == expected, (label, got)
