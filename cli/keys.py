@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 import typer
+from rich.markup import escape
 
 from cli.common import (
     ApiOption,
@@ -142,10 +143,10 @@ def list_keys(
     for k in items:
         pools = k.get("pools")
         out.add_row(
-            k["key_id"],
-            k["name"],
-            k["role"],
-            "any" if pools is None else ", ".join(pools),
+            escape(str(k["key_id"])),
+            escape(str(k["name"])),
+            escape(str(k["role"])),
+            "any" if pools is None else escape(", ".join(pools)),
             when(k["registered_at"]),
             when(k["revoked_at"]),
         )

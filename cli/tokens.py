@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from cli.common import (
     DbOption,
@@ -86,7 +87,9 @@ def create(
         print_json(payload if out else {**payload, "token": token.secret})
         return
     until = f", expires {when(info.expires_at)}" if info.expires_at else ""
-    console.print(f"token {info.token_id} ({info.name}) scopes: {', '.join(info.scopes)}{until}")
+    console.print(
+        f"token {info.token_id} ({escape(info.name)}) scopes: {', '.join(info.scopes)}{until}"
+    )
     console.print(f"written to {out}" if out else token.secret)
 
 
@@ -120,7 +123,7 @@ def list_tokens(db_url: str | None = DbOption, as_json: bool = JsonOption) -> No
             expiry = when(t.expires_at) + (" (expired)" if t.expired(now) else "")
         out.add_row(
             t.token_id,
-            t.name,
+            escape(t.name),
             ", ".join(t.scopes),
             when(t.created_at),
             expiry,

@@ -38,6 +38,13 @@ SIGNIN_SECONDS = 900  # how long a sign-in form stays valid
 _INFO = b"inference-ledger console session v1"
 
 
+def _same(sent: str, expected: str) -> bool:
+    """A constant-time comparison of a value a client sent with the expected one. Compared as
+    UTF-8 bytes: ``hmac.compare_digest`` raises TypeError on non-ASCII text, which a client
+    chooses (a cookie or form field with an "é" in it)."""
+    return hmac.compare_digest(sent.encode("utf-8", "surrogatepass"), expected.encode())
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
@@ -82,7 +89,7 @@ class Sessions:
         if len(parts) != 4 or not parts[1].isdigit() or len(cookie) > 300:
             raise AuthenticationError("the session cookie is malformed", code="invalid_session")
         token_id, expires, nonce, mac = parts
-        if not hmac.compare_digest(mac, self._mac("session", f"{token_id}.{expires}.{nonce}")):
+        if not _same(mac, self._mac("session", f"{token_id}.{expires}.{nonce}")):
             raise AuthenticationError("the session cookie is not valid", code="invalid_session")
         if int(expires) <= int(now if now is not None else time.time()):
             raise AuthenticationError("the session has expired", code="session_expired")
@@ -92,7 +99,7 @@ class Sessions:
         return self._mac("csrf", session.nonce)
 
     def check_csrf(self, session: Session, sent: str | None) -> None:
-        if not sent or not hmac.compare_digest(sent, self.csrf(session)):
+        if not sent or not _same(sent, self.csrf(session)):
             raise PermissionDenied(
                 "the form's CSRF token is missing or wrong; reload the page and try again",
                 code="csrf_failed",
@@ -110,7 +117,7 @@ class Sessions:
             or not sent
             or not expires.isdigit()
             or int(expires) <= time.time()
-            or not hmac.compare_digest(sent, self._mac("signin", cookie))
+            or not _same(sent, self._mac("signin", cookie))
         ):
             raise PermissionDenied(
                 "the sign-in form expired or did not come from this console; reload it and "

@@ -42,6 +42,10 @@ def test_db_and_tokens_commands(tmp_path: Path):
     listed = json.loads(ledger("tokens", "list", "--db", url, "--json").stdout)
     assert [t["token_id"] for t in listed] == [created["token_id"]]
     assert created["token"] not in json.dumps(listed)
+    # a name that is console markup is printed as it is, by create and by list
+    odd = ledger("tokens", "create", "--scope", "records:read", "--name", "[/x]", "--db", url)
+    assert "([/x])" in odd.stdout and "lgr_" in odd.stdout
+    assert "[/x]" in ledger("tokens", "list", "--db", url, env={"COLUMNS": "200"}).stdout
     nourl = ledger("audit", "--db", "not a url", check=False)
     assert nourl.returncode == 2 and "not a database URL" in nourl.stderr
     bad_origin = ledger("db", "current", env={"LEDGER_LOG_ORIGIN": "a b"}, check=False)

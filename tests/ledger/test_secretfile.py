@@ -198,3 +198,25 @@ def test_check_private_file_refuses_another_users_file(tmp_path: Path):
     with pytest.raises(InvalidInput) as err:
         check_private_file(key, setting="S")
     assert "owned by uid 65534" in err.value.message
+
+
+def test_an_atomic_write_follows_no_symlink_planted_beside_its_target(tmp_path: Path) -> None:
+    """``write_atomically`` (bundles, reports) once staged its data at a predictable name
+    beside the target: a symlink planted there sent the data elsewhere. Its temporary file is
+    now created exclusively under a random name, owner-only, so nothing planted is followed."""
+    import os
+
+    from ledger.atomic_file import write_atomically
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    target = tmp_path / "bundle.json"
+    for planted in (f".bundle.json.{os.getpid()}.tmp", ".bundle.json.tmp"):
+        (tmp_path / planted).symlink_to(victim)
+    write_atomically(target, b"{}")
+    assert victim.read_text() == "keep"
+    assert target.read_bytes() == b"{}" and not target.is_symlink()
+    assert mode(target) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == sorted(
+        [f".bundle.json.{os.getpid()}.tmp", ".bundle.json.tmp"]
+    )

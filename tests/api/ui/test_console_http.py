@@ -369,3 +369,17 @@ def test_a_fingerprint_row_pointed_elsewhere_is_never_shown(tmp_path: Path):
             assert page.status_code == 500 and "index_mismatch" in page.text, path
     finally:
         h.close()
+
+
+def test_non_ascii_cookies_and_form_fields_are_refused_not_a_server_error(scene: Scene):
+    """A session cookie, sign-in form token or CSRF field with a non-ASCII character (chosen by
+    any client, signed in or not) is refused like any other wrong value, never a 500."""
+    c = browser(scene)
+    page = c.get("/ui/records", headers={"cookie": "ledger_session=a.1.b.\xe9".encode("latin-1")})
+    assert page.status_code == 303 and "/ui/signin" in page.headers["location"]
+    assert c.get("/ui/signin").status_code == 200
+    signin = c.post("/ui/signin", data={"form_token": "\xe9", "next": "/ui/records", "token": "x"})
+    assert signin.status_code == 403, signin.text
+    signed = sign_in(scene, scene.h.admin_token, f"/ui/records/{scene.rid}")
+    form = signed.post(f"/ui/records/{scene.rid}/erase", data={"csrf": "\xe9", "reason": "r"})
+    assert form.status_code == 403, form.text
