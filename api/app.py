@@ -59,14 +59,16 @@ async def _retention(state: AppState, days: int, interval: float) -> None:
     while True:
         try:
             result = await run_in_threadpool(
-                lambda: erasures.purge_expired(
-                    state.db,
-                    state.log_key,
-                    days,
-                    progress=metrics.erasures.labels("retention").inc,
+                lambda: state.hot_answers.after_erasure(
+                    lambda: erasures.purge_expired(
+                        state.db,
+                        state.log_key,
+                        days,
+                        progress=metrics.erasures.labels("retention").inc,
+                    ),
+                    lambda done: set(done.erased),
                 )
             )
-            state.hot_answers.forget(set(result.erased))
             metrics.retention_held.inc(len(result.held))
             metrics.retention_runs.labels("done").inc()
             if result.erased:
@@ -77,7 +79,6 @@ async def _retention(state: AppState, days: int, interval: float) -> None:
                     len(result.held),
                 )
         except Exception:  # never let the purge die silently; try again next tick
-            state.hot_answers.clear()  # batches before the failure were erased
             metrics.retention_runs.labels("failed").inc()
             logger.exception("retention purge failed; retrying next tick")
         await asyncio.sleep(interval)

@@ -41,10 +41,11 @@ class Bootstrapped:
 def _load_key(path: Path) -> SigningKey:
     try:
         return SigningKey.load(path)
-    except OSError as exc:
+    except InvalidInput as exc:
+        if exc.code == "invalid_private_key":
+            raise
         raise InvalidInput(
-            f"cannot read {LOG_KEY_SETTING}={path}: {exc.strerror or exc}",
-            code="log_key_unreadable",
+            f"{LOG_KEY_SETTING}: {exc.message}", code="log_key_unreadable", details=exc.details
         ) from exc
 
 

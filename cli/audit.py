@@ -16,10 +16,12 @@ from cli.common import (
     console,
     err_console,
     fail,
+    finite_seconds,
     ledger_errors,
     open_existing_database,
     print_json,
     read_public_key,
+    read_text_file,
     table,
 )
 from ledger.audit import DEFAULT_CLOCK_TOLERANCE, AuditReport
@@ -50,6 +52,7 @@ def run_audit(
         None,
         "--checkpoint-interval",
         min=0,
+        callback=finite_seconds,
         help="seconds between the ledger's checkpoints (default: LEDGER_CHECKPOINT_INTERVAL, "
         "else 1): leaves older than this plus the clock tolerance must be covered by one",
     ),
@@ -57,6 +60,7 @@ def run_audit(
         DEFAULT_CLOCK_TOLERANCE,
         "--clock-tolerance",
         min=0,
+        callback=finite_seconds,
         help="seconds by which ledger hosts' clocks may differ (receive times vs checkpoints)",
     ),
     as_json: bool = JsonOption,
@@ -103,10 +107,7 @@ def run_audit(
 
 
 def _read_checkpoint(path: Path) -> str:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        fail(f"cannot read {path}: {exc.strerror}")
+    text = read_text_file(path, "checkpoint")
     if text.lstrip().startswith("{"):
         try:
             note = json.loads(text)["checkpoint"]

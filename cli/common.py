@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,11 +24,13 @@ from api.settings import Settings
 from demo.errors import CheckFailed
 from ledger.errors import LedgerError
 from ledger.signing import SigningKey, load_public_key
+from ledger.small_file import read_small_file, read_small_text
 from ledger.storage.database import Database, sqlite_file
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
+_FILE_TROUBLE = {"file_not_readable", "not_a_regular_file", "file_too_large", "not_utf8"}
 
 DbOption = typer.Option(
     None, "--db", help="database URL (default: LEDGER_DATABASE_URL, else the embedded SQLite)"
@@ -62,9 +65,14 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def open_database(url: str | None, *, migrate: bool = False) -> tuple[Settings, Database]:
-    """Open the configured database; with ``migrate`` bring its schema up to date first."""
+    """Open the configured database; with ``migrate`` bring its schema up to date first. A new
+    SQLite file is announced on stderr, so that a mistyped ``--db`` does not pass unseen."""
     settings = load_settings(database_url=url)
-    db = Database(settings.resolved_database_url)
+    resolved = settings.resolved_database_url
+    path = sqlite_file(resolved)
+    if migrate and path is not None and not path.exists():
+        err_console.print(f"note: no ledger database at {escape(str(path))}: creating a new one")
+    db = Database(resolved)
     if migrate:
         migrations.upgrade(db)
     return settings, db
@@ -87,6 +95,13 @@ def open_existing_database(url: str | None) -> tuple[Settings, Database]:
 
 def token_file_or_default(path: Path | None) -> Path:
     return path or load_settings().resolved_admin_token_file
+
+
+def finite_seconds(value: float | None) -> float | None:
+    """Option callback: a number of seconds must be finite (``inf`` and ``nan`` are refused)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number of seconds")
+    return value
 
 
 def fail(message: str, code: int = 2) -> Any:
@@ -162,22 +177,33 @@ def read_signing_key(path: Path) -> SigningKey:
     """A private key from a PEM file; one line and exit 2 when it cannot be read."""
     try:
         return SigningKey.load(path)
-    except OSError as exc:
-        fail(f"cannot read key {path}: {exc.strerror}")
     except LedgerError as exc:
-        fail(f"cannot read key {path}: {exc.message}")
+        fail(_key_trouble(path, exc))
     raise AssertionError("unreachable")
 
 
 def read_public_key(path: Path) -> Ed25519PublicKey:
     """A public key from a PEM file (a private key file yields its public half)."""
     try:
-        data = path.read_bytes()
+        data = read_small_file(path, "key")
         if b"PRIVATE" in data:
             return SigningKey.from_pem(data).public_key
         return load_public_key(data)
-    except OSError as exc:
-        fail(f"cannot read key {path}: {exc.strerror}")
     except LedgerError as exc:
-        fail(f"cannot read key {path}: {exc.message}")
+        fail(_key_trouble(path, exc))
+    raise AssertionError("unreachable")
+
+
+def _key_trouble(path: Path, exc: LedgerError) -> str:
+    # A file that cannot be read names itself; a bad PEM is named here.
+    text = exc.message if exc.code in _FILE_TROUBLE else f"cannot read key {path}: {exc.message}"
+    return f"{text} [{exc.code}]"
+
+
+def read_text_file(path: Path, what: str) -> str:
+    """A small UTF-8 file named on the command line; one line and exit 2 when it cannot be."""
+    try:
+        return read_small_text(path, what)
+    except LedgerError as exc:
+        fail(f"{exc.message} [{exc.code}]")
     raise AssertionError("unreachable")

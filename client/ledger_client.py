@@ -7,6 +7,7 @@ failure becomes :class:`ledger.errors.Pushback` (retryable).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -26,6 +27,11 @@ from ledger.errors import (
 from ledger.record_v2 import as_wire_item, wire_item
 from ledger.records import is_request_id
 from ledger.signing import Envelope
+from ledger.small_file import read_small_text
+
+# RFC 6750 b64token; a token file is a few dozen bytes.
+_BEARER_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+_TOKEN_FILE_LIMIT = 64 * 1024
 
 _BY_STATUS: dict[int, type[LedgerError]] = {
     400: InvalidInput,
@@ -39,14 +45,20 @@ _BY_STATUS: dict[int, type[LedgerError]] = {
 
 
 def read_token_file(path: Path) -> str:
+    """The bearer token in ``path``: one line of the characters a bearer token may hold
+    (RFC 6750), surrounding white space ignored."""
     try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise InvalidInput(
-            f"cannot read token file {path}: {exc.strerror}", code="no_token"
-        ) from exc
+        token = read_small_text(path, "token file", limit=_TOKEN_FILE_LIMIT).strip()
+    except InvalidInput as exc:
+        raise InvalidInput(exc.message, code="no_token", details=exc.details) from exc
     if not token:
         raise InvalidInput(f"token file {path} is empty", code="no_token")
+    if not _BEARER_TOKEN.fullmatch(token):
+        raise InvalidInput(
+            f"token file {path} does not hold a bearer token: expected one line of letters, "
+            "digits and - . _ ~ + / (as `ledger tokens create` writes)",
+            code="no_token",
+        )
     return token
 
 

@@ -14,8 +14,19 @@ The ledger writes one extension line, the time it signed the checkpoint::
 (the form Rekor's checkpoints use). It is signed with the rest, so a checkpoint commits to
 its tree *and* to a time: every leaf it covers was appended no later than that, every leaf
 after it no earlier (``ledger audit`` checks both). Notes without the line (signed before it
-existed) still parse and verify, with ``signed_at`` ``None``: they bound no time. Other
-extension lines are kept, in order, in ``extensions`` and otherwise ignored.
+existed) still parse and verify, with ``signed_at`` ``None``: they bound no time.
+
+Every checkpoint but a log's first also names the tree size of the checkpoint the log signed
+before it::
+
+    Previous: <tree size, ASCII decimal>
+
+so the signed checkpoints form a chain, and one deleted from storage is named by the next
+(``ledger audit``): the time bounds of the leaves between stay as signed. Notes without the line
+(a log's first, or signed before it existed) are not chained to anything.
+
+Extension lines other than the timestamp are kept, in order, in ``extensions`` (the previous
+size is read from them by :func:`previous_size`); others are ignored.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ SIG_PREFIX = "\u2014 "  # em dash, space
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
 ED25519_TYPE = b"\x01"
 TIMESTAMP_PREFIX = "Timestamp: "
+PREVIOUS_PREFIX = "Previous: "
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -58,6 +70,28 @@ def timestamp_line(at: datetime) -> str:
     if micros < 0:
         raise InvalidInput("a checkpoint time must be after 1970", code="invalid_time")
     return f"{TIMESTAMP_PREFIX}{micros * 1000}"
+
+
+def previous_line(tree_size: int) -> str:
+    """The ``Previous:`` extension line naming the checkpoint signed before this one."""
+    if tree_size < 1:
+        raise InvalidInput("a previous checkpoint covers at least one leaf", code="invalid_size")
+    return f"{PREVIOUS_PREFIX}{tree_size}"
+
+
+def previous_size(cp: Checkpoint) -> int | None:
+    """The tree size of the checkpoint signed before ``cp`` (its ``Previous:`` line); None
+    when it names none. A malformed or repeated line is a :class:`VerificationError`."""
+    found = [line for line in cp.extensions if line.startswith(PREVIOUS_PREFIX)]
+    if not found:
+        return None
+    text = found[0][len(PREVIOUS_PREFIX) :]
+    if len(found) > 1 or not _DECIMAL.fullmatch(text) or len(text) > 19 or text == "0":
+        raise _fail(f"checkpoint's previous-checkpoint line {found[-1][:40]!r} is malformed")
+    size = int(text)
+    if size >= cp.tree_size:
+        raise _fail(f"checkpoint of size {cp.tree_size} names a previous one of size {size}")
+    return size
 
 
 def _parse_timestamp(text: str) -> datetime:

@@ -34,6 +34,7 @@ from ledger.canonical import canonicalize, sha256_digest
 from ledger.errors import InvalidInput, VerificationError
 from ledger.lazy import lazy
 from ledger.secretfile import PUBLIC_MODE, stage_secret_file
+from ledger.small_file import read_small_file
 
 ALG = "ed25519"
 KEY_ID_PREFIX = "ed25519:"
@@ -196,7 +197,7 @@ class SigningKey:
 
     @classmethod
     def load(cls, path: Path) -> SigningKey:
-        return cls.from_pem(path.read_bytes())
+        return cls.from_pem(read_small_file(path, "key"))
 
     @property
     def public_key(self) -> Ed25519PublicKey:

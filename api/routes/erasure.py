@@ -87,23 +87,23 @@ async def erase_matching(
     state: StateDep,
 ) -> dict[str, Any]:
     flt = record_filter(payload.filter)
-    try:
-        result = await run_in_threadpool(
-            lambda: erasures.erase_matching(
-                state.db,
-                state.log_key,
-                flt,
-                reason=payload.reason,
-                requested_by=principal.name,
-                dry_run=payload.dry_run,
-            )
+
+    def erase() -> erasures.BulkResult:
+        return erasures.erase_matching(
+            state.db,
+            state.log_key,
+            flt,
+            reason=payload.reason,
+            requested_by=principal.name,
+            dry_run=payload.dry_run,
         )
-    except BaseException:
-        if not payload.dry_run:  # batches before the failure were erased: keep none of them
-            state.hot_answers.clear()
-        raise
-    if not payload.dry_run:
-        state.hot_answers.forget(set(result.erased))
+
+    if payload.dry_run:
+        result = await run_in_threadpool(erase)
+    else:
+        result = await run_in_threadpool(
+            lambda: state.hot_answers.after_erasure(erase, lambda done: set(done.erased))
+        )
         state.metrics.erasures.labels("request").inc(len(result.erased))
     return result.to_dict()
 

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from ledger import merkle
 from ledger.audit.report import Finding
 from ledger.audit.rows import CheckpointRow, Micros, as_time, micros
-from ledger.checkpoint import Checkpoint, parse_checkpoint, verify_checkpoint
+from ledger.checkpoint import Checkpoint, parse_checkpoint, previous_size, verify_checkpoint
 from ledger.errors import LedgerError
 
 
@@ -67,8 +67,9 @@ class Checkpoints:
         key = Ed25519PublicKey.from_public_bytes(log_key) if log_key is not None else None
         self.stored = []
         previous: Micros | None = None
-        for row in self.rows:
+        for n, row in enumerate(self.rows):
             where = f"checkpoint of size {row.tree_size}"
+            prior = self.rows[n - 1].tree_size if n else None
             if key is None:
                 self._find("checkpoint", f"{where}: no log key to verify it with")
                 self.stored.append(None)
@@ -99,6 +100,7 @@ class Checkpoints:
             if previous is not None and at is not None and at < previous:
                 self._find("checkpoint", f"{where}: signed before a smaller checkpoint")
             previous = at if at is not None else previous
+            self._check_chain(cp, prior)
             self.stored.append(Verified(cp.tree_size, cp.root_hash, signed))
         self.trusted_ok = []
         for note, cp in self.trusted:
@@ -115,6 +117,36 @@ class Checkpoints:
                 continue
             signed = micros(cp.signed_at) if cp.signed_at is not None else None
             self.trusted_ok.append(Verified(cp.tree_size, cp.root_hash, signed))
+
+    def _check_chain(self, cp: Checkpoint, prior: int | None) -> None:
+        """A note that names the checkpoint signed before it (``Previous:``) must follow that
+        checkpoint's row: otherwise the rows of the checkpoints between were deleted, and
+        with them the time bounds they gave the leaves around them."""
+        where = f"checkpoint of size {cp.tree_size}"
+        try:
+            named = previous_size(cp)
+        except LedgerError as exc:
+            self._find("checkpoint", f"{where}: {exc.message}")
+            return
+        if named is None or named == prior:
+            return
+        if prior is None or prior < named:
+            self._find(
+                "checkpoint",
+                f"{where}: its note names the checkpoint of size {named} as the one signed "
+                "before it, and the database no longer holds it (deleted, with the time bounds "
+                "it gave)",
+                named - 1,
+                "checkpoints",
+            )
+        else:
+            self._find(
+                "checkpoint",
+                f"{where}: its note names the checkpoint of size {named} as the one signed "
+                f"before it, but the database holds one of size {prior} between them",
+                prior - 1,
+                "checkpoints",
+            )
 
     def verified(self) -> list[Verified]:
         return [v for v in (self.stored or []) + (self.trusted_ok or []) if v is not None]

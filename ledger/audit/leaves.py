@@ -6,6 +6,7 @@ runs it in its own process or in worker processes and gets the same findings eit
 For each leaf it checks
 
 - ``canonical``: the stored bytes parse as an envelope and are its RFC 8785 form;
+- ``canonical``: the envelope is of a kind the ledger appends (:data:`LOGGED_KINDS`);
 - ``index`` (``log_entries.kind``): the stored kind is the envelope's;
 - ``signature``: a key event was checked in log order by the main process (one that was not
   is outside the log's key sequence); anything else verifies under a key registered at an
@@ -49,6 +50,22 @@ from ledger.key_scope import pool_out_of_scope
 from ledger.records import RECORD_KIND
 from ledger.replay import VERDICT_KIND
 from ledger.signing import Envelope, VerifyingKey
+
+# Every kind of leaf the ledger appends to its log. A collector also signs heartbeats and
+# replay outputs, but they are stored beside the log, never in it: such a leaf in the log was
+# put there by someone other than the ledger, and a checkpoint signed over it vouches for it.
+LOGGED_KINDS = frozenset(
+    (
+        *KEY_EVENTS,
+        RECORD_KIND,
+        FINGERPRINT_KIND,
+        VERDICT_KIND,
+        derive.CERTIFICATE_KIND,
+        ERASURE_KIND,
+        HOLD_KIND,
+        RELEASE_KIND,
+    )
+)
 
 # The streamed index tables, and the leaf kind whose rows each holds.
 TABLES = {
@@ -158,7 +175,15 @@ def check_batch(known: Known, batch: Batch) -> list[Finding]:
                 "log_entries",
                 "kind",
             )
-        if env.kind in KEY_EVENTS:
+        if env.kind not in LOGGED_KINDS:
+            st.find(
+                "canonical",
+                f"a {env.kind} is never a leaf of this log (no route appends one): the leaf was "
+                "added to the database, not logged",
+                idx,
+                "log_entries",
+            )
+        elif env.kind in KEY_EVENTS:
             if idx not in known.sequenced:
                 st.find("signature", f"{env.kind} outside the log's key sequence", idx)
         else:

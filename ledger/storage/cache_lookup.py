@@ -38,9 +38,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 
@@ -96,6 +96,9 @@ class _Kept:
     found: Found
 
 
+_E = TypeVar("_E")
+
+
 class HotAnswers:
     """The last verified answers by key, each with the rows it was verified through (LRU)."""
 
@@ -128,6 +131,18 @@ class HotAnswers:
         before failing is not known here)."""
         with self._lock:
             self._items.clear()
+
+    def after_erasure(self, erase: Callable[[], _E], erased: Callable[[_E], Collection[str]]) -> _E:
+        """Run an erasure and forget the answers it made stale: those of the records it
+        ``erased``, or every answer when it fails part way (batches before the failure were
+        erased, and which ones is not known here)."""
+        try:
+            result = erase()
+        except BaseException:
+            self.clear()
+            raise
+        self.forget(erased(result))
+        return result
 
     def forget(self, request_ids: Collection[str]) -> None:
         """Forget every answer that is one of these records (their content was erased): a

@@ -1,18 +1,22 @@
 """Signed checkpoints in storage: sign the current tree head, read the latest or a covering one.
 
 Each note carries the time it was signed (``ledger.checkpoint``'s ``Timestamp:`` line), the
-same instant as the row's ``signed_at``; ``ledger audit`` checks that the two agree.
+same instant as the row's ``signed_at``; ``ledger audit`` checks that the two agree. Each note
+but the first names the checkpoint signed before it (``Previous:``): the latest stored one, or
+the last this process signed when that is larger (the rows of later ones were deleted), so a
+deletion is named by the next checkpoint whichever way it happens while the ledger runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from ledger.checkpoint import Checkpoint, sign_checkpoint
+from ledger.checkpoint import Checkpoint, previous_line, sign_checkpoint
 from ledger.errors import InvalidInput, NotFound
 from ledger.signing import SigningKey
 from ledger.storage import log, tree
@@ -52,6 +56,11 @@ def latest(db: Database) -> StoredCheckpoint:
     return cp
 
 
+# The largest checkpoint each database's log was signed at by this process: a later note names
+# it as its previous one even if its row was deleted since.
+_signed_here: WeakKeyDictionary[Database, int] = WeakKeyDictionary()
+
+
 def sign_if_new(db: Database, log_key: SigningKey, origin: str) -> StoredCheckpoint | None:
     """Sign a checkpoint of the current tree if it has grown; return the latest checkpoint."""
     with db.write() as s:
@@ -60,15 +69,20 @@ def sign_if_new(db: Database, log_key: SigningKey, origin: str) -> StoredCheckpo
         if size == 0 or (last is not None and last.tree_size >= size):
             return last
         root = tree.root(s, size)
+        previous = max(last.tree_size if last is not None else 0, _signed_here.get(db, 0))
+        chained = (previous_line(previous),) if previous else ()
         # Taken under the append lock, after every leaf of the tree was appended: the note's
         # signed time is no earlier than any of theirs, and no later than any leaf after it.
         at = utcnow()
-        note = sign_checkpoint(Checkpoint(origin, size, root, signed_at=at), log_key)
+        note = sign_checkpoint(
+            Checkpoint(origin, size, root, signed_at=at, extensions=chained), log_key
+        )
         s.execute(
             insert(CheckpointRow),
             [{"tree_size": size, "root_hash": root, "note": note, "signed_at": at}],
         )
-        return StoredCheckpoint(size, root, note, at)
+    _signed_here[db] = max(size, _signed_here.get(db, 0))
+    return StoredCheckpoint(size, root, note, at)
 
 
 def covering(db: Database, log_key: SigningKey, origin: str, index: int) -> StoredCheckpoint:

@@ -74,11 +74,10 @@ def encode_public(raw: bytes) -> str:
     return "ed25519:" + base64.b64encode(raw).decode("ascii")
 
 
-_Columns = tuple[str, str, str, bytes, datetime, int, datetime | None, str | None, bytes | None]
+_Columns = tuple[str, str, bytes, datetime, int, datetime | None, str | None, bytes | None]
 _COLUMNS = (
     KeyRow.key_id,
     KeyRow.name,
-    KeyRow.role,
     KeyRow.public_key,
     KeyRow.registered_at,
     KeyRow.log_index,
@@ -140,7 +139,7 @@ def _logged(key_id: str, envelope: bytes | None) -> tuple[str, tuple[str, ...] |
 
 
 def _info(row: Row[*_Columns]) -> KeyInfo:
-    key_id, name, _, public, registered_at, log_index, revoked_at, reason, envelope = row
+    key_id, name, public, registered_at, log_index, revoked_at, reason, envelope = row
     role, pools = _logged(key_id, envelope)
     return KeyInfo(
         key_id=key_id,

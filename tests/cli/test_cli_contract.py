@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -201,6 +202,82 @@ def test_a_missing_file_is_one_line_and_exit_2_and_creates_nothing(tmp_path: Pat
     line = one_error_line(ledger(*args, check=False, env={"LEDGER_API_URL": DOWN}))
     assert "missing" in line or "no ledger" in line, line
     assert sorted(tmp_path.iterdir()) == before
+
+
+def _not_a_small_text_file(tmp_path: Path, kind: str) -> Path:
+    """A path where a key, token or checkpoint file goes that holds none: read whole, these
+    would hang (a FIFO without a writer), never end (``/dev/zero``) or fill memory."""
+    path = tmp_path / f"bad-{kind}"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        return Path("/dev/zero")
+    elif kind == "too-large":
+        path.write_bytes(b"A" * (2 << 20))
+    elif kind == "not-utf8":
+        path.write_bytes(b"\xff\xfe lgr_x\n")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "device", "too-large", "not-utf8"])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["keys", "register", "{bad}", "--name", "k", "--api", DOWN], "key"),
+        (["verify", "{tmp}/b.json", "--log-key", "{bad}"], "key"),
+        (["audit", "--db", "sqlite:///{tmp}/l.db", "--log-key", "{bad}"], "key"),
+        (["audit", "--db", "sqlite:///{tmp}/l.db", "--checkpoint", "{bad}"], "checkpoint"),
+        (["keys", "list", "--api", DOWN, "--token-file", "{bad}"], "token file"),
+    ],
+    ids=lambda a: " ".join(a[:2]) if isinstance(a, list) else a,
+)
+def test_a_file_that_is_not_a_small_text_file_is_one_line_and_exit_2(
+    tmp_path: Path, kind: str, args: list[str], words: str
+):
+    bad = _not_a_small_text_file(tmp_path, kind)
+    (tmp_path / "b.json").write_text("{}")
+    args = [a.replace("{bad}", str(bad)).replace("{tmp}", str(tmp_path)) for a in args]
+    proc = ledger(*args, check=False, timeout=60)
+    line = one_error_line(proc)
+    assert str(bad) in line and words in line, line
+    assert "this is a bug" not in line, line
+    expected = {
+        "directory": "not a regular file",
+        "fifo": "not a regular file",
+        "device": "not a regular file",
+        "too-large": "larger than",
+        "not-utf8": "not UTF-8" if words != "key" else "",
+    }[kind]
+    assert expected in line, line
+
+
+@pytest.mark.parametrize("bad", ["lgr_abc\x00def", "lgr_abc\ndef", "lgr_\u00e9t\u00e9", "a b"])
+def test_a_token_file_that_holds_no_token_says_so(tmp_path: Path, bad: str):
+    token = tmp_path / "t.token"
+    token.write_text(bad + "\n", "utf-8")
+    line = one_error_line(
+        ledger("keys", "list", "--api", DOWN, "--token-file", str(token), check=False)
+    )
+    assert f"token file {token} does not hold a bearer token" in line and "[no_token]" in line
+
+
+@pytest.mark.parametrize("option", ["--clock-tolerance", "--checkpoint-interval"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-1"])
+def test_audit_seconds_must_be_finite_and_not_negative(tmp_path: Path, option: str, value: str):
+    proc = ledger("audit", "--db", f"sqlite:///{tmp_path}/l.db", option, value, check=False)
+    assert proc.returncode == 2 and option in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "this is a bug" not in proc.stderr
+
+
+def test_tokens_create_says_when_it_creates_a_new_database(tmp_path: Path):
+    url = f"sqlite:///{tmp_path}/typo.db"
+    first = ledger("tokens", "create", "--scope", "admin", "--db", url, "--json")
+    assert f"no ledger database at {tmp_path}/typo.db: creating a new one" in first.stderr
+    assert json.loads(first.stdout)["scopes"] == ["admin"]  # stdout stays JSON
+    again = ledger("tokens", "create", "--scope", "admin", "--db", url, "--json")
+    assert "creating" not in again.stderr
 
 
 def test_a_wrong_token_is_one_line_and_exit_2(running, tmp_path: Path):

@@ -21,10 +21,15 @@ from typing import Any
 import pytest
 
 from ledger.audit import AuditReport
+from ledger.heartbeat import HEARTBEAT_KIND
+from ledger.replay import OUTPUT_KIND
+from ledger.signing import sign_envelope
+from ledger.storage import checkpoints, ingest, log
 from ledger.storage.audit import audit
-from ledger.storage.database import Database
+from ledger.storage.database import Database, utcnow
 from tests.conftest import BACKENDS, fresh_url
-from tests.support.audited_ledger import Built, build
+from tests.support.audited_ledger import ORIGIN, Built, build
+from tests.support.documents import record_envelope
 from tests.support.superuser import Superuser
 
 
@@ -273,6 +278,74 @@ def test_the_newest_checkpoint_deleted_uncovers_only_its_leaves(ledger: Tampered
     )
     report = ledger.audit(checkpoint_interval=0, clock_tolerance=0)
     assert [(f.check, f.index) for f in report.findings] == [("coverage", sizes[-2])]
+
+
+@pytest.mark.parametrize("which", ["first", "middle"])
+def test_a_deleted_checkpoint_is_named_by_the_next_one(ledger: Tampered, which: str):
+    """Deleting a checkpoint widens the time bounds of the leaves around it (a receive time
+    moved within the wider bounds passes the time check): the next note names it."""
+    sizes = [r[0] for r in ledger.su.query("SELECT tree_size FROM checkpoints ORDER BY 1")]
+    assert len(sizes) >= 3
+    gone = sizes[0] if which == "first" else sizes[1]
+    ledger.su.execute([("DELETE FROM checkpoints WHERE tree_size = %s", (gone,))], ["checkpoints"])
+    report = ledger.audit()
+    assert [(f.check, f.index, f.table) for f in report.findings] == [
+        ("checkpoint", gone - 1, "checkpoints")
+    ], dump(report)
+    assert f"names the checkpoint of size {gone}" in report.findings[0].message
+    assert "no longer holds it" in report.findings[0].message
+
+
+def test_a_checkpoint_row_deleted_while_the_ledger_runs_is_named_by_its_next_note(
+    ledger: Tampered,
+):
+    """The process that signed the deleted one chains the next note to it, not to the latest
+    row left."""
+    first = checkpoints.sign_if_new(ledger.db, ledger.built.log_key, ORIGIN)
+    assert first is not None
+    ingest.ingest_records(
+        ledger.db,
+        [
+            record_envelope(
+                ledger.built.collector, ledger.built.fingerprint_id, request_id="r-a"
+            ).to_dict()
+        ],
+    )
+    signed = checkpoints.sign_if_new(ledger.db, ledger.built.log_key, ORIGIN)
+    assert signed is not None and signed.tree_size > first.tree_size
+    ledger.su.execute(
+        [("DELETE FROM checkpoints WHERE tree_size = %s", (signed.tree_size,))], ["checkpoints"]
+    )
+    ingest.ingest_records(
+        ledger.db,
+        [
+            record_envelope(
+                ledger.built.collector, ledger.built.fingerprint_id, request_id="r-b"
+            ).to_dict()
+        ],
+    )
+    latest = checkpoints.sign_if_new(ledger.db, ledger.built.log_key, ORIGIN)
+    assert latest is not None and f"Previous: {signed.tree_size}\n" in latest.note
+    report = ledger.audit()
+    assert [(f.check, f.index) for f in report.findings] == [
+        ("checkpoint", signed.tree_size - 1)
+    ], dump(report)
+
+
+@pytest.mark.parametrize("kind", [HEARTBEAT_KIND, OUTPUT_KIND])
+def test_a_leaf_of_a_kind_the_ledger_never_logs_is_named(ledger: Tampered, kind: str):
+    """A collector signs heartbeats and replay outputs; a superuser who appends one to the log
+    gets it covered by the ledger's next signed checkpoint. The audit names it."""
+    env = sign_envelope(kind, {"schema_version": 1, "worker_id": "w1"}, ledger.built.collector)
+    with ledger.db.write() as s:
+        (idx,) = log.append(s, [env], utcnow())
+    signed = checkpoints.sign_if_new(ledger.db, ledger.built.log_key, ORIGIN)
+    assert signed is not None and signed.tree_size == idx + 1
+    report = ledger.audit()
+    assert [(f.check, f.index, f.table) for f in report.findings] == [
+        ("canonical", idx, "log_entries")
+    ], dump(report)
+    assert f"a {kind} is never a leaf of this log" in report.findings[0].message
 
 
 def test_an_edited_checkpoint_time_disagrees_with_its_signed_note(ledger: Tampered):

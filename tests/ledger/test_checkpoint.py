@@ -8,10 +8,13 @@ from ledger.checkpoint import (
     Checkpoint,
     note_key_hash,
     parse_checkpoint,
+    previous_line,
+    previous_size,
     sign_checkpoint,
     verifier_key,
     verify_checkpoint,
 )
+from ledger.errors import InvalidInput as InvalidInputError
 from ledger.errors import VerificationError
 from ledger.signing import SigningKey, public_key_raw
 
@@ -148,3 +151,35 @@ def test_a_naive_or_early_time_cannot_be_signed():
     for at in (datetime(2026, 1, 1), datetime(1969, 12, 31, tzinfo=UTC)):
         with pytest.raises(InvalidInput):
             sign_checkpoint(Checkpoint("o", 1, CP.root_hash, at), KEY)
+
+
+def test_the_previous_checkpoint_line_is_signed_and_read():
+    cp = Checkpoint("example.com/ledger", 9, CP.root_hash, AT, (previous_line(7),))
+    note = sign_checkpoint(cp, KEY)
+    assert "\nPrevious: 7\n" in note
+    parsed = verify_checkpoint(note, KEY.public_key)
+    assert previous_size(parsed) == 7
+    assert previous_size(TIMED) is None  # a log's first note, or one signed before the line
+    with pytest.raises(VerificationError):
+        verify_checkpoint(note.replace("Previous: 7", "Previous: 6"), KEY.public_key)
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ("Previous: ",),
+        ("Previous: 0",),
+        ("Previous: 07",),
+        ("Previous: -1",),
+        ("Previous: 9",),  # not smaller than the tree it precedes
+        ("Previous: 12",),
+        ("Previous: 1" + "0" * 19,),
+        ("Previous: 3", "Previous: 4"),
+    ],
+)
+def test_malformed_previous_lines_are_refused(lines):
+    cp = Checkpoint("example.com/ledger", 9, CP.root_hash, AT, lines)
+    with pytest.raises(VerificationError):
+        previous_size(cp)
+    with pytest.raises(InvalidInputError):
+        previous_line(0)
