@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from cli.common import (
@@ -22,6 +21,7 @@ from cli.common import (
     print_json,
     read_public_key,
     read_text_file,
+    shown,
     table,
 )
 from ledger.audit import DEFAULT_CLOCK_TOLERANCE, AuditReport
@@ -140,7 +140,7 @@ def _print(report: AuditReport) -> None:
     out = table("check", "leaf", "table.column", "what differs")
     for f in report.findings[:50]:
         where = ".".join(part for part in (f.table, f.column) if part)
-        out.add_row(f.check, "" if f.index is None else str(f.index), where, escape(f.message))
+        out.add_row(f.check, "" if f.index is None else str(f.index), where, shown(f.message))
     console.print(out)
     if len(report.findings) > 50:
         console.print(f"... and {len(report.findings) - 50} more (--json lists them all)")

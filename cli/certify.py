@@ -18,6 +18,7 @@ from cli.common import (
     fail,
     ledger_errors,
     print_json,
+    shown,
     table,
     token_file_or_default,
 )
@@ -113,8 +114,8 @@ def print_certificate(body: dict[str, Any], log_index: int) -> None:
         "first divergences",
         "min margin",
         "min margin at divergence",
-        title=f"pool {body['pool']} · worker {body['worker_id']} · "
-        f"batch_invariance {body['batch_invariance']}",
+        title=f"pool {shown(body['pool'])} · worker {shown(body['worker_id'])} · "
+        f"batch_invariance {shown(body['batch_invariance'])}",
     )
     for r in body["results"]:
         firsts = r["first_divergences"]
@@ -135,8 +136,8 @@ def print_certificate(body: dict[str, Any], log_index: int) -> None:
         else "[bold yellow]NOT invariant: results depend on what runs beside them[/]"
     )
     console.print(
-        f"{verdict}\ncertificate {body['certificate_id']} for {body['fingerprint_id']} "
-        f"is log leaf {log_index}"
+        f"{verdict}\ncertificate {shown(body['certificate_id'])} for "
+        f"{shown(body['fingerprint_id'])} is log leaf {log_index}"
     )
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
+import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -22,6 +24,7 @@ from rich.table import Table
 import migrations
 from api.settings import Settings
 from demo.errors import CheckFailed
+from ledger.atomic_file import write_atomically
 from ledger.errors import LedgerError
 from ledger.signing import SigningKey, load_public_key
 from ledger.small_file import read_small_file, read_small_text
@@ -150,6 +153,18 @@ def _utc(value: datetime | str | None) -> datetime | None:
     return (at if at.tzinfo is not None else at.replace(tzinfo=UTC)).astimezone(UTC)
 
 
+def shown(value: object) -> str:
+    """Data (a record's fields, a fingerprint's values, a server's message) safe to print as
+    console markup: brackets escaped, control characters (escape sequences, BEL, bidi
+    overrides) shown as ``\\xNN`` instead of reaching the terminal."""
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(
+            c if c == " " or unicodedata.category(c)[0] != "C" else f"\\x{ord(c):02x}" for c in text
+        )
+    return escape(text)
+
+
 def table(*headers: str, title: str | None = None, **options: Any) -> Table:
     """A table whose cells wrap and are never cut: IDs are shown whole, whatever the width."""
     out = Table(title=title, **options)
@@ -171,6 +186,23 @@ def show_progress(logger: str = "ledger.demo") -> None:
 
 def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def refuse_existing(path: Path, force: bool) -> None:
+    """Before any work: an output file (a bundle, a fingerprint) is never written over one
+    already there unless ``--force``; the name might hold a key or an earlier bundle."""
+    if not force and os.path.lexists(path):
+        fail(f"{path} already exists; pass --force to replace it [file_exists]")
+
+
+def write_output(path: Path, data: bytes, force: bool) -> None:
+    """Write an output file whole or not at all; one line and exit 2 when it cannot be."""
+    try:
+        write_atomically(path, data, overwrite=force)
+    except FileExistsError:
+        fail(f"{path} already exists; pass --force to replace it [file_exists]")
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc} [file_not_writable]")
 
 
 def read_signing_key(path: Path) -> SigningKey:

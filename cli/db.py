@@ -30,6 +30,7 @@ def upgrade(
 ) -> None:
     """Apply migrations up to REVISION (default: the latest)."""
     with ledger_errors():
+        migrations.check_revision(revision)  # before a new database file is created
         _, db = open_database(db_url)
         migrations.upgrade(db, revision)
         _show(db, as_json)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from cli.common import (
@@ -22,7 +21,9 @@ from cli.common import (
     TokenFileOption,
     console,
     fail,
+    ledger_errors,
     print_json,
+    shown,
     table,
     token_file_or_default,
 )
@@ -30,6 +31,7 @@ from client.ledger_client import LedgerClient, read_token_file
 from ledger.errors import LedgerError
 from ledger.fingerprint import fingerprint_id
 from ledger.fingerprint_diff import Difference, diff
+from ledger.small_file import read_small_text
 
 _ID = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -53,9 +55,15 @@ def load_fingerprint(ref: str, api: str, token_file: Path | None) -> dict[str, A
     path = Path(ref)
     if path.is_file():
         try:
-            return _body_of(json.loads(path.read_text("utf-8")), ref)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return _body_of(
+                json.loads(read_small_text(path, "fingerprint file", limit=16 << 20)), ref
+            )
+        except LedgerError as exc:
+            fail(f"{exc.message} [{exc.code}]", 2)
+        except json.JSONDecodeError as exc:
             fail(f"cannot read {ref}: {exc}", 2)
+        except RecursionError:
+            fail(f"cannot read {ref}: its JSON is nested too deeply", 2)
     if not _ID.match(ref):
         fail(f"{ref} is neither a file nor a fingerprint ID (sha256:<64 hex>)", 2)
     try:
@@ -81,7 +89,7 @@ def _table(a: str, b: str, changes: list[Difference]) -> Table:
         style = "dim" if c.derived else ""
         label = f"{c.path} (derived)" if c.derived else c.path
         change = f"{_show(c.before)} -> {_show(c.after)}"
-        out.add_row(escape(label), escape(change), escape(c.impact), style=style)
+        out.add_row(shown(label), shown(change), shown(c.impact), style=style)
     return out
 
 
@@ -95,8 +103,12 @@ def diff_command(
     """Print the field-by-field differences between two fingerprints with their replay impact."""
     body_a = load_fingerprint(a, api, token_file)
     body_b = load_fingerprint(b, api, token_file)
-    id_a, id_b = fingerprint_id(body_a), fingerprint_id(body_b)
-    changes = diff(body_a, body_b)
+    with ledger_errors():  # a body that is JSON but no fingerprint (NaN, a huge number)
+        try:
+            id_a, id_b = fingerprint_id(body_a), fingerprint_id(body_b)
+            changes = diff(body_a, body_b)
+        except RecursionError:
+            fail("a fingerprint is nested too deeply to be one", 2)
     if as_json:
         print_json({"a": id_a, "b": id_b, "differences": [c.to_json() for c in changes]})
     elif not changes:

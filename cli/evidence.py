@@ -12,13 +12,13 @@ from cli.common import (
     JsonOption,
     TokenFileOption,
     console,
-    fail,
     ledger_errors,
     print_json,
+    refuse_existing,
     token_file_or_default,
+    write_output,
 )
 from client.ledger_client import LedgerClient, read_token_file
-from ledger.atomic_file import write_atomically
 
 
 def evidence(
@@ -30,21 +30,20 @@ def evidence(
         help="comma-separated content members or groups to leave out: prompt, output, "
         "token_ids, text, logprobs, request, request_raw, choices[N].text, ...",
     ),
+    force: bool = typer.Option(False, "--force", help="replace a file already at --out"),
     api: str = ApiOption,
     token_file: Path | None = TokenFileOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Download the evidence bundle of a record (verify it with `ledger verify`)."""
+    refuse_existing(out, force)
     with (
         ledger_errors(),
         LedgerClient(api, read_token_file(token_file_or_default(token_file))) as c,
     ):
         names = [n.strip() for n in (redact or "").split(",") if n.strip()]
         bundle = c.evidence(request_id, names or None)
-    try:
-        write_atomically(out, (json.dumps(bundle, indent=2) + "\n").encode())
-    except OSError as exc:
-        fail(f"cannot write {out}: {exc.strerror}")
+    write_output(out, (json.dumps(bundle, indent=2) + "\n").encode(), force)
     fingerprint = bundle.get("fingerprint") or {}
     if as_json:
         print_json(

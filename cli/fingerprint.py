@@ -20,14 +20,15 @@ from cli.common import (
     ledger_errors,
     print_json,
     read_signing_key,
+    refuse_existing,
     table,
     token_file_or_default,
+    write_output,
 )
 from cli.progress import DelayedByteProgress
 from client.ledger_client import LedgerClient, read_token_file
 from collectors.digest_cache import DigestCache, default_cache_path
 from collectors.snapshot import Snapshot, take_snapshot
-from ledger.atomic_file import write_atomically
 
 ENGINE_ROWS = (
     "version",
@@ -102,11 +103,16 @@ def fingerprint(
     api: str = ApiOption,
     token_file: Path | None = TokenFileOption,
     out: Path | None = typer.Option(None, "--out", help="also write the JSON to this file"),
+    force: bool = typer.Option(False, "--force", help="replace a file already at --out"),
     as_json: bool = JsonOption,
 ) -> None:
     """Snapshot model files, runtime, GPU and engine flags; print the canonical fingerprint."""
     if register and key is None:
         fail("--register needs --key (the collector's signing key)")
+    if force and out is None:
+        fail("--force only applies with --out")
+    if out is not None:
+        refuse_existing(out, force)
     signing_key = read_signing_key(key) if register and key is not None else None  # before hashing
     digest_cache = DigestCache(cache or default_cache_path())
     with ledger_errors(), DelayedByteProgress("hashing model files") as progress:
@@ -136,10 +142,7 @@ def fingerprint(
                     snapshot.envelope(signing_key)
                 )
     if out is not None:
-        try:
-            write_atomically(out, _dumps(document).encode())
-        except OSError as exc:
-            fail(f"cannot write {out}: {exc.strerror}")
+        write_output(out, _dumps(document).encode(), force)
     if as_json:
         print_json(document)
         return

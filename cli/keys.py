@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +31,8 @@ from ledger.storage.checkpoints import default_origin
 from ledger.storage.proofs import log_key_entry
 
 app = typer.Typer(help="Signing keys (Ed25519).", no_args_is_help=True)
+# A key pair's file name stem: never a path (no separator, no leading dot, no control character).
+_KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 @app.command("new")
@@ -43,6 +46,11 @@ def new(
 ) -> None:
     """Write a new Ed25519 key pair: the private key mode 0600, the public 0644, each atomic
     and never through a symlink; existing files are refused unless --force."""
+    if not _KEY_NAME.fullmatch(name):
+        fail(
+            f"key name {name!r} must be 1-100 of A-Za-z0-9 . _ - and start with a letter or "
+            "digit: it names the files in --dir [invalid_name]"
+        )
     private, public = directory / f"{name}.pem", directory / f"{name}.pub.pem"
     key = SigningKey.generate()
     try:

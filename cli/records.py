@@ -17,6 +17,7 @@ from cli.common import (
     console,
     fail,
     ledger_errors,
+    shown,
     table,
     token_file_or_default,
     when,
@@ -111,11 +112,11 @@ def search(
             state.append("erased")
         t.add_row(
             when(i["received_at"]),
-            i["request_id"],
-            i["model"],
-            i["pool"],
-            str(i["tier"]),
-            i.get("verdict") or "-",
+            shown(i["request_id"]),
+            shown(i["model"]),
+            shown(i["pool"]),
+            shown(i["tier"]),
+            shown(i.get("verdict") or "-"),
             ", ".join(state) or "-",
         )
     console.print(t)

@@ -14,6 +14,7 @@ from cli.common import (
     console,
     ledger_errors,
     print_json,
+    shown,
     table,
     token_file_or_default,
 )
@@ -60,12 +61,12 @@ def replay(
 def print_verdict(replay_id: str, log_index: int, verdict: dict[str, Any]) -> None:
     style = "green" if verdict["verdict"] == REPRODUCED else "yellow"
     console.print(
-        f"[bold {style}]{verdict['verdict']}[/]  {verdict['request_id']} replayed on pool "
-        f"{verdict['pool']} (worker {verdict['worker_id']}); verdict {replay_id} is log leaf "
-        f"{log_index}"
+        f"[bold {style}]{shown(verdict['verdict'])}[/]  {shown(verdict['request_id'])} replayed "
+        f"on pool {shown(verdict['pool'])} (worker {shown(verdict['worker_id'])}); verdict "
+        f"{shown(replay_id)} is log leaf {log_index}"
     )
     if verdict.get("reason"):
-        console.print(f"reason: {verdict['reason']}")
+        console.print(f"reason: {shown(verdict['reason'])}")
     comparison = verdict.get("comparison")
     if comparison:
         out = table(
@@ -85,13 +86,16 @@ def print_verdict(replay_id: str, log_index: int, verdict: dict[str, Any]) -> No
                 f"{c['logprobs_differing']}/{c['logprobs_compared']}",
                 _dash(c["max_abs_logprob_delta"]),
                 _dash(c["top2_margin_at_divergence"]),
-                c["verdict"],
+                shown(c["verdict"]),
             )
         console.print(out)
         if not comparison["prompt_equal"]:
             console.print("[yellow]prompt token IDs differ: tokenizer or template drift[/]")
     for d in (verdict.get("fingerprint_diff") or [])[:15]:
-        console.print(f"  {d['path']}: {d['before']!r} -> {d['after']!r}  ({d['impact']})")
+        console.print(
+            f"  {shown(d['path'])}: {shown(repr(d['before']))} -> {shown(repr(d['after']))}  "
+            f"({shown(d['impact'])})"
+        )
 
 
 def _dash(value: Any) -> str:
@@ -101,10 +105,13 @@ def _dash(value: Any) -> str:
 
 
 def _print_nearest(message: str, pools: list[dict[str, Any]]) -> None:
-    console.print(f"[bold red]no matching pool:[/] {message}")
+    console.print(f"[bold red]no matching pool:[/] {shown(message)}")
     for p in pools:
         console.print(
-            f"  pool {p['pool']} ({p['batch_invariance']}): {p['differences']} differences"
+            f"  pool {shown(p['pool'])} ({shown(p['batch_invariance'])}): "
+            f"{shown(p['differences'])} differences"
         )
         for d in p["diff"][:8]:
-            console.print(f"    {d['path']}: {d['before']!r} -> {d['after']!r}")
+            console.print(
+                f"    {shown(d['path'])}: {shown(repr(d['before']))} -> {shown(repr(d['after']))}"
+            )

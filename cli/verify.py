@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,19 +16,23 @@ from cli.common import (
     fail,
     print_json,
     read_public_key,
+    shown,
     when,
     when_json,
 )
-from ledger.errors import VerificationError
+from ledger.errors import LedgerError, VerificationError
 from ledger.evidence import FINGERPRINT_CHECKS, FORMAT_V1, VerifiedBundle, verify_bundle
 from ledger.evidence_format import load_bundle
 from ledger.fingerprint_facts import FingerprintFacts
+from ledger.small_file import read_small_file
 
 NOT_PINNED = (
     "the log key was NOT pinned: it was taken from the bundle itself, so this only shows the "
     "bundle is self-consistent; anyone can make such a bundle. Pin the log key with --log-key "
     "(`ledger keys show-log`, GET /v1/log/key) to rule out a forged log."
 )
+# Far above a bundle of a record at the ledger's largest request body; /dev/zero is not one.
+BUNDLE_FILE_LIMIT = 256 << 20
 NO_PIN = (
     "no log key pinned: pass --log-key FILE, the log's public key obtained out of band "
     "(`ledger keys show-log` on the ledger host, or GET /v1/log/key), or "
@@ -69,9 +72,9 @@ def verify(
     if log_key is not None and trust_bundled_log_key:
         fail("--log-key and --trust-bundled-log-key exclude each other", 2)
     try:
-        data = bundle.read_bytes()
-    except OSError as exc:
-        fail(f"cannot read bundle {bundle}: {exc.strerror}")
+        data = read_small_file(bundle, "bundle", limit=BUNDLE_FILE_LIMIT)
+    except LedgerError as exc:
+        fail(f"{exc.message} [{exc.code}]")
     pinned = read_public_key(log_key) if log_key is not None else None
     try:
         result = verify_bundle(load_bundle(data), pinned)
@@ -125,8 +128,7 @@ def _shown(value: str | None, missing: str = "not recorded in the fingerprint") 
     """A value from a signed document, safe to print: no markup, no control characters."""
     if value is None:
         return f"[dim]({missing})[/]"
-    clean = "".join(c if unicodedata.category(c)[0] != "C" else f"\\x{ord(c):02x}" for c in value)
-    return escape(clean)
+    return shown(value)
 
 
 def _gpus(fp: FingerprintFacts) -> str:

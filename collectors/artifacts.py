@@ -88,14 +88,19 @@ def _allowed_roots(root: Path) -> list[Path]:
     return roots
 
 
-def list_model_files(directory: Path) -> list[ModelFile]:
-    """Every file of the model directory, sorted by manifest path."""
+def check_model_dir(directory: Path) -> None:
+    """The model directory exists, is a directory and can be read (before any work)."""
     if not directory.exists():
         raise InvalidInput(f"model directory {directory} does not exist", code="model_dir_missing")
     if not directory.is_dir():
         raise InvalidInput(f"{directory} is not a directory", code="model_dir_missing")
     if not os.access(directory, os.R_OK | os.X_OK):
         raise InvalidInput(f"model directory {directory} is not readable", code="model_unreadable")
+
+
+def list_model_files(directory: Path) -> list[ModelFile]:
+    """Every file of the model directory, sorted by manifest path."""
+    check_model_dir(directory)
     root = directory.resolve()
     allowed = _allowed_roots(root)
     found: list[ModelFile] = []

@@ -17,6 +17,7 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from client.ledger_client import LedgerClient
+from collectors.artifacts import check_model_dir
 from collectors.digest_cache import DigestCache
 from collectors.engine import CUSTOM_FINGERPRINT, engine_port
 from collectors.metrics import CollectorMetrics
@@ -29,6 +30,7 @@ from collectors.worker_state import WorkerState
 from ledger.errors import LedgerError
 from ledger.heartbeat import HEARTBEAT_KIND, build_heartbeat
 from ledger.signing import Envelope, SigningKey, load_public_key, sign_envelope
+from ledger.worker_url import parse_worker_url
 
 logger = logging.getLogger("ledger.collector")
 
@@ -72,12 +74,15 @@ def expected_system_fingerprint(snapshot: Snapshot) -> str | None:
 class Collector:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
-        self.metrics = CollectorMetrics()
-        self.spool = Spool(config.spool_path)
-        self.cache = DigestCache(config.digest_cache)
+        # What can be checked at once is, before the spool is created or the model hashed.
+        parse_worker_url(config.engine_url, "engine url")
+        check_model_dir(config.model_dir)
         self.client = LedgerClient(config.ledger_url, config.ledger_token)
         # The heartbeat thread has a client of its own: a ship batch never delays a beat.
         self._beat_client = LedgerClient(config.ledger_url, config.ledger_token, timeout=10)
+        self.metrics = CollectorMetrics()
+        self.spool = Spool(config.spool_path)
+        self.cache = DigestCache(config.digest_cache)
         self.snapshot = self._snapshot()
         self.state = WorkerState(
             engine_url=config.engine_url.rstrip("/"),

@@ -27,6 +27,7 @@ from ledger.fingerprint import (
     validate_fingerprint_body,
 )
 from ledger.signing import Envelope, SigningKey, sign_envelope
+from ledger.worker_url import parse_worker_url
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"})
 
@@ -96,6 +97,8 @@ def take_snapshot(
     Raises InvalidInput for a bad model directory and Unreachable for an engine that does not
     answer; anything else that cannot be read is reported in the sections' ``unknown`` maps.
     """
+    if engine_url is not None:  # before hashing the model: a malformed URL is said at once
+        parse_worker_url(engine_url, "engine url")
     artifacts = snapshot_artifacts(
         model_dir, cache=cache or DigestCache(None), rehash=rehash, progress=progress
     )

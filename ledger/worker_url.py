@@ -69,36 +69,39 @@ class WorkerUrl:
     port: int
 
 
-def _invalid(url: str, why: str) -> InvalidInput:
-    return InvalidInput(f"worker url {url[:100]!r} {why}", code="invalid_url")
+def _invalid(url: str, why: str, what: str = "worker url") -> InvalidInput:
+    return InvalidInput(f"{what} {url[:100]!r} {why}", code="invalid_url")
 
 
-def parse_worker_url(url: str) -> WorkerUrl:
-    """Check a worker URL's syntax; raise InvalidInput ``invalid_url``."""
+def parse_worker_url(url: str, what: str = "worker url") -> WorkerUrl:
+    """Check a worker URL's syntax (or any http(s) base URL's, named ``what`` in messages:
+    the collector's ``--engine-url``); raise InvalidInput ``invalid_url``."""
     if not isinstance(url, str) or not url:
-        raise _invalid(str(url), "must be a non-empty string")
+        raise _invalid(str(url), "must be a non-empty string", what)
     if len(url) > MAX_URL_LENGTH:
-        raise _invalid(url, f"is longer than {MAX_URL_LENGTH} characters")
+        raise _invalid(url, f"is longer than {MAX_URL_LENGTH} characters", what)
     if not url.isascii() or not url.isprintable() or " " in url:
-        raise _invalid(url, "must be printable ASCII without spaces")
+        raise _invalid(url, "must be printable ASCII without spaces", what)
     try:
         parts = urlsplit(url)
         host = parts.hostname
         port = parts.port
     except ValueError as exc:  # e.g. "http://[::1" or a port that is not a number
-        raise _invalid(url, f"does not parse: {exc}") from exc
+        raise _invalid(url, f"does not parse: {exc}", what) from exc
     if parts.scheme not in ("http", "https"):
-        raise _invalid(url, "must be http or https")
+        raise _invalid(url, "must be http or https", what)
     if "@" in parts.netloc:
-        raise _invalid(url, "must not hold userinfo (user@)")
+        raise _invalid(url, "must not hold userinfo (user@)", what)
     if not host:
-        raise _invalid(url, "has no host")
+        raise _invalid(url, "has no host", what)
     if not _NETLOC.fullmatch(parts.netloc):
-        raise _invalid(url, "must have a host name, IPv4 or [IPv6] address and an optional port")
+        raise _invalid(
+            url, "must have a host name, IPv4 or [IPv6] address and an optional port", what
+        )
     if parts.netloc.startswith("[") and ip_literal(host.split("%", 1)[0]) is None:
-        raise _invalid(url, "has a bracketed host that is not an IPv6 address")
+        raise _invalid(url, "has a bracketed host that is not an IPv6 address", what)
     if parts.query or parts.fragment or url.endswith(("?", "#")):
-        raise _invalid(url, "must not have a query or fragment")
+        raise _invalid(url, "must not have a query or fragment", what)
     return WorkerUrl(url, parts.scheme, host, port or (443 if parts.scheme == "https" else 80))
 
 

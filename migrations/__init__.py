@@ -13,6 +13,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from ledger.errors import InvalidInput
 from ledger.storage.database import Database, translated_errors
 
 HERE = Path(__file__).resolve().parent
@@ -26,7 +27,29 @@ def alembic_config(db: Database) -> Config:
     return cfg
 
 
+def revisions() -> list[str]:
+    """Every revision ID, oldest first."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(HERE))
+    return [
+        script.revision
+        for script in reversed(list(ScriptDirectory.from_config(cfg).walk_revisions()))
+    ]
+
+
+def check_revision(revision: str) -> None:
+    """``head`` or a revision ID this version knows; InvalidInput ``unknown_revision``
+    otherwise (before any database is opened)."""
+    known = revisions()
+    if revision != "head" and revision not in known:
+        raise InvalidInput(
+            f"unknown revision {revision!r}: pass head or one of {', '.join(known)}",
+            code="unknown_revision",
+        )
+
+
 def upgrade(db: Database, revision: str = "head") -> None:
+    check_revision(revision)
     with translated_errors():
         command.upgrade(alembic_config(db), revision)
 
