@@ -13,6 +13,7 @@ import uvicorn
 
 from cli.common import (
     LogFormatOption,
+    check_listen,
     console,
     fail,
     ledger_errors,
@@ -104,6 +105,7 @@ def collect(
     if not 0 <= ship_linger <= 10:
         fail("--ship-linger must be between 0 and 10 seconds")
     host, port = _listen(listen)
+    check_listen(host, port)
     signing_key = read_signing_key(key)
     if advertise_url is None and not no_register:
         shown = socket.gethostname() if host in ("0.0.0.0", "::") else host

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import socket
 import sys
 import unicodedata
 from collections.abc import Callable, Iterator
@@ -100,10 +101,15 @@ def token_file_or_default(path: Path | None) -> Path:
     return path or load_settings().resolved_admin_token_file
 
 
+MAX_SECONDS = 1_000_000_000
+
+
 def finite_seconds(value: float | None) -> float | None:
     """Option callback: a number of seconds must be finite (``inf`` and ``nan`` are refused)."""
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"{value} is not a finite number of seconds")
+    if value is not None and value > MAX_SECONDS:
+        raise typer.BadParameter(f"{value:g} s is more than {MAX_SECONDS:,} s (31 years)")
     return value
 
 
@@ -186,6 +192,22 @@ def show_progress(logger: str = "ledger.demo") -> None:
 
 def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def check_listen(host: str, port: int) -> None:
+    """Before any work (a migration, a first-start token, a spool): the address can be bound.
+    The server binds it again at once (uvicorn, with ``SO_REUSEADDR`` as here); this only
+    turns a port in use or a bad host into one line and exit 2, not a bare log line."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        fail(f"cannot listen on {host}:{port}: {reason} [cannot_listen]")
 
 
 def refuse_existing(path: Path, force: bool) -> None:

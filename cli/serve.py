@@ -17,7 +17,7 @@ from api.app import create_app
 from api.bootstrap import bootstrap
 from api.metrics import MULTIPROC_ENV
 from api.server_protocol import HeaderTimeoutProtocol
-from cli.common import LogFormatOption, console, ledger_errors, load_settings
+from cli.common import LogFormatOption, check_listen, console, ledger_errors, load_settings
 from ledger.logs import LogFormat, LogLevel, logging_config
 from ledger.malloc import fix_mmap_threshold
 from ledger.storage.database import Database
@@ -50,6 +50,7 @@ def serve(
 ) -> None:
     """Run the ledger API (SQLite in LEDGER_DATA_DIR unless LEDGER_DATABASE_URL is set)."""
     settings = load_settings(host=host, port=port, database_url=db_url)
+    check_listen(settings.host, settings.port)
     fix_mmap_threshold()  # ingest batches' buffers go back to the system when freed
     log_config = logging_config(log_format, log_level)
     logging.config.dictConfig(log_config)

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -221,15 +222,25 @@ def _not_a_small_text_file(tmp_path: Path, kind: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("kind", ["directory", "fifo", "device", "too-large", "not-utf8"])
+_READERS = [
+    (["keys", "register", "{bad}", "--name", "k", "--api", DOWN], "key"),
+    (["verify", "{tmp}/b.json", "--log-key", "{bad}"], "key"),
+    (["audit", "--db", "sqlite:///{tmp}/l.db", "--log-key", "{bad}"], "key"),
+    (["audit", "--db", "sqlite:///{tmp}/l.db", "--checkpoint", "{bad}"], "checkpoint"),
+    (["keys", "list", "--api", DOWN, "--token-file", "{bad}"], "token file"),
+    (["verify", "{bad}", "--trust-bundled-log-key"], "bundle"),
+]
+_KINDS = ["directory", "fifo", "device", "too-large", "not-utf8"]
+
+
 @pytest.mark.parametrize(
-    ("args", "words"),
+    ("args", "words", "kind"),
     [
-        (["keys", "register", "{bad}", "--name", "k", "--api", DOWN], "key"),
-        (["verify", "{tmp}/b.json", "--log-key", "{bad}"], "key"),
-        (["audit", "--db", "sqlite:///{tmp}/l.db", "--log-key", "{bad}"], "key"),
-        (["audit", "--db", "sqlite:///{tmp}/l.db", "--checkpoint", "{bad}"], "checkpoint"),
-        (["keys", "list", "--api", DOWN, "--token-file", "{bad}"], "token file"),
+        (args, words, kind)
+        for args, words in _READERS
+        for kind in _KINDS
+        # a bundle may be up to 256 MiB, and verify itself says what its bytes are not
+        if not (words == "bundle" and kind in ("too-large", "not-utf8"))
     ],
     ids=lambda a: " ".join(a[:2]) if isinstance(a, list) else a,
 )
@@ -248,7 +259,7 @@ def test_a_file_that_is_not_a_small_text_file_is_one_line_and_exit_2(
         "fifo": "not a regular file",
         "device": "not a regular file",
         "too-large": "larger than",
-        "not-utf8": "not UTF-8" if words != "key" else "",
+        "not-utf8": "not UTF-8" if words not in ("key", "bundle") else "",
     }[kind]
     assert expected in line, line
 
@@ -264,7 +275,7 @@ def test_a_token_file_that_holds_no_token_says_so(tmp_path: Path, bad: str):
 
 
 @pytest.mark.parametrize("option", ["--clock-tolerance", "--checkpoint-interval"])
-@pytest.mark.parametrize("value", ["inf", "nan", "-1"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e308"])
 def test_audit_seconds_must_be_finite_and_not_negative(tmp_path: Path, option: str, value: str):
     proc = ledger("audit", "--db", f"sqlite:///{tmp_path}/l.db", option, value, check=False)
     assert proc.returncode == 2 and option in proc.stderr, proc.stderr
@@ -278,6 +289,116 @@ def test_tokens_create_says_when_it_creates_a_new_database(tmp_path: Path):
     assert json.loads(first.stdout)["scopes"] == ["admin"]  # stdout stays JSON
     again = ledger("tokens", "create", "--scope", "admin", "--db", url, "--json")
     assert "creating" not in again.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["evidence", "req-1", "-o", "{out}", "--api", DOWN, "--token-file", "{tmp}/t"],
+        ["fingerprint", "--model-dir", "{tmp}/m", "--out", "{out}"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_an_output_file_already_there_is_kept_unless_force(tmp_path: Path, args: list[str]):
+    """`-o` naming a key (or an earlier bundle) by mistake never replaces it."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "t").write_text("lgr_x\n")
+    out = tmp_path / "key.pem"
+    out.write_text("precious\n")
+    args = [a.replace("{out}", str(out)).replace("{tmp}", str(tmp_path)) for a in args]
+    line = one_error_line(ledger(*args, check=False))
+    assert f"{out} already exists; pass --force to replace it [file_exists]" in line, line
+    assert out.read_text() == "precious\n"
+    if args[0] == "fingerprint":  # with --force it is replaced, whole
+        ledger(*args, "--force", "--json")
+        assert json.loads(out.read_text())["fingerprint_id"].startswith("sha256:")
+
+
+def test_malformed_fingerprint_files_are_one_line_and_exit_2(tmp_path: Path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"schema_version": 1, "model": {"name": "x"}, "engine": {}}))
+    cases = {
+        "[" * 100_000 + "]" * 100_000: "nested too deeply",
+        '{"a":' * 5000 + "1" + "}" * 5000: "nested too deeply",
+        '{"schema_version": 1, "engine": {"name": NaN}}': "not_canonicalizable",
+        '{"schema_version": 1, "engine": {"n": 123456789012345678901234567890}}': "safe range",
+    }
+    for n, (text, words) in enumerate(cases.items()):
+        bad = tmp_path / f"bad{n}.json"
+        bad.write_text(text)
+        line = one_error_line(ledger("diff", str(bad), str(good), check=False))
+        assert words in line, line
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_malformed_engine_url_is_refused_before_the_spool_or_the_model(tmp_path: Path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "t").write_text("lgr_x\n")
+    (tmp_path / "c.pem").write_bytes(SigningKey.generate().private_pem())
+    spool = tmp_path / "spool.sqlite"
+    collect = [
+        *("collect", "--ledger", DOWN, "--token-file", str(tmp_path / "t")),
+        *("--key", str(tmp_path / "c.pem"), "--pool", "p", "--worker-id", "w"),
+        *("--spool", str(spool), "--no-register", "--listen", f"127.0.0.1:{_free_port()}"),
+    ]
+    for args in (
+        ["fingerprint", "--model-dir", str(tmp_path / "m"), "--engine-url", "http://[::1"],
+        [*collect, "--model-dir", str(tmp_path / "m"), "--engine-url", "http://[::1"],
+        [*collect, "--model-dir", str(tmp_path / "none"), "--engine-url", DOWN],
+    ):
+        line = one_error_line(ledger(*args, check=False))
+        assert "[invalid_url]" in line or "[model_dir_missing]" in line, line
+    assert not list(tmp_path.glob("spool*"))
+
+
+@pytest.mark.parametrize("revision", ["bogus", "-1", "", "base"])
+def test_db_upgrade_to_an_unknown_revision_creates_nothing(tmp_path: Path, revision: str):
+    url = f"sqlite:///{tmp_path}/new.db"
+    line = one_error_line(ledger("db", "upgrade", "--db", url, "--revision", revision, check=False))
+    assert "[unknown_revision]" in line, line
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", ["../escaped", "", "a/b", ".", ".hidden", "x\x1b"])
+def test_keys_new_refuses_a_name_that_is_a_path(tmp_path: Path, name: str):
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    line = one_error_line(ledger("keys", "new", name, "--dir", str(keys), check=False))
+    assert "[invalid_name]" in line, line
+    assert not list(tmp_path.rglob("*.pem"))
+
+
+def test_serve_and_collect_on_a_port_in_use_say_so_and_create_nothing(tmp_path: Path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        data = tmp_path / "data"
+        serve_line = one_error_line(
+            ledger("serve", "--port", str(port), check=False, env={"LEDGER_DATA_DIR": str(data)})
+        )
+        assert f"cannot listen on 127.0.0.1:{port}" in serve_line, serve_line
+        assert "[cannot_listen]" in serve_line and not data.exists()
+        (tmp_path / "m").mkdir()
+        (tmp_path / "t").write_text("lgr_x\n")
+        (tmp_path / "c.pem").write_bytes(SigningKey.generate().private_pem())
+        collect_line = one_error_line(
+            ledger(
+                *("collect", "--engine-url", DOWN, "--ledger", DOWN, "--pool", "p"),
+                *("--token-file", str(tmp_path / "t"), "--key", str(tmp_path / "c.pem")),
+                *("--model-dir", str(tmp_path / "m"), "--spool", str(tmp_path / "s.sqlite")),
+                *("--listen", f"127.0.0.1:{port}"),
+                check=False,
+            )
+        )
+        assert "[cannot_listen]" in collect_line and not (tmp_path / "s.sqlite").exists()
 
 
 def test_a_wrong_token_is_one_line_and_exit_2(running, tmp_path: Path):

@@ -97,3 +97,27 @@ def test_the_filter_choices_are_the_apis():
 
     assert [c.value for c in Content] == list(CONTENT_STATES)
     assert [v.value for v in Verdict] == [*VERDICTS, NO_VERDICT]
+
+
+def test_record_fields_are_printed_as_they_are_never_as_markup_or_terminal_codes(
+    api: Harness, tmp_path: Path
+):
+    """A record's model is the signer's text: one that is console markup, or carries escape
+    sequences, is shown as it is (control characters as \\xNN), and spoils no other row."""
+    key, fp = api.setup_collector()
+    models = ["oops[/]", "[bold red]markup[/]", "\x1b[31mRED\x1b[0m\x1b]0;TITLE\x07"]
+    for model in models:
+        env, disclosures = record_v2(key, fp, pool="p-markup", model=model)
+        resp = api.client().post(
+            "/v1/records",
+            json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]},
+        )
+        assert resp.status_code == 201, resp.text
+    out = ledger(
+        "records", "search", *_common(api, tmp_path), "--pool", "p-markup",
+        env={"COLUMNS": "250"},
+    )  # fmt: skip
+    assert "oops[/]" in out.stdout and "[bold red]markup[/]" in out.stdout, out.stdout
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+    assert "\\x1b[31mRED\\x1b[0m\\x1b]0;TITLE\\x07" in out.stdout, out.stdout
+    assert "3 record(s)" in out.stdout
