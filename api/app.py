@@ -139,7 +139,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
     app.add_middleware(CacheFastPath, state=state)  # inside the gate: see api/cache_fast.py
     app.add_middleware(Gate, routes=app.router.routes, state=state)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
-    errors.install(app, pages=ui.routes.error_page)
+    errors.install(app, pages=ui.routes.error_page, page_headers=ui.routes.SECURITY_HEADERS)
     app.add_middleware(errors.UnexpectedErrors, handler=app.state.unexpected_error)
     app.add_middleware(RequestIds)  # outermost: every log line of a request names it
     for module in (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -118,20 +118,33 @@ PageRenderer = Callable[[Request, int, str, str], Response]
 PAGES_PREFIX = "/ui/"
 
 
-def install(app: FastAPI, pages: PageRenderer | None = None) -> None:
-    def as_page(request: Request) -> PageRenderer | None:
+def install(
+    app: FastAPI, pages: PageRenderer | None = None, page_headers: Mapping[str, str] | None = None
+) -> None:
+    """Map errors to answers. Under PAGES_PREFIX an error is a page (``pages``), or for a
+    download path or a 405 the JSON answer; either way with ``page_headers`` (the console's
+    security headers: a download's error is no less the console's answer)."""
+
+    def in_console(request: Request) -> bool:
         path = request.url.path
-        in_console = path.startswith(PAGES_PREFIX) or path == PAGES_PREFIX[:-1]
-        if pages is None or not in_console or path.endswith((".json", ".csv", ".ndjson")):
+        return pages is not None and (path.startswith(PAGES_PREFIX) or path == PAGES_PREFIX[:-1])
+
+    def as_page(request: Request) -> PageRenderer | None:
+        if not in_console(request) or request.url.path.endswith((".json", ".csv", ".ndjson")):
             return None
         return pages
+
+    def answered(request: Request, response: Response) -> Response:
+        if page_headers and in_console(request):
+            response.headers.update(page_headers)
+        return response
 
     @app.exception_handler(LedgerError)
     async def _ledger_error(request: Request, exc: LedgerError) -> Response:
         request.state.error_code = exc.code
         if page := as_page(request):
             return page(request, status_for(exc), exc.code, exc.message)
-        return ledger_error_response(exc)
+        return answered(request, ledger_error_response(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
@@ -143,7 +156,7 @@ def install(app: FastAPI, pages: PageRenderer | None = None) -> None:
         if page := as_page(request):
             return page(request, 422, "schema_violation", msg)
         details = {"errors": [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors]}
-        return error_response(422, "schema_violation", msg, details=details)
+        return answered(request, error_response(422, "schema_violation", msg, details=details))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -151,7 +164,9 @@ def install(app: FastAPI, pages: PageRenderer | None = None) -> None:
         request.state.error_code = "internal_error"
         if page := as_page(request):
             return page(request, 500, "internal_error", "internal error; it has been logged")
-        return error_response(500, "internal_error", "internal error; it has been logged")
+        return answered(
+            request, error_response(500, "internal_error", "internal error; it has been logged")
+        )
 
     app.state.unexpected_error = _unexpected
 
@@ -164,7 +179,10 @@ def install(app: FastAPI, pages: PageRenderer | None = None) -> None:
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
             headers["Allow"] = allowed_methods(request)
-        return error_response(exc.status_code, code, str(exc.detail), headers=headers or None)
+        return answered(
+            request,
+            error_response(exc.status_code, code, str(exc.detail), headers=headers or None),
+        )
 
 
 class UnexpectedErrors:

@@ -26,7 +26,7 @@ import migrations
 from api.settings import Settings
 from demo.errors import CheckFailed
 from ledger.atomic_file import write_atomically
-from ledger.errors import LedgerError
+from ledger.errors import InvalidInput, LedgerError
 from ledger.signing import SigningKey, load_public_key
 from ledger.small_file import read_small_file, read_small_text
 from ledger.storage.database import Database, sqlite_file
@@ -207,7 +207,10 @@ def check_listen(host: str, port: int) -> None:
             probe.bind(address)
     except (OSError, UnicodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
-        fail(f"cannot listen on {host}:{port}: {reason} [cannot_listen]")
+        with ledger_errors():
+            raise InvalidInput(
+                f"cannot listen on {host}:{port}: {reason}", code="cannot_listen"
+            ) from None
 
 
 def refuse_existing(path: Path, force: bool) -> None:

@@ -24,7 +24,7 @@ from cli.common import (
     when,
 )
 from client.ledger_client import LedgerClient, read_token_file
-from ledger.errors import LedgerError
+from ledger.errors import InvalidInput, LedgerError
 from ledger.secretfile import SecretFileExists
 from ledger.signing import SigningKey, key_id_for, public_key_pem
 from ledger.storage.checkpoints import default_origin
@@ -47,10 +47,12 @@ def new(
     """Write a new Ed25519 key pair: the private key mode 0600, the public 0644, each atomic
     and never through a symlink; existing files are refused unless --force."""
     if not _KEY_NAME.fullmatch(name):
-        fail(
-            f"key name {name!r} must be 1-100 of A-Za-z0-9 . _ - and start with a letter or "
-            "digit: it names the files in --dir [invalid_name]"
-        )
+        with ledger_errors():
+            raise InvalidInput(
+                f"key name {name!r} must be 1-100 of A-Za-z0-9 . _ - and start with a letter "
+                "or digit: it names the files in --dir",
+                code="invalid_name",
+            )
     private, public = directory / f"{name}.pem", directory / f"{name}.pub.pem"
     key = SigningKey.generate()
     try:

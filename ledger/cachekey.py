@@ -16,7 +16,8 @@ Normalization (so equivalent requests agree):
   ``return_token_ids``, ``return_tokens_as_token_ids``, ``request_id``, ``priority``;
 - absent sampling parameters get their documented defaults (``temperature`` 1, ``top_p`` 1,
   ``top_k`` -1 (0 means the same), ``min_p`` 0, penalties 0 / 1, ``n`` 1, ``max_tokens`` 16
-  for completions, unbounded for chat (``max_completion_tokens`` is the same field there);
+  for completions, unbounded for chat, where ``max_completion_tokens`` is the limit unless it
+  is null, and ``max_tokens`` only then, as vLLM reads them);
   ``stop`` as a sorted list, ``stop_token_ids`` sorted, ``ignore_eos`` false);
 - under greedy decoding (``temperature`` 0) the sampler's randomness and truncation do not
   matter: ``seed``, ``top_p``, ``top_k`` and ``min_p`` are dropped;
@@ -84,7 +85,10 @@ def normalize_params(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
     prompt_fields = ("prompt",) if endpoint == COMPLETIONS else ("messages",)
     params = {k: v for k, v in request.items() if k not in IGNORED and k not in prompt_fields}
     if endpoint == CHAT and "max_completion_tokens" in params:
-        params.setdefault("max_tokens", params.pop("max_completion_tokens"))
+        # vLLM's chat limit: max_completion_tokens unless it is null, then max_tokens
+        limit = params.pop("max_completion_tokens")
+        if limit is not None:
+            params["max_tokens"] = limit
     for name, default in DEFAULTS.items():
         if params.get(name) is None:
             params[name] = default
@@ -114,10 +118,13 @@ def normalize_params(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_deterministic(request: Mapping[str, Any]) -> bool:
-    """Greedy (temperature 0) or seeded sampling: the same environment gives the same output."""
+    """Greedy (temperature 0) or seeded sampling: the same environment gives the same output.
+    A seed counts only as an integer (vLLM refuses ``"abc"``, ``{}``, ``1.5``; ``true`` is not
+    1): no engine answered a request with another, so none is servable as its answer."""
     temperature = request.get("temperature")
     greedy = temperature == 0 and not isinstance(temperature, bool)  # false is not 0
-    return greedy or request.get("seed") is not None
+    seed = request.get("seed")
+    return greedy or (isinstance(seed, int) and not isinstance(seed, bool))
 
 
 def _prompt(

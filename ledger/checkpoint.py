@@ -75,7 +75,9 @@ def timestamp_line(at: datetime) -> str:
 def previous_line(tree_size: int) -> str:
     """The ``Previous:`` extension line naming the checkpoint signed before this one."""
     if tree_size < 1:
-        raise InvalidInput("a previous checkpoint covers at least one leaf", code="invalid_size")
+        raise InvalidInput(
+            "a previous checkpoint covers at least one leaf", code="invalid_checkpoint"
+        )
     return f"{PREVIOUS_PREFIX}{tree_size}"
 
 

@@ -8,6 +8,8 @@ a worker for any pool" into "can lie about its own pools only": a record naming 
 is refused at ingest, a heartbeat naming another pool cannot register a worker there, a
 replay that names no pool goes only to workers whose keys may sign for the record's pool
 (:func:`may_sign_for`), and a cache lookup by pool answers only with that pool's records.
+Request and worker IDs stay one namespace across pools: such a key can still take an ID
+first, and another pool's record or worker with that ID is then refused (a conflict).
 ``ledger verify`` re-checks a bundle's record, and ``ledger audit`` every logged record and
 replay verdict, against the scope the key's registration leaf holds.
 

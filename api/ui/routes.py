@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs, quote, urlencode
+from urllib.parse import parse_qs, quote, unquote, urlencode
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
@@ -159,7 +159,13 @@ async def read_form(request: Request) -> dict[str, str]:
 
 def _next_path(value: str | None) -> str:
     """Where to go after signing in: a console path only (never another site)."""
-    if value and value.startswith("/ui/") and not value.startswith("//") and "\\" not in value:
+    if (
+        value
+        and value.startswith("/ui/")
+        and "\\" not in value
+        # no dot segment, not even percent-encoded: a browser resolves "/ui/../x" to "/x"
+        and not any(part in (".", "..") for part in unquote(value.split("?")[0]).split("/"))
+    ):
         return value
     return "/ui/records"
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ledger.errors import AuthenticationError, PermissionDenied
 from ledger.signing import SigningKey
+
+_DIGITS = re.compile(r"[0-9]{1,20}")  # ASCII only: str.isdigit takes '²', which int() refuses
 
 SESSION_COOKIE = "ledger_session"
 SIGNIN_COOKIE = "ledger_signin"
@@ -86,7 +89,7 @@ class Sessions:
         if not cookie:
             raise AuthenticationError("sign in to use the console", code="missing_session")
         parts = cookie.split(".")
-        if len(parts) != 4 or not parts[1].isdigit() or len(cookie) > 300:
+        if len(parts) != 4 or not _DIGITS.fullmatch(parts[1]) or len(cookie) > 300:
             raise AuthenticationError("the session cookie is malformed", code="invalid_session")
         token_id, expires, nonce, mac = parts
         if not _same(mac, self._mac("session", f"{token_id}.{expires}.{nonce}")):
@@ -115,7 +118,7 @@ class Sessions:
         if (
             not cookie
             or not sent
-            or not expires.isdigit()
+            or not _DIGITS.fullmatch(expires)
             or int(expires) <= time.time()
             or not _same(sent, self._mac("signin", cookie))
         ):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -78,8 +79,9 @@ def search_row(hit: Hit) -> dict[str, Any]:
 
 
 def probability_class(logprob: float) -> str:
-    """A colour band for a token's probability (the page's legend names the bands)."""
-    p = math.exp(logprob)
+    """A colour band for a token's probability (the page's legend names the bands). A logprob
+    is at most 0; a signer's larger one (even 1000, whose exp overflows) is in the top band."""
+    p = math.exp(min(logprob, 0.0))
     if p >= 0.9:
         return "p1"
     if p >= 0.5:
@@ -210,7 +212,7 @@ def _groups(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     groups = []
     for name, value in body.items():
         rows: list[tuple[str, str]] = []
-        _flatten(name, value, rows)
+        _flatten(_member(name).removeprefix("."), value, rows)
         groups.append({"name": name, "rows": rows})
     return groups
 
@@ -218,12 +220,29 @@ def _groups(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 def _flatten(path: str, value: Any, rows: list[tuple[str, str]]) -> None:
     if isinstance(value, Mapping) and value:
         for k, v in value.items():
-            _flatten(f"{path}.{k}", v, rows)
+            _flatten(f"{path}{_member(k)}", v, rows)
     elif isinstance(value, list) and value and any(isinstance(v, (dict, list)) for v in value):
         for i, v in enumerate(value):
             _flatten(f"{path}[{i}]", v, rows)
     else:
-        rows.append((path, value if isinstance(value, str) else json.dumps(value)))
+        rows.append((path, _plain(value) if isinstance(value, str) else json.dumps(value)))
+
+
+# A member name shown bare in a dotted path: anything else is quoted, so that no two paths look
+# alike ("engine.batch_invariance" as one top-level name, a name ending in a zero-width space).
+_BARE_MEMBER = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _member(name: str) -> str:
+    return f".{name}" if _BARE_MEMBER.fullmatch(name) else f"[{json.dumps(name)}]"
+
+
+def _plain(text: str) -> str:
+    """A signed value with its invisible characters (zero-width, format, control) shown as
+    ``[U+XXXX]``: two values that look alike on the page are alike."""
+    if text.isprintable():  # no character of the categories Other or Separator but " "
+        return text
+    return "".join(c if c.isprintable() else f"[U+{ord(c):04X}]" for c in text)
 
 
 def fingerprint_page(facts: FingerprintFacts, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("ledger", "api", "collectors", "client", "demo", "cli")
+SOURCES = ("ledger", "api", "collectors", "client", "demo", "cli", "migrations")
 DOC = ROOT / "docs" / "ERRORS.md"
 CODE = re.compile(r"[a-z][a-z0-9_]*")
 CONSTANT = re.compile(r"[A-Z][A-Z0-9_]*")

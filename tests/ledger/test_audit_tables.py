@@ -296,6 +296,15 @@ def test_a_deleted_checkpoint_is_named_by_the_next_one(ledger: Tampered, which: 
     assert "no longer holds it" in report.findings[0].message
 
 
+def _log_one_and_sign(ledger: Tampered, request_id: str) -> checkpoints.StoredCheckpoint:
+    built = ledger.built
+    envelope = record_envelope(built.collector, built.fingerprint_id, request_id=request_id)
+    ingest.ingest_records(ledger.db, [envelope.to_dict()])
+    signed = checkpoints.sign_if_new(ledger.db, built.log_key, ORIGIN)
+    assert signed is not None
+    return signed
+
+
 def test_a_checkpoint_row_deleted_while_the_ledger_runs_is_named_by_its_next_note(
     ledger: Tampered,
 ):
@@ -303,29 +312,13 @@ def test_a_checkpoint_row_deleted_while_the_ledger_runs_is_named_by_its_next_not
     row left."""
     first = checkpoints.sign_if_new(ledger.db, ledger.built.log_key, ORIGIN)
     assert first is not None
-    ingest.ingest_records(
-        ledger.db,
-        [
-            record_envelope(
-                ledger.built.collector, ledger.built.fingerprint_id, request_id="r-a"
-            ).to_dict()
-        ],
-    )
-    signed = checkpoints.sign_if_new(ledger.db, ledger.built.log_key, ORIGIN)
-    assert signed is not None and signed.tree_size > first.tree_size
+    signed = _log_one_and_sign(ledger, "r-a")
+    assert signed.tree_size > first.tree_size
     ledger.su.execute(
         [("DELETE FROM checkpoints WHERE tree_size = %s", (signed.tree_size,))], ["checkpoints"]
     )
-    ingest.ingest_records(
-        ledger.db,
-        [
-            record_envelope(
-                ledger.built.collector, ledger.built.fingerprint_id, request_id="r-b"
-            ).to_dict()
-        ],
-    )
-    latest = checkpoints.sign_if_new(ledger.db, ledger.built.log_key, ORIGIN)
-    assert latest is not None and f"Previous: {signed.tree_size}\n" in latest.note
+    latest = _log_one_and_sign(ledger, "r-b")
+    assert f"Previous: {signed.tree_size}\n" in latest.note
     report = ledger.audit()
     assert [(f.check, f.index) for f in report.findings] == [
         ("checkpoint", signed.tree_size - 1)

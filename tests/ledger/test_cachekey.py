@@ -100,6 +100,22 @@ def test_chat_uses_messages_and_the_template_digest() -> None:
     )
 
 
+def test_a_chat_limit_is_read_as_vllm_reads_it() -> None:
+    """max_completion_tokens unless it is null, then max_tokens: a 5-token answer is never the
+    answer to a request that allows 100."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+
+    def k(**limits: object) -> str:
+        return cache_key(CHAT, {**chat, **limits}, FP)
+
+    assert k(max_tokens=5, max_completion_tokens=100) == k(max_tokens=100)
+    assert k(max_tokens=5, max_completion_tokens=100) != k(max_tokens=5)
+    assert k(max_tokens=None, max_completion_tokens=7) == k(max_tokens=7)
+    assert k(max_tokens=None, max_completion_tokens=7) != k()
+    assert k(max_tokens=5, max_completion_tokens=None) == k(max_tokens=5)
+    assert k(max_completion_tokens=None) == k()
+
+
 @pytest.mark.parametrize(
     "request_body",
     [
@@ -125,6 +141,9 @@ def test_determinism() -> None:
     assert is_deterministic({"temperature": 0.8, "seed": 1})
     assert not is_deterministic({"temperature": 0.8})
     assert not is_deterministic({})  # the default temperature is 1
+    for no_seed in ("abc", "7", {"x": 1}, 1.5, True, [1]):  # vLLM runs none of these
+        assert not is_deterministic({"temperature": 0.8, "seed": no_seed}), no_seed
+    assert is_deterministic({"temperature": 0.8, "seed": -(2**63)})
 
 
 params = st.fixed_dictionaries(

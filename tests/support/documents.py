@@ -39,11 +39,14 @@ def record_body(
     seed: int | None = None,
     text_prompt: bool = False,
     request_extra: dict[str, Any] | None = None,
+    logprob: float | None = None,  # the first output token's, as signed
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     prompt = [rng.randrange(0, 50_000) for _ in range(prompt_len)]
     out = [rng.randrange(0, 50_000) for _ in range(out_len)]
     lps = [-rng.random() * 5 for _ in out]
+    if logprob is not None:
+        lps[0] = logprob
     top_ids = [[rng.randrange(0, 50_000) for _ in range(top_k)] for _ in out] if top_k else None
     top_lps = [[-rng.random() * 9 for _ in range(top_k)] for _ in out] if top_k else None
     return build_record_body(

@@ -4,6 +4,7 @@ page invites (forged or expired cookies, a revoked token, open redirects, cross-
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import logging
@@ -16,6 +17,8 @@ import httpx
 import pytest
 
 from api.ui.session import Sessions, session_key
+from ledger.fingerprint import FINGERPRINT_KIND
+from ledger.signing import sign_envelope
 from ledger.storage import tokenstore
 from ledger.storage.audit import audit
 from tests.api.test_read_paths import superuser
@@ -174,7 +177,17 @@ def test_the_sign_in_form_needs_its_own_token_and_cookie(scene: Scene):
 
 
 @pytest.mark.parametrize(
-    "target", ["https://evil.example/", "//evil.example/ui/", "/ui/\\evil", "/v1/records", ""]
+    "target",
+    [
+        "https://evil.example/",
+        "//evil.example/ui/",
+        "/ui/\\evil",
+        "/v1/records",
+        "",
+        "/ui/../../v1/tokens",
+        "/ui/%2e%2e/v1/tokens",
+        "/ui/./%2E%2E/x",
+    ],
 )
 def test_sign_in_never_redirects_off_the_console(scene: Scene, target: str):
     c = browser(scene)
@@ -383,3 +396,72 @@ def test_non_ascii_cookies_and_form_fields_are_refused_not_a_server_error(scene:
     signed = sign_in(scene, scene.h.admin_token, f"/ui/records/{scene.rid}")
     form = signed.post(f"/ui/records/{scene.rid}/erase", data={"csrf": "\xe9", "reason": "r"})
     assert form.status_code == 403, form.text
+
+
+def test_error_answers_of_console_downloads_and_405s_carry_the_security_headers(scene: Scene):
+    c = sign_in(scene, scene.h.admin_token)
+    for resp in (
+        c.get(f"/ui/records/{scene.rid}/evidence.json", params={"redact": "<b>"}),
+        c.get("/ui/records/no-such-record/evidence.json"),
+        c.put("/ui/records"),
+    ):
+        assert resp.status_code in (404, 405, 422), resp.text
+        assert resp.headers["cache-control"] == "no-store", resp.headers
+        assert resp.headers["x-content-type-options"] == "nosniff"
+        assert "frame-ancestors 'none'" in resp.headers["content-security-policy"]
+    api = c.get("/v1/records/no-such-record")  # the API's own answers are unchanged
+    assert "content-security-policy" not in api.headers
+
+
+def test_a_sign_in_cookie_with_a_non_ascii_digit_is_refused_not_a_server_error(scene: Scene):
+    c = browser(scene)
+    resp = c.post(
+        "/ui/signin",
+        data={"form_token": "x", "token": "y"},
+        headers={"cookie": b"ledger_signin=\xb2.abc"},  # "\u00b2" as the server reads it
+    )
+    assert resp.status_code == 403 and "csrf_failed" in resp.text, resp.text
+
+
+def test_a_logprob_above_zero_renders_the_record_page(scene: Scene):
+    """A signer's logprob of 1000 (exp overflows) must not make its record unreadable."""
+    key, fp = scene.h.setup_collector()
+    env, disclosures = record_v2(key, fp, logprob=1000.0)
+    resp = scene.h.client().post(
+        "/v1/records", json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    )
+    assert resp.status_code == 201, resp.text
+    page = sign_in(scene, scene.h.admin_token).get(f"/ui/records/{env.body['request_id']}")
+    assert page.status_code == 200, page.text
+
+
+def test_fingerprint_fields_that_look_alike_are_shown_apart(tmp_path: Path):
+    """A signer's member named "engine.batch_invariance", or ending in a zero-width space,
+    is shown quoted, never as a second row of the real field."""
+    h = start_harness("sqlite", f"sqlite:///{tmp_path}/l.db", tmp_path)
+    try:
+        key, _ = h.setup_collector()
+        body = {
+            "schema_version": 1,
+            "model": {"name": "m", "digest": "sha256:" + "a" * 64, "digest\u200b": "x"},
+            "engine": {"name": "vllm", "batch_invariance": "none"},
+            "engine.batch_invariance": "strict\u200b",
+        }
+        resp = h.client().post(
+            "/v1/fingerprints", json=sign_envelope(FINGERPRINT_KIND, body, key).to_dict()
+        )
+        assert resp.status_code in (200, 201), resp.text
+        fp = resp.json()["fingerprint_id"]
+        page = sign_in(Scene(h, "", fp), h.admin_token).get(f"/ui/fingerprints/{fp}").text
+        found = re.findall(
+            r'<th scope="row"><code>(.*?)</code></th><td><code[^>]*>(.*?)</code>', page
+        )
+        rows = [(html.unescape(path), html.unescape(value)) for path, value in found]
+        assert ("engine.batch_invariance", "none") in rows, rows
+        assert ('["engine.batch_invariance"]', "strict[U+200B]") in rows, rows
+        assert ("model.digest", "sha256:" + "a" * 64) in rows
+        assert ('model["digest\\u200b"]', "x") in rows, rows
+        paths = [path for path, _ in rows]
+        assert len(paths) == len(set(paths)), rows  # no two rows look alike
+    finally:
+        h.close()
