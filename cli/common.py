@@ -8,7 +8,6 @@ import math
 import os
 import socket
 import sys
-import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -31,8 +30,9 @@ from ledger.signing import SigningKey, load_public_key
 from ledger.small_file import read_small_file, read_small_text
 from ledger.storage.database import Database, sqlite_file
 
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+# emoji=False: a record's ":white_check_mark:" is text, not an emoji (see shown()).
+console = Console(soft_wrap=True, emoji=False)
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)
 T = TypeVar("T")
 _FILE_TROUBLE = {"file_not_readable", "not_a_regular_file", "file_too_large", "not_utf8"}
 
@@ -161,14 +161,24 @@ def _utc(value: datetime | str | None) -> datetime | None:
 
 def shown(value: object) -> str:
     """Data (a record's fields, a fingerprint's values, a server's message) safe to print as
-    console markup: brackets escaped, control characters (escape sequences, BEL, bidi
-    overrides) shown as ``\\xNN`` instead of reaching the terminal."""
+    console markup: brackets escaped, and every character that is not printable (escape
+    sequences, BEL, bidi overrides, zero-width and line separators) shown as ``\\xNN`` or
+    ``\\uNNNN`` instead of reaching the terminal. (The consoles take no emoji codes.)"""
     text = str(value)
     if not text.isprintable():
-        text = "".join(
-            c if c == " " or unicodedata.category(c)[0] != "C" else f"\\x{ord(c):02x}" for c in text
-        )
+        text = "".join(c if c.isprintable() else _escaped(c) for c in text)
     return escape(text)
+
+
+def _escaped(c: str) -> str:
+    code = ord(c)
+    return (
+        f"\\x{code:02x}"
+        if code <= 0xFF
+        else f"\\u{code:04x}"
+        if code <= 0xFFFF
+        else f"\\U{code:08x}"
+    )
 
 
 def table(*headers: str, title: str | None = None, **options: Any) -> Table:
@@ -195,16 +205,22 @@ def print_json(value: Any) -> None:
 
 
 def check_listen(host: str, port: int) -> None:
-    """Before any work (a migration, a first-start token, a spool): the address can be bound.
-    The server binds it again at once (uvicorn, with ``SO_REUSEADDR`` as here); this only
-    turns a port in use or a bad host into one line and exit 2, not a bare log line."""
+    """Before any work (a migration, a first-start token, a spool): every address the host
+    names can be bound, as the server will bind them (asyncio binds each; uvicorn and it use
+    ``SO_REUSEADDR`` as here). This only turns a port in use or a bad host into one line and
+    exit 2, not a bare log line; the server binds again at once."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in addresses:
+            try:
+                probe = socket.socket(family, kind, proto)
+            except OSError:  # a family this host cannot use: the server skips it too
+                continue
+            with probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(address)
     except (OSError, UnicodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         with ledger_errors():

@@ -20,7 +20,9 @@ def write_atomically(path: Path, data: bytes, *, overwrite: bool = True) -> None
 
     Without ``overwrite`` a name already taken (a file, a directory, a symbolic link, even a
     dangling one) raises :class:`FileExistsError` and nothing there changes: the file is
-    published by ``link(2)``, which fails if the name exists at that instant."""
+    published by ``link(2)``, which fails if the name exists at that instant. (On a file
+    system without ``link(2)`` the name is looked at, then replaced: a file another process
+    creates between the two is replaced.)"""
     descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     temporary = Path(name)
     try:

@@ -118,13 +118,10 @@ def normalize_params(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_deterministic(request: Mapping[str, Any]) -> bool:
-    """Greedy (temperature 0) or seeded sampling: the same environment gives the same output.
-    A seed counts only as an integer (vLLM refuses ``"abc"``, ``{}``, ``1.5``; ``true`` is not
-    1): no engine answered a request with another, so none is servable as its answer."""
+    """Greedy (temperature 0) or seeded sampling: the same environment gives the same output."""
     temperature = request.get("temperature")
     greedy = temperature == 0 and not isinstance(temperature, bool)  # false is not 0
-    seed = request.get("seed")
-    return greedy or (isinstance(seed, int) and not isinstance(seed, bool))
+    return greedy or request.get("seed") is not None
 
 
 def _prompt(

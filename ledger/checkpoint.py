@@ -7,7 +7,7 @@ C2SP ``signed-note``: the body, a blank line, and one signature line per signer,
 first four bytes of SHA-256(key name || "\\n" || 0x01 || public key) and the signature covers
 the body text (every line, extension lines included, each ending in a newline).
 
-The ledger writes one extension line, the time it signed the checkpoint::
+The ledger writes the time it signed the checkpoint as an extension line::
 
     Timestamp: <Unix time in nanoseconds, ASCII decimal>
 

@@ -21,7 +21,7 @@ def read_small_file(path: Path, what: str, *, limit: int = SMALL_FILE_LIMIT) -> 
     larger than ``limit``."""
     try:
         # O_NONBLOCK: opening a FIFO never waits for a writer; it is then refused as not a file.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise _unreadable(path, what, exc) from exc
     try:

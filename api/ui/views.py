@@ -238,11 +238,12 @@ def _member(name: str) -> str:
 
 
 def _plain(text: str) -> str:
-    """A signed value with its invisible characters (zero-width, format, control) shown as
-    ``[U+XXXX]``: two values that look alike on the page are alike."""
-    if text.isprintable():  # no character of the categories Other or Separator but " "
+    """A signed value as shown: as it is when every character is printable (none of the
+    categories Other or Separator but " ") and it does not begin with a quote, else as a JSON
+    string (``"strict\\u200b"``), so that two values that look alike on the page are alike."""
+    if text.isprintable() and not text.startswith('"'):
         return text
-    return "".join(c if c.isprintable() else f"[U+{ord(c):04X}]" for c in text)
+    return json.dumps(text)
 
 
 def fingerprint_page(facts: FingerprintFacts, body: Mapping[str, Any]) -> dict[str, Any]:

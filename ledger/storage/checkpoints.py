@@ -4,7 +4,8 @@ Each note carries the time it was signed (``ledger.checkpoint``'s ``Timestamp:``
 same instant as the row's ``signed_at``; ``ledger audit`` checks that the two agree. Each note
 but the first names the checkpoint signed before it (``Previous:``): the latest stored one, or
 the last this process signed when that is larger (the rows of later ones were deleted), so a
-deletion is named by the next checkpoint whichever way it happens while the ledger runs.
+deletion is named by the next checkpoint this process signs (``ledger serve --workers N``: each
+worker process remembers only its own).
 """
 
 from __future__ import annotations
@@ -56,20 +57,27 @@ def latest(db: Database) -> StoredCheckpoint:
     return cp
 
 
-# The largest checkpoint each database's log was signed at by this process: a later note names
-# it as its previous one even if its row was deleted since.
-_signed_here: WeakKeyDictionary[Database, int] = WeakKeyDictionary()
+# The last checkpoint this process signed of each database's log: a later note names it as
+# its previous one even if its row was deleted since, and a deleted row of the current tree is
+# put back as it was signed (never signed again, naming itself).
+_signed_here: WeakKeyDictionary[Database, StoredCheckpoint] = WeakKeyDictionary()
 
 
 def sign_if_new(db: Database, log_key: SigningKey, origin: str) -> StoredCheckpoint | None:
     """Sign a checkpoint of the current tree if it has grown; return the latest checkpoint."""
+    mine = _signed_here.get(db)
     with db.write() as s:
         size = log.log_size(s)
         last = latest_in(s)
         if size == 0 or (last is not None and last.tree_size >= size):
             return last
+        if mine is not None and mine.tree_size >= size:
+            if mine.tree_size > size:  # the log is smaller than a tree signed here: sign nothing
+                return last
+            _insert(s, mine)  # this tree's row was deleted: the note signed for it, again
+            return mine
         root = tree.root(s, size)
-        previous = max(last.tree_size if last is not None else 0, _signed_here.get(db, 0))
+        previous = max(last.tree_size if last is not None else 0, mine.tree_size if mine else 0)
         chained = (previous_line(previous),) if previous else ()
         # Taken under the append lock, after every leaf of the tree was appended: the note's
         # signed time is no earlier than any of theirs, and no later than any leaf after it.
@@ -77,12 +85,24 @@ def sign_if_new(db: Database, log_key: SigningKey, origin: str) -> StoredCheckpo
         note = sign_checkpoint(
             Checkpoint(origin, size, root, signed_at=at, extensions=chained), log_key
         )
-        s.execute(
-            insert(CheckpointRow),
-            [{"tree_size": size, "root_hash": root, "note": note, "signed_at": at}],
-        )
-    _signed_here[db] = max(size, _signed_here.get(db, 0))
-    return StoredCheckpoint(size, root, note, at)
+        signed = StoredCheckpoint(size, root, note, at)
+        _insert(s, signed)
+    _signed_here[db] = signed
+    return signed
+
+
+def _insert(s: Session, cp: StoredCheckpoint) -> None:
+    s.execute(
+        insert(CheckpointRow),
+        [
+            {
+                "tree_size": cp.tree_size,
+                "root_hash": cp.root_hash,
+                "note": cp.note,
+                "signed_at": cp.signed_at,
+            }
+        ],
+    )
 
 
 def covering(db: Database, log_key: SigningKey, origin: str, index: int) -> StoredCheckpoint:

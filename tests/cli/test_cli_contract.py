@@ -516,3 +516,22 @@ def test_verify_prints_signed_text_without_its_control_characters(monkeypatch) -
     monkeypatch.setattr(verify_cli, "console", Console(file=out, width=200))
     verify_cli._print(result)
     assert "\x1b" not in out.getvalue() and "log\\x1b[2Jx" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("value", "printed"),
+    [
+        ("[bold]x[/]", "[bold]x[/]"),
+        ("req:white_check_mark:", "req:white_check_mark:"),
+        ("\x1b[31mRED\x07", "\\x1b[31mRED\\x07"),
+        ("a\u2028b\u202ec\u200bd", "a\\u2028b\\u202ec\\u200bd"),
+        ("x\U000e0041y", "x\\U000e0041y"),
+        ("caf\u00e9 \u4e2d", "caf\u00e9 \u4e2d"),
+    ],
+)
+def test_shown_prints_data_as_it_is(value: str, printed: str):
+    from cli.common import console, shown
+
+    with console.capture() as captured:
+        console.print(shown(value))
+    assert captured.get() == printed + "\n"

@@ -325,6 +325,17 @@ def test_a_checkpoint_row_deleted_while_the_ledger_runs_is_named_by_its_next_not
     ], dump(report)
 
 
+def test_a_deleted_row_of_a_tree_that_did_not_grow_is_put_back_as_signed(ledger: Tampered):
+    """Never a second note for the same tree (one naming itself as its previous one)."""
+    signed = _log_one_and_sign(ledger, "r-c")
+    ledger.su.execute(
+        [("DELETE FROM checkpoints WHERE tree_size = %s", (signed.tree_size,))], ["checkpoints"]
+    )
+    again = checkpoints.sign_if_new(ledger.db, ledger.built.log_key, ORIGIN)
+    assert again == signed
+    assert ledger.audit().ok
+
+
 @pytest.mark.parametrize("kind", [HEARTBEAT_KIND, OUTPUT_KIND])
 def test_a_leaf_of_a_kind_the_ledger_never_logs_is_named(ledger: Tampered, kind: str):
     """A collector signs heartbeats and replay outputs; a superuser who appends one to the log

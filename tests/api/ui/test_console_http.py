@@ -444,7 +444,7 @@ def test_fingerprint_fields_that_look_alike_are_shown_apart(tmp_path: Path):
         body = {
             "schema_version": 1,
             "model": {"name": "m", "digest": "sha256:" + "a" * 64, "digest\u200b": "x"},
-            "engine": {"name": "vllm", "batch_invariance": "none"},
+            "engine": {"name": "vllm", "batch_invariance": "none", "version": '"strict\\u200b"'},
             "engine.batch_invariance": "strict\u200b",
         }
         resp = h.client().post(
@@ -458,9 +458,11 @@ def test_fingerprint_fields_that_look_alike_are_shown_apart(tmp_path: Path):
         )
         rows = [(html.unescape(path), html.unescape(value)) for path, value in found]
         assert ("engine.batch_invariance", "none") in rows, rows
-        assert ('["engine.batch_invariance"]', "strict[U+200B]") in rows, rows
+        assert ('["engine.batch_invariance"]', '"strict\\u200b"') in rows, rows
         assert ("model.digest", "sha256:" + "a" * 64) in rows
         assert ('model["digest\\u200b"]', "x") in rows, rows
+        # a value that is the JSON form of another is itself shown as JSON
+        assert ("engine.version", '"\\"strict\\\\u200b\\""') in rows, rows
         paths = [path for path, _ in rows]
         assert len(paths) == len(set(paths)), rows  # no two rows look alike
     finally:
