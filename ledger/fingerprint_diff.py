@@ -3,11 +3,15 @@
 Pure: takes two bodies, returns :class:`Difference` values in body order. A difference is
 ``derived`` when it only follows from others (the manifest digest from the files, vLLM's own
 ``system_fingerprint`` from its config, ``batch_invariance`` from the scheduler flags), so a
-reader can look at the causes first.
+reader can look at the causes first. A path joins member names with dots (``engine.env.X``);
+a name other than letters, digits, ``_`` and ``-`` is written ``["as JSON"]``, so no member
+a signer names can pass for another field (``["engine.batch_invariance"]``).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,7 +169,7 @@ def _walk(path: str, x: Any, y: Any, out: list[tuple[str, Any, Any]]) -> None:
         return
     if isinstance(x, dict) and isinstance(y, dict):
         for key in list(x) + [k for k in y if k not in x]:
-            _walk(f"{path}.{key}" if path else key, x.get(key), y.get(key), out)
+            _walk(_member(path, key), x.get(key), y.get(key), out)
         return
     fx, fy = _files_by_path(x), _files_by_path(y)
     if fx is not None and fy is not None:
@@ -178,6 +182,17 @@ def _walk(path: str, x: Any, y: Any, out: list[tuple[str, Any, Any]]) -> None:
             _walk(f"{path}[{i}]", gx, gy, out)
         return
     out.append((path, x, y))
+
+
+# A member name written bare in a path; any other is written as a JSON string in brackets, so
+# that a signer's member named "engine.batch_invariance" is never read as that field.
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _member(path: str, key: str) -> str:
+    if _BARE.fullmatch(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{json.dumps(key)}]"
 
 
 def _same_count_of_devices(x: Any, y: Any) -> bool:

@@ -109,12 +109,12 @@ def test_a_gpu_value_read_on_one_side_only_is_not_called_another_gpu():
     changes = {c.path: c for c in diff(a, b)}
     assert set(changes) == {
         "gpu.gpus[0].multiprocessor_count",
-        "gpu.unknown.gpus[0].multiprocessor_count",
+        'gpu.unknown["gpus[0].multiprocessor_count"]',
     }
     count = changes["gpu.gpus[0].multiprocessor_count"]
     assert (count.before, count.after) == (None, 132)
     assert count.impact.startswith("read on one side only")
-    assert changes["gpu.unknown.gpus[0].multiprocessor_count"].impact == (
+    assert changes['gpu.unknown["gpus[0].multiprocessor_count"]'].impact == (
         "what could not be read differs"
     )
 
@@ -129,3 +129,12 @@ def test_another_gpu_model_is_named_per_device_and_another_count_as_a_whole():
     (change,) = diff(a, b)
     assert change.path == "gpu.gpus"
     assert change.impact.startswith("GPU model, count or mode changed")
+
+
+def test_a_member_name_that_looks_like_a_path_is_quoted_never_read_as_that_field():
+    a = {"schema_version": 1, "engine": {"batch_invariance": "none"}, "model": {"digest": "d"}}
+    b = {**a, "engine.batch_invariance": "kernel", "model": {"digest": "d", "digest\u200b": "x"}}
+    changes = {c.path: c for c in diff(a, b)}
+    assert set(changes) == {'["engine.batch_invariance"]', 'model["digest\\u200b"]'}
+    assert changes['["engine.batch_invariance"]'].impact == "may change outputs"
+    assert "invariance" not in " ".join(c.impact for c in changes.values())
