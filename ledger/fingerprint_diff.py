@@ -169,7 +169,7 @@ def _walk(path: str, x: Any, y: Any, out: list[tuple[str, Any, Any]]) -> None:
         return
     if isinstance(x, dict) and isinstance(y, dict):
         for key in list(x) + [k for k in y if k not in x]:
-            _walk(_member(path, key), x.get(key), y.get(key), out)
+            _walk(member_path(path, key), x.get(key), y.get(key), out)
         return
     fx, fy = _files_by_path(x), _files_by_path(y)
     if fx is not None and fy is not None:
@@ -189,7 +189,8 @@ def _walk(path: str, x: Any, y: Any, out: list[tuple[str, Any, Any]]) -> None:
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def _member(path: str, key: str) -> str:
+def member_path(path: str, key: str) -> str:
+    """``path`` extended by member ``key``: ``.key``, or ``["key"]`` when it is not plain."""
     if _BARE.fullmatch(key):
         return f"{path}.{key}" if path else key
     return f"{path}[{json.dumps(key)}]"

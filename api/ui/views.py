@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ledger.errors import LedgerError
 from ledger.fingerprint_diff import diff as fingerprint_diff
+from ledger.fingerprint_diff import member_path
 from ledger.fingerprint_facts import FingerprintFacts
 from ledger.inference_record import InferenceRecord, RecordChoice
 from ledger.packing import unpack_float32, unpack_int32
@@ -212,7 +212,7 @@ def _groups(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     groups = []
     for name, value in body.items():
         rows: list[tuple[str, str]] = []
-        _flatten(_member(name).removeprefix("."), value, rows)
+        _flatten(member_path("", name), value, rows)
         groups.append({"name": name, "rows": rows})
     return groups
 
@@ -220,21 +220,12 @@ def _groups(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 def _flatten(path: str, value: Any, rows: list[tuple[str, str]]) -> None:
     if isinstance(value, Mapping) and value:
         for k, v in value.items():
-            _flatten(f"{path}{_member(k)}", v, rows)
+            _flatten(member_path(path, k), v, rows)
     elif isinstance(value, list) and value and any(isinstance(v, (dict, list)) for v in value):
         for i, v in enumerate(value):
             _flatten(f"{path}[{i}]", v, rows)
     else:
         rows.append((path, _plain(value) if isinstance(value, str) else json.dumps(value)))
-
-
-# A member name shown bare in a dotted path: anything else is quoted, so that no two paths look
-# alike ("engine.batch_invariance" as one top-level name, a name ending in a zero-width space).
-_BARE_MEMBER = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def _member(name: str) -> str:
-    return f".{name}" if _BARE_MEMBER.fullmatch(name) else f"[{json.dumps(name)}]"
 
 
 def _plain(text: str) -> str:
