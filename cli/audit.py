@@ -27,6 +27,9 @@ from cli.common import (
 from ledger.audit import DEFAULT_CLOCK_TOLERANCE, AuditReport
 from ledger.storage.audit import audit
 
+# More processes than this only add start-up and memory: each verifies on a CPU of its own.
+MAX_WORKERS = 4 * (os.cpu_count() or 1)
+
 
 def run_audit(
     db_url: str | None = DbOption,
@@ -40,7 +43,11 @@ def run_audit(
         "the log must still hold its tree; repeatable",
     ),
     workers: int = typer.Option(
-        os.cpu_count() or 1, "--workers", min=1, help="processes verifying signatures"
+        os.cpu_count() or 1,
+        "--workers",
+        min=1,
+        max=MAX_WORKERS,
+        help=f"processes verifying signatures (at most {MAX_WORKERS}: 4 per CPU)",
     ),
     structure_only: bool = typer.Option(
         False,

@@ -26,8 +26,9 @@ from ledger.errors import (
 )
 from ledger.record_v2 import as_wire_item, wire_item
 from ledger.records import is_request_id
-from ledger.signing import Envelope
+from ledger.signing import Envelope, is_key_id
 from ledger.small_file import read_small_text
+from ledger.worker_url import parse_worker_url
 
 # RFC 6750 b64token; a token file is a few dozen bytes.
 _BEARER_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
@@ -85,6 +86,10 @@ def request_id_segment(value: str) -> str:
 class LedgerClient:
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # http(s), a host, no userinfo (httpx would send it as Basic credentials beside the
+        # token), no query or fragment: refused here with invalid_url, not at the first request
+        # as "unreachable".
+        parse_worker_url(base_url, "ledger URL")
         self.base_url = base_url.rstrip("/")
         try:
             self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
@@ -138,6 +143,12 @@ class LedgerClient:
         return result
 
     def revoke_key(self, key_id: str, reason: str) -> dict[str, Any]:
+        if not is_key_id(key_id):  # a path such as ../x would otherwise reach another route
+            raise InvalidInput(
+                f"{key_id!r} is not a key ID (ed25519: and 64 hex digits; `ledger keys list` "
+                "shows them)",
+                code="invalid_key_id",
+            )
         result: dict[str, Any] = self._request(
             "POST", f"/v1/keys/{segment(key_id)}/revoke", json={"reason": reason}
         )

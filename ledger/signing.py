@@ -19,6 +19,7 @@ import binascii
 import functools
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,14 @@ SIGNABLE_KINDS: dict[str, tuple[str, ...]] = {
     # The ledger's own key signs key events (checked apart), replay verdicts, certificates.
     "log": ("replay_verdict", "pool_certificate", "erasure", "legal_hold", "hold_release"),
 }
+
+
+_KEY_ID = re.compile(r"ed25519:[0-9a-f]{64}")
+
+
+def is_key_id(value: str) -> bool:
+    """Whether ``value`` has a key ID's form: ``ed25519:`` and 64 lower-case hex digits."""
+    return isinstance(value, str) and _KEY_ID.fullmatch(value) is not None
 
 
 def key_id_for(public_key: Ed25519PublicKey) -> str:

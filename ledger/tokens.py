@@ -66,10 +66,15 @@ def parse_expiry(text: str, now: datetime) -> datetime:
             expires = datetime.fromisoformat(f"{date}T{clock}.{micros}{zone}").astimezone(UTC)
         else:
             raise ValueError("not a duration or an RFC 3339 time")
-    except (ValueError, OverflowError) as exc:
+    except OverflowError as exc:  # well formed, but past the last time a datetime holds
         raise InvalidInput(
-            f"invalid expiry {text!r}: expected {EXPIRY_FORMS}", code="invalid_expiry"
+            f"invalid expiry {text!r}: it lies after 9999-12-31T23:59:59Z, the latest time "
+            "the ledger can store",
+            code="invalid_expiry",
         ) from exc
+    except ValueError as exc:  # not either form, or a date that does not exist (02-30)
+        why = str(exc) if _RFC3339.fullmatch(value) else f"expected {EXPIRY_FORMS}"
+        raise InvalidInput(f"invalid expiry {text!r}: {why}", code="invalid_expiry") from exc
     check_expiry(expires, now)
     return expires
 

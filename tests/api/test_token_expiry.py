@@ -131,6 +131,15 @@ def test_expiry_forms():
         assert err.value.code == "invalid_expiry", bad
 
 
+def test_an_expiry_past_the_calendar_or_an_impossible_date_says_so():
+    now = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    for beyond in ("9999-12-31T23:59:59-14:00", "9999999999w"):
+        with pytest.raises(InvalidInput, match="after 9999-12-31T23:59:59Z"):
+            parse_expiry(beyond, now)
+    with pytest.raises(InvalidInput, match="day is out of range"):
+        parse_expiry("2027-02-30T00:00:00Z", now)
+
+
 def test_tokens_cli_expires_and_lists_expiry(tmp_path: Path):
     db = ["--db", f"sqlite:///{tmp_path / 'l.db'}"]
     made = json.loads(

@@ -146,6 +146,21 @@ def test_a_bad_or_unreachable_url_is_one_line_and_exit_2(tmp_path: Path, args: l
 
 
 @pytest.mark.parametrize(
+    ("url", "why"),
+    [("ftp://127.0.0.1:1", "must be http or https"), ("http://u:pw@127.0.0.1:1", "userinfo")],
+)
+def test_a_ledger_url_that_is_not_http_or_holds_credentials_is_invalid_not_unreachable(
+    tmp_path: Path, url: str, why: str
+):
+    token = tmp_path / "t.token"
+    token.write_text("not-a-real-token\n")
+    line = one_error_line(
+        ledger("records", "search", "--api", url, "--token-file", str(token), check=False)
+    )
+    assert why in line and "[invalid_url]" in line, line
+
+
+@pytest.mark.parametrize(
     "args",
     [
         ["audit", "--db", "{pg}"],
@@ -430,6 +445,7 @@ def test_an_unknown_id_is_one_line_and_exit_2(running, tmp_path: Path):
         ("evidence", "bad id/../x", "-o", str(tmp_path / "b.json"), *common): "invalid_request_id",
         ("replay", "no-such-record", *common): "no-such-record",
         ("keys", "revoke", "ed25519:" + "0" * 64, "--reason", "r", *common): "key_not_found",
+        ("keys", "revoke", "../../x", "--reason", "r", *common): "invalid_key_id",
         ("tokens", "revoke", "000000000000", *db): "000000000000",
         ("diff", "sha256:" + "0" * 64, "sha256:" + "1" * 64, *common): "fingerprint_not_found",
         ("erase", "no-such-record", "--reason", "r", *common): "no-such-record",
@@ -490,6 +506,7 @@ def test_json_output_is_json(running):
         (["records", "search", "--bogus"], "No such option: --bogus"),
         (["records", "search", "--tier", "7"], "Invalid value for '--tier'"),
         (["nonsense"], "No such command 'nonsense'"),
+        (["audit", "--workers", "100000"], "Invalid value for '--workers'"),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2(args: list[str], says: str) -> None:

@@ -41,3 +41,20 @@ def test_an_unusable_ledger_url_is_an_input_error(url: str):
     with pytest.raises(InvalidInput) as err, LedgerClient(url, "t") as client:
         client.get_record("x")
     assert err.value.code == "invalid_url"
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("ftp://127.0.0.1:9", "must be http or https"),
+        ("http://user:pw@127.0.0.1:9", "userinfo"),
+        ("127.0.0.1:8700", "must be http or https"),
+        ("http://127.0.0.1:9/?x=1", "query"),
+    ],
+)
+def test_a_ledger_url_that_is_not_http_or_holds_credentials_is_refused_before_connecting(
+    url: str, why: str
+):
+    with pytest.raises(InvalidInput, match=why) as err:
+        LedgerClient(url, "t")
+    assert err.value.code == "invalid_url"

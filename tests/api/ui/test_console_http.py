@@ -467,3 +467,25 @@ def test_fingerprint_fields_that_look_alike_are_shown_apart(tmp_path: Path):
         assert len(paths) == len(set(paths)), rows  # no two rows look alike
     finally:
         h.close()
+
+
+def test_a_held_record_offers_another_hold_not_the_same_form_again(scene: Scene):
+    admin = sign_in(scene, scene.h.admin_token)
+    key, fp = scene.h.setup_collector()
+    env, disclosures = record_v2(key, fp, text_prompt=True, top_k=3, seed=99)
+    posted = scene.h.client().post(
+        "/v1/records", json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    )
+    assert posted.status_code == 201, posted.text
+    rid = env.body["request_id"]
+    assert "Place another legal hold" not in admin.get(f"/ui/records/{rid}").text
+    fresh = scene.h.client().post("/v1/holds", json={"request_id": rid, "reason": "case A"})
+    assert fresh.status_code in (200, 201), fresh.text
+    page = admin.get(f"/ui/records/{rid}")
+    assert "Place another legal hold" in page.text and "under legal hold" in page.text
+    released = scene.h.client().request(
+        "DELETE", f"/v1/holds/{fresh.json()['hold_id']}", params={"reason": "case A closed"}
+    )
+    assert released.status_code in (200, 201), released.text
+    page = admin.get(f"/ui/records/{rid}")
+    assert "Place another legal hold" not in page.text and "Place legal hold" in page.text
