@@ -57,15 +57,17 @@ async def erase_record(
 ) -> dict[str, Any]:
     queries.check_request_id(request_id)
     erased = await run_in_threadpool(
-        lambda: erasures.erase(
-            state.db,
-            state.log_key,
-            request_id,
-            reason=payload.reason,
-            requested_by=principal.name,
+        lambda: state.hot_answers.after_erasure(
+            lambda: erasures.erase(
+                state.db,
+                state.log_key,
+                request_id,
+                reason=payload.reason,
+                requested_by=principal.name,
+            ),
+            lambda _: {request_id},
         )
     )
-    state.hot_answers.forget({request_id})
     if erased.status == "erased":
         state.metrics.erasures.labels("request").inc()
     else:

@@ -485,12 +485,15 @@ async def erase(request_id: str, request: Request, state: StateDep, who: ViewerD
     check_scope(who.principal, "erasure")
     queries.check_request_id(request_id)
     result = await run_in_threadpool(
-        lambda: erasures.erase(
-            state.db,
-            state.log_key,
-            request_id,
-            reason=form.get("reason", ""),
-            requested_by=who.principal.name,
+        lambda: state.hot_answers.after_erasure(
+            lambda: erasures.erase(
+                state.db,
+                state.log_key,
+                request_id,
+                reason=form.get("reason", ""),
+                requested_by=who.principal.name,
+            ),
+            lambda _: {request_id},  # its cache answers hold the content: forgotten at once
         )
     )
     if result.status == "erased":

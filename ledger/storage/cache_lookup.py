@@ -106,6 +106,14 @@ class HotAnswers:
         self._size = size
         self._items: OrderedDict[str, _Kept] = OrderedDict()
         self._lock = threading.Lock()
+        # Counts erasures forgotten: an answer verified before one (it may hold content
+        # erased since) is not kept after it.
+        self._erasures = 0
+
+    @property
+    def generation(self) -> int:
+        """Take this before verifying an answer, and pass it to :meth:`put`."""
+        return self._erasures
 
     def get(self, key: str) -> _Kept | None:
         with self._lock:
@@ -114,8 +122,12 @@ class HotAnswers:
                 self._items.move_to_end(key)
             return kept
 
-    def put(self, key: str, kept: _Kept) -> None:
+    def put(self, key: str, kept: _Kept, generation: int) -> None:
+        """Keep an answer verified since ``generation``, unless an erasure was forgotten
+        meanwhile (the answer may hold what it erased, and its forget has run)."""
         with self._lock:
+            if generation != self._erasures:
+                return
             self._items[key] = kept
             self._items.move_to_end(key)
             while len(self._items) > self._size:
@@ -130,6 +142,7 @@ class HotAnswers:
         """Forget every answer (an erasure that failed part way: which records it erased
         before failing is not known here)."""
         with self._lock:
+            self._erasures += 1
             self._items.clear()
 
     def after_erasure(self, erase: Callable[[], _E], erased: Callable[[_E], Collection[str]]) -> _E:
@@ -150,6 +163,7 @@ class HotAnswers:
         if not request_ids:
             return
         with self._lock:
+            self._erasures += 1
             gone = [
                 key
                 for key, kept in self._items.items()
@@ -269,6 +283,7 @@ def _found(db: Database, key: str, hot: HotAnswers, pool: str | None) -> tuple[F
     """The key's answer: the kept one while the key's index rows are those it was verified
     through, else verified afresh against the log (and kept when the rows did not change
     meanwhile and its answer lies within them)."""
+    generation = hot.generation
     rows = read_rows(db, key)
     kept = hot.get(_hot_key(key, pool))
     if kept is not None and kept.rows == rows:
@@ -285,7 +300,7 @@ def _found(db: Database, key: str, hot: HotAnswers, pool: str | None) -> tuple[F
         hit is not None and any((i, r) == (hit.log_index, hit.request_id) for i, r, _, _ in rows)
     )
     if within and read_rows(db, key) == rows:
-        hot.put(_hot_key(key, pool), _Kept(rows, found))
+        hot.put(_hot_key(key, pool), _Kept(rows, found), generation)
     return found, rows
 
 
@@ -362,6 +377,7 @@ async def kept_answer(
         return None
     if not is_deterministic(request):
         return _not_deterministic(key, fingerprint_id)
+    generation = hot.generation
     kept = hot.get(_hot_key(key, pool))
     if kept is not None:
         if kept.found.hit is None or await reader.rows(key) != kept.rows:
@@ -381,7 +397,7 @@ async def kept_answer(
         if found is None or found.hit is None:
             return None
         kept_rows = tuple(c.row for c in candidates)
-        hot.put(_hot_key(key, pool), _Kept(kept_rows, found))  # the hit is within
+        hot.put(_hot_key(key, pool), _Kept(kept_rows, found), generation)  # hit within
         hit, via = found.hit, "first"
     if not_servable(endpoint, request, hit.record) is not None:
         return None

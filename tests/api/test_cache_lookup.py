@@ -24,7 +24,7 @@ from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.packing import unpack_float32, unpack_int32
 from ledger.records import RECORD_KIND, Choice, build_record_body
 from ledger.signing import SigningKey, sign_envelope
-from ledger.storage import cache, erasures
+from ledger.storage import cache, cache_lookup, erasures
 from ledger.storage.cache_lookup import HotAnswers, answer
 from tests.api.test_read_paths import superuser
 from tests.conftest import BACKENDS, fresh_url
@@ -494,6 +494,39 @@ def test_an_erasure_leaves_no_kept_answer_holding_the_content(api: Harness) -> N
     assert erasures.erase(api.db, api.log_key, rids[1], reason="r", requested_by="t").status
     assert answer(api.db, COMPLETIONS, requests[1], fp, hot=other).hit is False
     assert not _kept_ids(other)
+
+
+def test_an_answer_verified_before_an_erasure_is_not_kept_after_its_forget(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup that verified an answer just before an erasure committed, and keeps it just
+    after the erasing route forgot the record's answers, would hold the erased content in
+    memory: it is not kept."""
+    key, fp = api.setup_collector()
+    env, disclosures = record_v2(key, fp, tier=1, seed=7062, text_prompt=True, request_extra=GREEDY)
+    posted = api.client().post(
+        "/v1/records", json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    )
+    assert posted.status_code == 201, posted.text
+    rid = env.body["request_id"]
+    request = record_body(fp, seed=7062, text_prompt=True, request_extra=GREEDY)["request"]
+    hot = HotAnswers()
+    real = cache_lookup.read_rows
+    calls = []
+
+    def rows_then_erase(db: Any, k: str) -> Any:
+        rows = real(db, k)
+        calls.append(k)
+        if len(calls) == 2:  # the re-read before keeping: the erasure lands right after it
+            hot.after_erasure(
+                lambda: erasures.erase(api.db, api.log_key, rid, reason="r", requested_by="t"),
+                lambda _: {rid},
+            )
+        return rows
+
+    monkeypatch.setattr(cache_lookup, "read_rows", rows_then_erase)
+    assert answer(api.db, COMPLETIONS, request, fp, hot=hot).hit  # verified before the erasure
+    assert len(calls) == 2 and not _kept_ids(hot)
 
 
 @pytest.mark.parametrize("stream", [False, True])

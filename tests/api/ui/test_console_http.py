@@ -22,7 +22,7 @@ from ledger.signing import sign_envelope
 from ledger.storage import tokenstore
 from ledger.storage.audit import audit
 from tests.api.test_read_paths import superuser
-from tests.support.documents import record_v2
+from tests.support.documents import record_body, record_v2
 from tests.support.harness import Harness, start_harness
 
 
@@ -489,3 +489,32 @@ def test_a_held_record_offers_another_hold_not_the_same_form_again(scene: Scene)
     assert released.status_code in (200, 201), released.text
     page = admin.get(f"/ui/records/{rid}")
     assert "Place another legal hold" not in page.text and "Place legal hold" in page.text
+
+
+def test_erasing_from_the_console_forgets_the_records_kept_cache_answers(scene: Scene):
+    """A kept cache answer holds its record's content: the console's erasure forgets it at
+    once, as the API's does (docs/CACHE.md)."""
+    key, fp = scene.h.setup_collector()
+    greedy = {"temperature": 0}
+    env, disclosures = record_v2(key, fp, tier=1, seed=8080, text_prompt=True, request_extra=greedy)
+    posted = scene.h.client().post(
+        "/v1/records", json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    )
+    assert posted.status_code == 201, posted.text
+    rid = env.body["request_id"]
+    lookup = {
+        "endpoint": "/v1/completions",
+        "request": record_body(fp, seed=8080, text_prompt=True, request_extra=greedy)["request"],
+        "fingerprint_id": fp,
+    }
+    for _ in range(2):
+        assert scene.h.client().post("/v1/cache/lookup", json=lookup).json()["request_id"] == rid
+    hot = scene.h.server.server.config.app.state.ledger.hot_answers
+    kept = {k.found.hit.request_id for k in hot._items.values() if k.found.hit is not None}
+    assert rid in kept
+    c = sign_in(scene, scene.h.admin_token)
+    page = c.get(f"/ui/records/{rid}")
+    erased = c.post(f"/ui/records/{rid}/erase", data={"csrf": csrf_of(page.text), "reason": "r"})
+    assert erased.status_code == 303 and "done=erased" in erased.headers["location"]
+    kept = {k.found.hit.request_id for k in hot._items.values() if k.found.hit is not None}
+    assert rid not in kept
