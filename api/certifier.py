@@ -300,6 +300,8 @@ async def _probe(state: AppState, run: Run, body: dict[str, Any], n: int) -> Gen
         request_id=f"{run.job_id}-probe-{n}",
         endpoint="/v1/completions",
         request_raw=raw,
+        deadline=state.settings.replay_timeout,
+        max_bytes=state.settings.max_body_bytes,
     )
     if answer.body["fingerprint_id"] != run.worker.fingerprint_id:
         raise Conflict(

@@ -163,6 +163,8 @@ async def replay(
             request_id=request_id,
             endpoint=body["endpoint"],
             request_raw=raw,
+            deadline=state.settings.replay_timeout,
+            max_bytes=state.settings.max_body_bytes,
         )
     except LedgerError as exc:
         verdict = build_verdict(

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import re
 import socket
 import typing
 import uuid
@@ -39,6 +41,8 @@ from ledger.storage.workers import WorkerInfo
 from ledger.worker_url import UrlPolicy, ip_literal, parse_worker_url
 
 REPLAY_PATH = "/ledger/v1/replay"
+_ERROR_CODE = re.compile(r"[a-z0-9_]{1,64}")
+logger = logging.getLogger("ledger.api")
 
 
 def new_replay_id() -> str:
@@ -136,6 +140,8 @@ async def run_order(
     request_id: str,
     endpoint: str,
     request_raw: bytes,
+    deadline: float,
+    max_bytes: int,
 ) -> WorkerAnswer:
     """Have ``worker`` run ``request_raw`` once, unrecorded; return its verified output."""
     if not worker.live:
@@ -155,33 +161,69 @@ async def run_order(
         ),
         log_key,
     )
+    status, raw = await _post(http, worker, order.canonical, deadline, max_bytes)
     try:
-        response = await http.post(
-            worker.url.rstrip("/") + REPLAY_PATH,
-            content=order.canonical,
-            headers={"content-type": "application/json"},
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        data = None
+    if status != 200 or not isinstance(data, dict):
+        # The worker's own words stay in the server's log: an engine's error may quote the
+        # request, and a verdict's reason is a signed leaf no erasure removes. The verdict
+        # names the status and the worker's error code only.
+        error = data.get("error") if isinstance(data, dict) else None
+        code = error.get("code") if isinstance(error, dict) else None
+        named = f", code {code}" if isinstance(code, str) and _ERROR_CODE.fullmatch(code) else ""
+        logger.warning(
+            "worker %s refused replay %s (HTTP %s): %.300r",
+            worker.worker_id,
+            replay_id,
+            status,
+            raw[:300],
         )
+        raise Unreachable(
+            f"worker {worker.worker_id} refused the replay (HTTP {status}{named}; its message "
+            "is in the ledger's log)",
+            code="worker_error",
+            details={"status": status},
+        )
+    envelope = Envelope.from_dict(data)
+    await run_in_threadpool(_verify, db, worker, envelope, replay_id, request_id)
+    return WorkerAnswer(json.loads(envelope.canonical), envelope.body, envelope.key_id)
+
+
+async def _post(
+    http: httpx.AsyncClient, worker: WorkerInfo, order: bytes, deadline: float, max_bytes: int
+) -> tuple[int, bytes]:
+    """POST the order and read the answer, within ``deadline`` seconds in all (a worker that
+    trickles its answer is cut off, not waited for byte by byte) and ``max_bytes``."""
+    try:
+        with anyio.fail_after(deadline):
+            async with http.stream(
+                "POST",
+                worker.url.rstrip("/") + REPLAY_PATH,
+                content=order,
+                headers={"content-type": "application/json"},
+            ) as response:
+                raw = bytearray()
+                async for chunk in response.aiter_bytes():
+                    raw += chunk
+                    if len(raw) > max_bytes:
+                        raise Unreachable(
+                            f"worker {worker.worker_id} answered more than {max_bytes} bytes",
+                            code="worker_error",
+                            details={"status": response.status_code},
+                        )
+                return response.status_code, bytes(raw)
+    except TimeoutError as exc:
+        raise Unreachable(
+            f"worker {worker.worker_id} at {worker.url} did not answer within {deadline:g} s",
+            code="worker_unreachable",
+        ) from exc
     except httpx.HTTPError as exc:
         raise Unreachable(
             f"worker {worker.worker_id} at {worker.url} does not answer: {exc!r}",
             code="worker_unreachable",
         ) from exc
-    try:
-        data = response.json()
-    except ValueError:
-        data = None
-    if response.status_code != 200 or not isinstance(data, dict):
-        error = (data or {}).get("error") if isinstance(data, dict) else None
-        message = error.get("message") if isinstance(error, dict) else response.text[:300]
-        raise Unreachable(
-            f"worker {worker.worker_id} refused the replay (HTTP {response.status_code}): "
-            f"{message}",
-            code="worker_error",
-            details={"status": response.status_code},
-        )
-    envelope = Envelope.from_dict(data)
-    await run_in_threadpool(_verify, db, worker, envelope, replay_id, request_id)
-    return WorkerAnswer(json.loads(envelope.canonical), envelope.body, envelope.key_id)
 
 
 def _verify(

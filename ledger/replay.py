@@ -183,8 +183,38 @@ def build_output(
     }
 
 
+_FINGERPRINT_ID = re.compile(r"sha256:[0-9a-f]{64}")
+_TOTAL_NS = re.compile(r"0|[1-9][0-9]{0,19}")
+
+
 def check_output(body: Any) -> dict[str, Any]:
+    """A replay output's shape, member by member: it is embedded in a log-signed verdict, so
+    nothing in it is free-form (no unknown member, no nesting beyond the choices'), and each
+    identifier has the form the ledger reads it in."""
     output = _require(body, _OUTPUT_FIELDS, "replay output")
+    extra = set(output) - set(_OUTPUT_FIELDS)
+    if extra:
+        raise _fail(f"replay output has unknown members {sorted(extra)}")
+    for name in ("replay_id", "request_id", "worker_id"):
+        if not isinstance(output[name], str) or not 0 < len(output[name]) <= 200:
+            raise _fail(f"{name} must be a string of 1-200 characters")
+    if not isinstance(output["fingerprint_id"], str) or not _FINGERPRINT_ID.fullmatch(
+        output["fingerprint_id"]
+    ):
+        raise _fail("fingerprint_id must be sha256: and 64 lower-case hex digits")
+    system = output["system_fingerprint"]
+    if system is not None and (not isinstance(system, str) or len(system) > 1000):
+        raise _fail("system_fingerprint must be null or a string of at most 1000 characters")
+    timings = output["timings"]
+    if (
+        not isinstance(timings, dict)
+        or set(timings) != {"started_at", "total_ns"}
+        or not isinstance(timings["started_at"], str)
+        or len(timings["started_at"]) > 64
+        or not isinstance(timings["total_ns"], str)
+        or not _TOTAL_NS.fullmatch(timings["total_ns"])
+    ):
+        raise _fail('timings must be {"started_at": a time, "total_ns": a decimal string}')
     decode_packed(output["prompt_token_ids"], "prompt_token_ids")
     choices = output["choices"]
     if not isinstance(choices, list):

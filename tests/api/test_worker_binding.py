@@ -10,13 +10,17 @@ revoked keys, URLs aimed at metadata services, claimed batch invariance, edited 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import update
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ledger.heartbeat import MAX_SKEW
 from ledger.signing import SigningKey, sign_envelope
@@ -406,6 +410,82 @@ def test_addresses_are_checked_again_when_an_order_is_sent(
     monkeypatch.setattr(api.settings, "worker_networks", "")
     assert _replay(api, record["request_id"], worker["pool"])["verdict"] == "bitwise"
     assert len(fake.orders) == 1
+
+
+# ---- what a worker answers: bounded in time and size, its words kept out of the log --------
+
+
+def _trickle(_: dict[str, Any]) -> Response:
+    async def one_byte_at_a_time() -> AsyncIterator[bytes]:
+        for _ in range(40):
+            yield b" "  # JSON whitespace: every read gets a byte, none waits a whole timeout
+            await asyncio.sleep(0.25)
+        yield b"{}"
+
+    return StreamingResponse(one_byte_at_a_time(), media_type="application/json")
+
+
+@pytest.mark.parametrize(
+    ("respond", "says"),
+    [
+        (_trickle, "did not answer within 1 s"),
+        (lambda _: Response(b" " * 200_000, media_type="application/json"), "more than"),
+    ],
+    ids=["trickled", "flooded"],
+)
+def test_a_worker_that_trickles_or_floods_its_answer_is_cut_off(
+    api: Harness,
+    fakes: list[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    respond: Callable[[dict[str, Any]], Response],
+    says: str,
+) -> None:
+    """LEDGER_REPLAY_TIMEOUT bounds the whole answer, not each read, and the answer is read up
+    to the body limit only: a compromised collector cannot hold a replay (or a certification
+    probe) open, nor fill the ledger's memory."""
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    record = _record(api, key, fp)
+    fake = _fake(fakes, key, record, respond=respond)
+    worker = _register(api, key, fp, fake.url)
+    monkeypatch.setattr(api.settings, "replay_timeout", 1.0)
+    monkeypatch.setattr(api.settings, "max_body_bytes", 100_000)
+    started = time.monotonic()
+    verdict = _replay(api, record["request_id"], worker["pool"])
+    assert time.monotonic() - started < 5  # the trickle alone lasts 10 s
+    assert verdict["verdict"] == "error" and says in verdict["reason"], verdict["reason"]
+
+
+def test_a_workers_error_message_is_not_written_into_the_signed_verdict(
+    api: Harness, fakes: list[FakeWorker]
+) -> None:
+    """An engine's error may quote the request (its prompt): a verdict is a leaf no erasure
+    removes, so it names the worker's status and error code, never its message."""
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    record = _record(api, key, fp)
+    refusal = {"error": {"code": "invalid_request", "message": "prompt 'MY SECRET' too long"}}
+    fake = _fake(fakes, key, record, respond=lambda _: JSONResponse(refusal, status_code=400))
+    worker = _register(api, key, fp, fake.url)
+    verdict = _replay(api, record["request_id"], worker["pool"])
+    assert verdict["verdict"] == "error"
+    assert "HTTP 400, code invalid_request" in verdict["reason"], verdict["reason"]
+    assert "SECRET" not in json.dumps(verdict)
+
+
+@pytest.mark.parametrize("bad", [{"x": 1}, 12, "not-a-fingerprint"])
+def test_an_output_naming_a_malformed_fingerprint_is_an_error_verdict_not_a_500(
+    api: Harness, fakes: list[FakeWorker], bad: object
+) -> None:
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    record = _record(api, key, fp)
+    fake = _fake(fakes, key, record, tamper=lambda output: output.update(fingerprint_id=bad))
+    worker = _register(api, key, fp, fake.url)
+    verdict = _replay(api, record["request_id"], worker["pool"])  # asserts 201
+    assert verdict["verdict"] == "error" and "fingerprint_id" in verdict["reason"], verdict
+    listed = api.client().get(f"/v1/records/{record['request_id']}").json()["replays"]
+    assert verdict["replay_id"] in [item["replay_id"] for item in listed]
 
 
 # ---- batch invariance is derived, never claimed ------------------------------------------

@@ -76,6 +76,33 @@ def test_output_with_bad_margins_is_refused() -> None:
         check_output(body)
 
 
+@pytest.mark.parametrize(
+    ("member", "value"),
+    [
+        ("fingerprint_id", {"x": 1}),
+        ("fingerprint_id", 12),
+        ("fingerprint_id", "not-a-fingerprint"),
+        ("fingerprint_id", "sha256:" + "A" * 64),
+        ("worker_id", ["w1"]),
+        ("replay_id", ""),
+        ("system_fingerprint", {"nested": [[[]]]}),
+        ("system_fingerprint", "x" * 1001),
+        ("timings", {"started_at": "t", "total_ns": "1", "extra": [[[[]]]]}),
+        ("timings", {"started_at": "t", "total_ns": 5}),
+        ("timings", {"started_at": "t", "total_ns": "-1"}),
+        ("unexpected", [[[[[[]]]]]]),
+    ],
+)
+def test_an_output_member_of_the_wrong_type_or_form_is_refused(member: str, value: object):
+    """A replay output is embedded in a log-signed verdict: a collector cannot slip a
+    free-form or nested value into it, nor an identifier the ledger cannot read (which made
+    the replay route answer 500 and log no verdict)."""
+    body = {**_output(None), member: value}
+    with pytest.raises(InvalidInput) as err:
+        check_output(body)
+    assert err.value.code == "invalid_replay_document"
+
+
 def test_verdict_names_only_known_verdicts() -> None:
     args = dict(
         replay_id="rpl-1",

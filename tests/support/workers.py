@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from demo.server_thread import ServerThread, free_port
@@ -81,15 +82,21 @@ class FakeWorker:
     worker_id: str | None = None
     orders: list[dict[str, Any]] = field(default_factory=list)
     server: ServerThread | None = None
+    # Edits the output body before it is signed (a collector that signs what it likes).
+    tamper: Callable[[dict[str, Any]], None] | None = None
+    # Answers the order instead (a worker that refuses, trickles or floods).
+    respond: Callable[[dict[str, Any]], Response] | None = None
 
     @property
     def url(self) -> str:
         assert self.server is not None
         return self.server.url
 
-    async def _replay(self, request: Request) -> JSONResponse:
+    async def _replay(self, request: Request) -> Response:
         order = json.loads(await request.body())["body"]
         self.orders.append(order)
+        if self.respond is not None:
+            return self.respond(order)
         record = self.record
         assert record is not None
         choices = [
@@ -111,6 +118,8 @@ class FakeWorker:
             started_at="2026-12-02T10:00:00.000000Z",
             total_ns=1000,
         )
+        if self.tamper is not None:
+            self.tamper(output)
         return JSONResponse(sign_envelope(OUTPUT_KIND, output, self.key).to_dict())
 
     def start(self, host: str = "127.0.0.1") -> FakeWorker:
