@@ -21,6 +21,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Coroutine
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
@@ -311,6 +312,19 @@ async def _probe(state: AppState, run: Run, body: dict[str, Any], n: int) -> Gen
     return output_generation(answer.body)
 
 
+async def _wave(probes: list[Coroutine[Any, Any, Generation]]) -> list[Generation]:
+    """Run one wave's probes at once; the first that fails fails the wave, and the others
+    are cancelled then, not left holding their workers' connections."""
+    tasks = [asyncio.ensure_future(p) for p in probes]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 async def _probes(state: AppState, run: Run) -> dict[str, Any]:
     """Run the matrix; the certificate body."""
     p = run.job.parameters
@@ -330,9 +344,7 @@ async def _probes(state: AppState, run: Run) -> dict[str, Any]:
                 order = [i % len(bodies) for i in range(_wave_size(len(bodies), c))]
                 for start_at in range(0, len(order), c):
                     wave = order[start_at : start_at + c]
-                    outs = await asyncio.gather(
-                        *(_probe(state, run, bodies[i], next(counter)) for i in wave)
-                    )
+                    outs = await _wave([_probe(state, run, bodies[i], next(counter)) for i in wave])
                     comparisons.extend(
                         compare(baseline[i], out) for i, out in zip(wave, outs, strict=True)
                     )
