@@ -17,6 +17,7 @@ still read, and their verification says the fingerprint was not included.
 
 from __future__ import annotations
 
+import base64
 import binascii
 import functools
 import json
@@ -29,7 +30,7 @@ import orjson
 
 from ledger.errors import LedgerError, VerificationError
 from ledger.records import RECORD_KIND
-from ledger.signing import Envelope, VerifyingKey, cached_verifying_key
+from ledger.signing import KEY_ID_PREFIX, Envelope, VerifyingKey, cached_verifying_key
 
 FORMAT = "inference-ledger/evidence/v3"
 FORMAT_V2 = "inference-ledger/evidence/v2"
@@ -227,6 +228,10 @@ def _key(entry: dict[str, Any], where: str) -> VerifyingKey:
         raise fail("format", f"{where}.public_key is not valid: {exc.message}") from exc
     if key.key_id != entry["key_id"]:
         raise fail("format", f"{where}.key_id is not the ID of {where}.public_key")
+    # One spelling, the one the ledger writes: PEM headers, trailing text or another base64
+    # layout would be unchecked text in a bundle that verifies (and parsers differ on them).
+    if entry["public_key"] != KEY_ID_PREFIX + base64.b64encode(key.raw).decode("ascii"):
+        raise fail("format", f"{where}.public_key is not written as ed25519:<base64 of the key>")
     return key
 
 

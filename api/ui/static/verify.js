@@ -1604,6 +1604,10 @@
       throw e;
     }
     if (key.keyId !== entry.key_id) throw fail("format", `${where}.key_id is not the ID of ${where}.public_key`);
+    // ledger.evidence_format._key: one spelling, the one the ledger writes.
+    if (entry.public_key !== KEY_ID_PREFIX + b64encode(key.raw)) {
+      throw fail("format", `${where}.public_key is not written as ed25519:<base64 of the key>`);
+    }
     return key;
   }
 

@@ -639,6 +639,19 @@ def tamper_cases(ledger: Ledger, cases: dict[str, Case]) -> list[tuple[str, str,
         "checkpoint_signature",
         put(("keys", "log", "vkey"), verifier_key("another/origin", ledger.log_key.public_key)),
     )
+    pem = public_key_pem(ledger.log_key.public_key)
+    for what, spelled in (
+        ("its PEM", pem),
+        ("its PEM with a header", pem.replace("KEY-----\n", "KEY-----\nComment: any text\n", 1)),
+        ("its PEM with text after it", pem + "words the key does not sign\n"),
+        ("its bare base64", base64.b64encode(public_key_raw(ledger.log_key.public_key)).decode()),
+    ):
+        forge(
+            "disclosed",
+            f"keys.log.public_key respelled as {what}",
+            "format",
+            put(("keys", "log", "public_key"), spelled),
+        )
     forge("example-v1", "a v1 bundle given a fingerprint", "format", put(("fingerprint",), {}))
 
     def relabelled(older: str) -> Callable[[dict[str, Any]], None]:
