@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from ledger.disclosures import Disclosure, open_disclosures
 from ledger.errors import Gone, InvalidInput
+from ledger.nesting import MAX_DEPTH, check_depth
 from ledger.record_v2 import (
     CHOICE_CONTENT,
     DIGESTS,
@@ -217,23 +218,12 @@ def parse_record(
 # levels (collectors/vllm_request.py), and every verifier (ledger verify, the browser's) reads
 # a bundle of such a record well within its own limit, so what the ledger logs verifies alike
 # everywhere. Records logged before the limit are read and verified as before.
-MAX_RECORD_DEPTH = 128
+MAX_RECORD_DEPTH = MAX_DEPTH
 
 
 def _check_depth(view: Mapping[str, Any]) -> None:
     """InvalidInput when a record's v1-shaped body nests deeper than MAX_RECORD_DEPTH."""
-    level: list[Any] = [view]  # the containers at one depth, the body's own at depth 1
-    for _ in range(MAX_RECORD_DEPTH):
-        inner: list[Any] = []
-        for value in level:
-            members = value.values() if isinstance(value, dict) else value
-            inner.extend(v for v in members if isinstance(v, dict | list))
-        if not inner:
-            return
-        level = inner
-    raise InvalidInput(
-        f"the record nests deeper than {MAX_RECORD_DEPTH} levels", code="schema_violation"
-    )
+    check_depth(view, "record", MAX_RECORD_DEPTH)
 
 
 def body_view(answer: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from ledger.cachekey import CHAT
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound, VerificationError
 from ledger.fingerprint import FINGERPRINT_KIND, validate_fingerprint_body
 from ledger.inference_record import InferenceRecord, parse_record
+from ledger.nesting import check_depth
 from ledger.records import RECORD_KIND, RecordSummary
 from ledger.signing import Envelope
 from ledger.storage import cache, keystore, log, registered
@@ -84,6 +85,7 @@ def parse_envelope(data: Any, expected_kind: str) -> Envelope:
 def add_fingerprint(db: Database, data: Any) -> FingerprintResult:
     env = parse_envelope(data, FINGERPRINT_KIND)
     fp_id = validate_fingerprint_body(env.body)
+    check_depth(env.body, "fingerprint")  # at ingest: what is logged verifies everywhere
     with db.read() as s:
         keystore.check_signer(env, keystore.load_keys(s, [env.key_id]))
     with db.write() as s:

@@ -160,3 +160,32 @@ def test_a_record_nested_past_the_limit_is_refused_at_ingest(api: Harness) -> No
             rid = env.body["request_id"]
             bundle = api.client().get(f"/v1/records/{rid}/evidence").json()
             assert verify_bundle(bundle, api.log_key.public_key).request_id == rid
+
+
+def test_a_fingerprint_nested_past_the_limit_is_refused_at_ingest(api: Harness) -> None:
+    """A fingerprint is carried in every bundle of its records: one nesting past 128 levels
+    (the collector writes a handful) is refused, so no collector can log one that the browser's
+    verifier (at most 900 levels of JSON) rejects while ``ledger verify`` accepts it."""
+    from ledger.fingerprint import FINGERPRINT_KIND
+    from ledger.nesting import MAX_DEPTH
+    from ledger.signing import sign_envelope
+    from tests.support.documents import fingerprint_body
+
+    key = api.collector()
+
+    def nested(levels: int) -> Any:
+        value: Any = 1
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    # the body is depth 1, "model" 2, its member "x" 3: x's arrays fill the rest
+    for levels, status in ((MAX_DEPTH - 2, 201), (MAX_DEPTH - 1, 422), (930, 422)):
+        body = fingerprint_body(f"deep-{levels}")
+        body["model"]["x"] = nested(levels)
+        envelope = sign_envelope(FINGERPRINT_KIND, body, key)
+        answer = api.client().post("/v1/fingerprints", content=envelope.canonical)
+        assert answer.status_code == status, answer.text
+        if status == 422:
+            assert answer.json()["error"]["code"] == "schema_violation"
+            assert "fingerprint nests deeper than 128 levels" in answer.json()["error"]["message"]
