@@ -65,7 +65,9 @@
     try {
       var resp = await fetch(panel.dataset.evidence, { credentials: "same-origin", cache: "no-store" });
       if (!resp.ok) throw new Error("the ledger answered " + resp.status);
-      bundle = await resp.text();  // the exact text: verify.js reads it as `ledger verify` does
+      // The bytes, not resp.text(): text() would mend invalid UTF-8 and drop a BOM, where
+      // verify.js decodes the bytes strictly, as `ledger verify` does with a downloaded file.
+      bundle = new Uint8Array(await resp.arrayBuffer());
     } catch (e) {
       result.className = "result invalid";
       result.textContent = "Could not fetch the evidence bundle: " + e.message;

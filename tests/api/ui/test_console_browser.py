@@ -148,6 +148,32 @@ def test_a_bundle_tampered_in_transit_fails_at_the_named_step(
     expect(page.locator("#verify-result")).to_contain_text("INVALID")
 
 
+@pytest.mark.parametrize(
+    "respell",
+    [
+        lambda raw: raw.replace(b'"exported_at": "', b'"exported_at": "\xff', 1),
+        lambda raw: b"\xef\xbb\xbf\xef\xbb\xbf" + raw,  # two BOMs: `ledger verify` skips one
+    ],
+    ids=["invalid utf-8 in a member nothing signs", "two byte order marks"],
+)
+def test_the_console_reads_the_bundles_bytes_as_ledger_verify_reads_a_file(
+    page: Page, scene: ConsoleScene, respell: Any
+):
+    """The page hands verify.js the bytes it fetched, not text the browser decoded (which
+    mends invalid UTF-8 and drops a BOM): bytes `ledger verify` refuses are refused here."""
+    sign_in(page, scene.h.url, scene.h.admin_token)
+
+    def edit(route: Route) -> None:
+        response = route.fetch()
+        raw = json.dumps(response.json()).encode()
+        route.fulfill(response=response, body=respell(raw))
+
+    page.route("**/evidence.json", edit)
+    page.goto(f"{scene.h.url}/ui/records/{scene.ids['bitwise']}")
+    assert _wait_verified(page) == "invalid"
+    assert page.locator("#verify").get_attribute("data-failed") == "format"
+
+
 def test_a_redacted_download_verifies_with_ledger_verify(
     page: Page, scene: ConsoleScene, tmp_path: Path
 ):
