@@ -21,6 +21,7 @@ import base64
 import binascii
 import functools
 import json
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,12 +102,35 @@ def load_bundle(data: bytes) -> Any:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise fail("format", f"the bytes are not UTF-8 text: {exc}") from exc
+    _check_containers(data)
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise fail("format", f"not JSON: {exc}") from exc
     except RecursionError:
         raise fail("format", "the bundle's JSON is nested too deeply") from None
+
+
+# A bundle holds a few hundred JSON objects and arrays (its record's request may add its
+# messages); parsed, each costs Python about 30 times its 2-3 bytes of text, so a file of
+# nothing but "{}," would take gigabytes before its format is looked at.
+MAX_CONTAINERS = 1_000_000
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def _check_containers(data: bytes) -> None:
+    """Refuse, before parsing, a text with more than :data:`MAX_CONTAINERS` objects and
+    arrays (brackets inside strings are not counted; they are only looked for when the bytes
+    hold that many brackets at all)."""
+    if data.count(b"{") + data.count(b"[") <= MAX_CONTAINERS:
+        return
+    outside = _STRING.sub(b"", data)
+    if outside.count(b"{") + outside.count(b"[") > MAX_CONTAINERS:
+        raise fail(
+            "format",
+            f"the bundle holds more than {MAX_CONTAINERS:,} JSON objects and arrays; a ledger "
+            "bundle holds a few hundred",
+        )
 
 
 @dataclass(frozen=True)

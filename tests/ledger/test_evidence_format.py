@@ -119,3 +119,17 @@ def test_a_bundle_file_must_be_utf8_text() -> None:
         with pytest.raises(VerificationError) as refused:
             load_bundle(data)
         assert refused.value.details["check"] == "format"
+
+
+def test_a_file_of_millions_of_empty_containers_is_refused_before_parsing() -> None:
+    """Parsed, ``{},`` costs Python about 30 times its three bytes: a file of them under the
+    CLI's size limit took gigabytes before its format was looked at. Brackets inside strings
+    are text, not containers."""
+    from ledger.evidence_format import MAX_CONTAINERS
+
+    many = b"[" + b"{}," * MAX_CONTAINERS + b"{}]"
+    with pytest.raises(VerificationError, match="more than 1,000,000 JSON objects") as err:
+        load_bundle(many)
+    assert err.value.details["check"] == "format"
+    quoted = b'{"x": "' + b"{[" * MAX_CONTAINERS + b'\\"{"}'
+    assert load_bundle(quoted) == {"x": "{[" * MAX_CONTAINERS + '"{'}
