@@ -15,6 +15,7 @@ from cli.common import (
     ledger_errors,
     print_json,
     refuse_existing,
+    shown,
     token_file_or_default,
     write_output,
 )
@@ -58,8 +59,10 @@ def evidence(
             }
         )
         return
-    with_fp = f", its fingerprint at leaf {fingerprint['leaf_index']}" if fingerprint else ""
+    at = fingerprint.get("leaf_index")
+    with_fp = f", its fingerprint at leaf {shown(at)}" if at is not None else ""
     console.print(
-        f"wrote {out}: leaf {bundle['leaf_index']} of {bundle['inclusion_proof']['tree_size']}"
-        f"{with_fp}; check it with `ledger verify {out} --log-key LOG_KEY.pem`"
+        f"wrote {shown(out)}: leaf {bundle['leaf_index']} of "
+        f"{bundle['inclusion_proof']['tree_size']}{with_fp}; check it with "
+        f"`ledger verify {shown(out)} --log-key LOG_KEY.pem`"
     )

@@ -131,7 +131,13 @@ class LedgerClient:
                 raise Pushback(text, code=code, details=details, retry_after=after)
             cls = _BY_STATUS.get(resp.status_code, LedgerError)
             raise cls(text, code=code, details=details)
-        return resp.json()
+        try:
+            return resp.json()
+        except ValueError as exc:  # a proxy's page, a truncated body, another service
+            raise LedgerError(
+                f"{self.base_url} answered HTTP {resp.status_code} with a body that is not JSON",
+                code="unexpected_answer",
+            ) from exc
 
     def register_key(
         self, name: str, role: str, public_key_pem: str, pools: list[str] | None = None
@@ -196,10 +202,22 @@ class LedgerClient:
     def evidence(self, request_id: str, redact: list[str] | None = None) -> dict[str, Any]:
         """A record's evidence bundle, leaving out the members ``redact`` names."""
         params = {"redact": ",".join(redact)} if redact else None
-        result: dict[str, Any] = self._request(
+        result = self._request(
             "GET", f"/v1/records/{request_id_segment(request_id)}/evidence", params=params
         )
-        return result
+        proof = result.get("inclusion_proof") if isinstance(result, dict) else None
+        if (
+            not isinstance(proof, dict)
+            or type(result.get("leaf_index")) is not int
+            or type(proof.get("tree_size")) is not int
+            or not isinstance(result.get("fingerprint", {}), dict)
+        ):
+            raise LedgerError(
+                f"{self.base_url} answered something that is not an evidence bundle",
+                code="unexpected_answer",
+            )
+        bundle: dict[str, Any] = result
+        return bundle
 
     def erase(self, request_id: str, reason: str) -> dict[str, Any]:
         result: dict[str, Any] = self._request(

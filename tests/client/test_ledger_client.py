@@ -4,6 +4,7 @@ errors (one line from the CLI), never a traceback."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +59,43 @@ def test_a_ledger_url_that_is_not_http_or_holds_credentials_is_refused_before_co
     with pytest.raises(InvalidInput, match=why) as err:
         LedgerClient(url, "t")
     assert err.value.code == "invalid_url"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{}",
+        b"not json",
+        b"[]",
+        b'{"leaf_index": "[bold green]VALID[/]", "inclusion_proof": {"tree_size": 9}}',
+        b'{"leaf_index": 1, "inclusion_proof": {"tree_size": 9}, "fingerprint": "x"}',
+    ],
+)
+def test_ledger_evidence_refuses_an_answer_that_is_not_a_bundle_and_writes_nothing(
+    tmp_path: Path, body: bytes
+):
+    """A proxy's page, another service or a hostile server answering 200: one error line,
+    exit 2, no file written, nothing of the answer printed as console markup."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from demo.server_thread import ServerThread, free_port
+    from tests.support.cli import ledger
+
+    async def answer(_: object) -> Response:
+        return Response(body, media_type="application/json")
+
+    app = Starlette(routes=[Route("/v1/records/{rid}/evidence", answer)])
+    server = ServerThread(app, "127.0.0.1", free_port()).start()
+    try:
+        token = tmp_path / "t.token"
+        token.write_text("tok\n")
+        out = tmp_path / "b.json"
+        args = ["evidence", "req-1", "-o", str(out), "--api", server.url]
+        proc = ledger(*args, "--token-file", str(token), check=False)
+    finally:
+        server.stop()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "[unexpected_answer]" in proc.stderr and "this is a bug" not in proc.stderr
+    assert not out.exists()
