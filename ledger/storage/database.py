@@ -74,6 +74,14 @@ class Database:
         if self.dialect == "sqlite":
             _tune_sqlite(self.engine)
         self._writer = self.engine.execution_options(ledger_write=True)
+        # A read sees one moment on Postgres, as it does on SQLite (WAL): under READ COMMITTED
+        # each statement would see its own, so a record's disclosures read before an erasure
+        # committed and its erasure state read after it would disagree (a false index_mismatch).
+        self._reader = (
+            self.engine.execution_options(isolation_level="REPEATABLE READ")
+            if self.dialect == "postgresql"
+            else self.engine
+        )
 
     @property
     def is_postgres(self) -> bool:
@@ -84,7 +92,8 @@ class Database:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with translated_errors(), Session(self.engine, expire_on_commit=False) as s, s.begin():
+        """A read-only transaction over one snapshot of the database."""
+        with translated_errors(), Session(self._reader, expire_on_commit=False) as s, s.begin():
             yield s
 
     @contextmanager

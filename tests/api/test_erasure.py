@@ -24,7 +24,7 @@ from ledger.evidence import verify_bundle
 from ledger.evidence_format import load_bundle
 from ledger.inference_record import body_view
 from ledger.signing import SigningKey
-from ledger.storage import erasures, log, queries, verdicts
+from ledger.storage import erasures, log, proofs, queries, verdicts
 from ledger.storage.audit import audit
 from ledger.storage.database import utcnow
 from ledger.storage.queries import RecordFilter
@@ -741,3 +741,40 @@ def test_a_receive_time_respelled_in_another_zone_is_caught_and_moves_no_cutoff(
     purged = erasures.purge_expired(api.db, api.log_key, 1, now=at + timedelta(hours=12))
     assert purged.erased == [], purged
     assert api.client().get(f"/v1/records/{due_later}").json()["content"] != "erased"
+
+
+def test_a_read_sees_one_moment_while_the_record_is_erased(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record read while it is erased is read whole before or after, never half: its
+    disclosures and its erasure state come from one snapshot. (On Postgres under READ
+    COMMITTED each statement saw its own moment, and an erasure committed between them made
+    the read answer 500 index_mismatch and log a false "edited database" warning.)"""
+    key, fp = api.setup_collector()
+    rids = [_greedy(api, key, fp) for _ in range(2)]
+    assert api.client().post("/v1/log/checkpoint").status_code == 200
+    real_erased, real_disclosures = queries.erased_ids, queries.disclosures_at
+
+    def erase_first(rid: str, real: Any) -> Any:
+        pending = [rid]  # once: the erasure itself reads through the same function
+
+        def between(session: Any, ids: Any) -> Any:
+            if pending:
+                erasures.erase(api.db, api.log_key, pending.pop(), reason="r", requested_by="t")
+            return real(session, ids)
+
+        return between
+
+    # get_record reads disclosures, then the erasure state: the erasure lands between
+    monkeypatch.setattr(queries, "erased_ids", erase_first(rids[0], real_erased))
+    record = queries.get_record(api.db, rids[0])
+    assert record.content == "complete"  # the moment before the erasure, whole
+    monkeypatch.setattr(queries, "erased_ids", real_erased)
+    assert queries.get_record(api.db, rids[0]).content == "erased"
+    # the evidence reads the erasure, then the disclosures: the erasure lands between
+    monkeypatch.setattr(queries, "disclosures_at", erase_first(rids[1], real_disclosures))
+    bundle = proofs.evidence(api.db, api.log_key, "o", rids[1])
+    assert "erasure" not in bundle and bundle["disclosures"]
+    monkeypatch.setattr(queries, "disclosures_at", real_disclosures)
+    assert "erasure" in _bundle(api, rids[1])
+    assert audit(api.db, api.log_key.public_key).ok
