@@ -10,6 +10,7 @@ worker process remembers only its own).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from weakref import WeakKeyDictionary
@@ -61,6 +62,16 @@ def latest(db: Database) -> StoredCheckpoint:
 # its previous one even if its row was deleted since, and a deleted row of the current tree is
 # put back as it was signed (never signed again, naming itself).
 _signed_here: WeakKeyDictionary[Database, StoredCheckpoint] = WeakKeyDictionary()
+_remembering = threading.Lock()
+
+
+def _remember(db: Database, signed: StoredCheckpoint) -> None:
+    """Note a checkpoint signed here, after its commit: two threads that signed one after the
+    other may get here in the other order, and the memory must never go back to the older."""
+    with _remembering:
+        known = _signed_here.get(db)
+        if known is None or signed.tree_size > known.tree_size:
+            _signed_here[db] = signed
 
 
 def sign_if_new(db: Database, log_key: SigningKey, origin: str) -> StoredCheckpoint | None:
@@ -87,7 +98,7 @@ def sign_if_new(db: Database, log_key: SigningKey, origin: str) -> StoredCheckpo
         )
         signed = StoredCheckpoint(size, root, note, at)
         _insert(s, signed)
-    _signed_here[db] = signed
+    _remember(db, signed)
     return signed
 
 

@@ -325,6 +325,20 @@ def test_a_checkpoint_row_deleted_while_the_ledger_runs_is_named_by_its_next_not
     ], dump(report)
 
 
+def test_two_signers_that_finish_out_of_order_leave_the_newer_in_memory(ledger: Tampered):
+    """Two threads of one process sign one after the other (the append lock orders them) but
+    note what they signed after their commits, in either order: the memory keeps the newer,
+    so a deletion of the newest row is still named by the next note."""
+    older = _log_one_and_sign(ledger, "r-d")
+    newer = _log_one_and_sign(ledger, "r-e")
+    checkpoints._remember(ledger.db, older)  # the first signer gets there last
+    ledger.su.execute(
+        [("DELETE FROM checkpoints WHERE tree_size = %s", (newer.tree_size,))], ["checkpoints"]
+    )
+    latest = _log_one_and_sign(ledger, "r-f")
+    assert f"Previous: {newer.tree_size}\n" in latest.note
+
+
 def test_a_deleted_row_of_a_tree_that_did_not_grow_is_put_back_as_signed(ledger: Tampered):
     """Never a second note for the same tree (one naming itself as its previous one)."""
     signed = _log_one_and_sign(ledger, "r-c")
