@@ -165,6 +165,9 @@ class CheckedBatch:
     first: dict[str, int]  # request ID -> index of its first item in the batch
     keyed: dict[str, cache.Keyed]
     key_ids: frozenset[str]
+    # The chat records' fingerprints not registered when the keys were computed (so keyed
+    # without a chat template): registered by the time of the append, they are keyed again.
+    untemplated: frozenset[str] = frozenset()
 
     def __len__(self) -> int:
         return len(self.checked)
@@ -197,13 +200,26 @@ def check_batch(db: Database, batch: Sequence[RecordItem | Any]) -> CheckedBatch
     keys = registered.signer_keys(db, key_ids)
     records = [checked[i].record for i in first.values()]
     chat = {r.fingerprint_id for r in records if r.endpoint == CHAT}
-    keyed = cache.prepare(records, registered.chat_templates(db, chat))
+    templates = registered.chat_templates(db, chat)
+    keyed = cache.prepare(records, templates)
     for i, c in enumerate(checked):
         try:
             keystore.check_signer(c.envelope, keys)
         except LedgerError as exc:
             raise exc.with_details(item=i) from None
-    return CheckedBatch(checked, first, keyed, key_ids)
+    return CheckedBatch(checked, first, keyed, key_ids, frozenset(chat - set(templates)))
+
+
+def _rekey_late_templates(s: Session, b: CheckedBatch, known: set[str]) -> None:
+    """Key again, under the append lock, the chat records of ``b`` whose fingerprint was
+    registered after their keys were computed (without its chat template, they would be
+    indexed under keys a lookup never makes, and the audit would name them)."""
+    late = b.untemplated & known
+    if not late:
+        return
+    templates = {fp: cache.chat_template_digest(cache.fingerprint_body(s, fp)) for fp in late}
+    records = [b.checked[i].record for i in b.first.values()]
+    b.keyed.update(cache.prepare([r for r in records if r.fingerprint_id in late], templates))
 
 
 def ingest_records(db: Database, batch: Sequence[RecordItem | Any]) -> list[IngestResult]:
@@ -257,6 +273,7 @@ def _write(s: Session, batches: Sequence[CheckedBatch]) -> list[Outcome]:
     for b in batches:
         try:
             plans.append(_plan(b, revoked, known, existing, new, position))
+            _rekey_late_templates(s, b, known)
         except LedgerError as exc:
             plans.append(exc)
             continue

@@ -704,3 +704,44 @@ def test_a_first_lookup_serves_nothing_the_log_does_not_say(tampered: Harness) -
             assert_error(got, 500, "index_mismatch")
     assert {via: _lookups_counted(api, "hit", via) for via in hits} == hits
     assert hits["log"] >= 1  # the counter counts (the victim's lookup)
+
+
+def test_a_chat_record_checked_before_its_fingerprint_was_registered_is_keyed_with_its_template(
+    api: Harness,
+) -> None:
+    """``POST /v1/records`` keys a batch before it takes the append lock; a chat record whose
+    fingerprint is registered by a concurrent ``POST /v1/fingerprints`` in between was keyed
+    without the fingerprint's chat template, under keys no lookup makes (and the audit named
+    them). The batch is keyed again under the lock: here the interleaving, step by step."""
+    from ledger.fingerprint import validate_fingerprint_body
+    from ledger.record_v2 import commit_record
+    from ledger.storage import ingest
+    from ledger.storage.audit import audit
+    from tests.support.audited_ledger import chat_body
+
+    key = api.collector()
+    fingerprint = sign_envelope(
+        FINGERPRINT_KIND,
+        {
+            "schema_version": 1,
+            "model": {
+                "name": f"chat-{uuid.uuid4().hex[:8]}",
+                "chat_template": {"digest": "sha256:" + "ab" * 32},
+            },
+            "engine": {"name": "test"},
+        },
+        key,
+    )
+    fp = validate_fingerprint_body(fingerprint.body)
+    body, disclosures = commit_record(chat_body(fp, f"chat-{uuid.uuid4().hex[:10]}"))
+    envelope = sign_envelope(RECORD_KIND, body, key)
+    checked = ingest.check_batch(api.db, [ingest.RecordItem(envelope.to_dict(), disclosures)])
+    ingest.add_fingerprint(api.db, fingerprint.to_dict())  # the concurrent registration
+    (outcome,) = ingest.write_batches(api.db, [checked])
+    assert not isinstance(outcome, Exception), outcome
+    assert api.client().post("/v1/log/checkpoint").status_code == 200
+    report = audit(api.db, api.log_key.public_key)
+    assert report.ok, [f.message for f in report.findings]
+    request = chat_body(fp, body["request_id"])["request"]
+    found = _one_call(api.client(), request, fingerprint_id=fp, endpoint=CHAT).json()
+    assert found["hit"] is True and found["request_id"] == body["request_id"], found
