@@ -30,7 +30,13 @@ from api.ui.session import SESSION_COOKIE, SIGNIN_COOKIE, SIGNIN_SECONDS, Sessio
 from ledger import record_export
 from ledger.checkpoint import verifier_key, verify_checkpoint
 from ledger.compare import VERDICTS
-from ledger.errors import AuthenticationError, InvalidInput, LedgerError, PermissionDenied
+from ledger.errors import (
+    AuthenticationError,
+    InvalidInput,
+    LedgerError,
+    PermissionDenied,
+    TooLarge,
+)
 from ledger.fingerprint_facts import FingerprintFacts
 from ledger.signing import Envelope, public_key_pem
 from ledger.storage import (
@@ -153,8 +159,40 @@ async def read_form(request: Request) -> dict[str, str]:
             "the console's forms are sent as application/x-www-form-urlencoded",
             code="form_expected",
         )
-    body = (await request.body()).decode("utf-8", errors="replace")
-    return {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > FORM_LIMIT:
+        raise _form_too_large()
+    raw = bytearray()
+    async for chunk in request.stream():  # a console form is a few hundred bytes
+        raw += chunk
+        if len(raw) > FORM_LIMIT:
+            raise _form_too_large()
+    try:
+        fields = parse_qs(
+            raw.decode("utf-8", errors="replace"),
+            keep_blank_values=True,
+            max_num_fields=FORM_FIELDS,
+        )
+    except ValueError as exc:  # more fields than any console form has
+        raise InvalidInput(
+            f"a console form has at most {FORM_FIELDS} fields", code="form_expected"
+        ) from exc
+    return {k: v[0] for k, v in fields.items()}
+
+
+# The console's forms (sign-in, erase, hold, sign-out) hold a token, a reason of at most 1,000
+# characters and a few hidden fields: nothing larger is read, whatever LEDGER_MAX_BODY_BYTES
+# allows the API, so a form posted before any sign-in costs the server little.
+FORM_LIMIT = 64 * 1024
+FORM_FIELDS = 16
+
+
+def _form_too_large() -> TooLarge:
+    return TooLarge(
+        f"a console form is at most {FORM_LIMIT} bytes",
+        code="body_too_large",
+        details={"limit": FORM_LIMIT},
+    )
 
 
 def _next_path(value: str | None) -> str:

@@ -518,3 +518,22 @@ def test_erasing_from_the_console_forgets_the_records_kept_cache_answers(scene: 
     assert erased.status_code == 303 and "done=erased" in erased.headers["location"]
     kept = {k.found.hit.request_id for k in hot._items.values() if k.found.hit is not None}
     assert rid not in kept
+
+
+def test_a_console_form_is_read_only_up_to_its_small_limit(scene: Scene):
+    """Forms are read before any session exists (sign-in): at most 64 KiB and 16 fields are
+    read, declared or chunked, so an unauthenticated 32 MiB form (about 1 GB parsed, and the
+    event loop held for seconds) is refused at once."""
+    c = browser(scene)
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    declared = c.post("/ui/signin", content=b"k=" + b"v" * 70_000, headers=form)
+    assert declared.status_code == 413 and "body_too_large" in declared.text
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(200):
+            yield b"&k%d=%s" % (i, b"v" * 1000)
+
+    chunked = c.post("/ui/signin", content=chunks(), headers=form)
+    assert chunked.status_code == 413 and "body_too_large" in chunked.text
+    many = c.post("/ui/signin", content="&".join(f"k{i}=v" for i in range(100)), headers=form)
+    assert many.status_code == 422 and "form_expected" in many.text
