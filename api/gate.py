@@ -79,6 +79,10 @@ def rule_for(context: RouteContext) -> Rule:
 
 
 _MATCHED_MAX = 4096
+# Paths kept in the match cache are at most this long (a request ID's route is about 230
+# characters at most): requests are matched before their token is checked, and 4096 paths of
+# 64 KiB each would hold 256 MiB for anyone who sends them.
+_MATCHED_PATH_MAX = 300
 
 
 class RouteRules:
@@ -104,7 +108,7 @@ class RouteRules:
                 if found is Match.FULL:
                     return rule
             elif method in rule.methods and rule.regex.match(path):
-                if by_path:
+                if by_path and len(path) <= _MATCHED_PATH_MAX:
                     if len(self._matched) >= _MATCHED_MAX:
                         self._matched.clear()
                     self._matched[(method, path)] = rule

@@ -33,6 +33,11 @@ from ledger.storage.database import Database
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
+# The method label takes only these values (a server that passes any token as a method would
+# otherwise let a client create a series per request).
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 class LogGauges(Collector):
     """The log as it stands at the scrape: tree size, the latest checkpoint (its size, and the
     age of its signed time, from a note verified under the log key), live workers per pool and
@@ -210,7 +215,8 @@ class MetricsMiddleware:
             m = self.metrics
             path = getattr(scope.get("route"), "path", "unmatched")
             m.latency.labels(path).observe(time.perf_counter() - start)
-            m.requests.labels(path, scope["method"], str(status)).inc()
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            m.requests.labels(path, method, str(status)).inc()
             code = scope.get("state", {}).get("error_code")
             if code:
                 m.errors.labels(code).inc()

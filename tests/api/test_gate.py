@@ -171,3 +171,27 @@ def test_a_good_request_passes_untouched():
     public = Client([])
     _call(_app(gated=True), public, {}, path="/open")
     assert public.status == 200
+
+
+def test_the_route_match_cache_keeps_no_long_path() -> None:
+    """Routes are matched before the token is checked: a path of 60,000 characters that
+    matches ``/records/{rid}`` is answered (401, 404) but not kept, so 4096 of them do not
+    hold 256 MiB; short paths are kept as before."""
+    from api.gate import RouteRules
+
+    app = FastAPI()
+
+    @app.get("/records/{rid}")
+    async def record(rid: str) -> dict[str, str]:
+        return {"rid": rid}
+
+    rules = RouteRules(app.router.routes)
+
+    def scope(path: str) -> dict[str, Any]:
+        return {"type": "http", "method": "GET", "path": path, "root_path": "", "headers": []}
+
+    for i in range(50):
+        assert rules.match(scope(f"/records/{i:06d}" + "a" * 60_000)) is not None
+    assert rules._matched == {}
+    assert rules.match(scope("/records/req-1")) is not None
+    assert list(rules._matched) == [("GET", "/records/req-1")]
