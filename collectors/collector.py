@@ -104,7 +104,9 @@ class Collector:
             self.client,
             linger=config.ship_linger,
             on_shipped=self.metrics.shipped.inc,
-            on_failure=lambda code: self.metrics.ship_failures.labels(code).inc(),
+            on_failure=lambda code: self.metrics.ship_failures.labels(
+                self.metrics.code_label(code)
+            ).inc(),
             content_retention_days=config.content_retention_days,
             on_expired=self._expired,
         )
@@ -160,7 +162,7 @@ class Collector:
                     return
                 self._beat_client.heartbeat(self.heartbeat_envelope())
             except LedgerError as exc:
-                self.metrics.heartbeat_failures.labels(exc.code).inc()
+                self.metrics.heartbeat_failures.labels(self.metrics.code_label(exc.code)).inc()
                 # Said once per kind of failure (a refused URL or a worker ID owned by another
                 # key would otherwise stay silent until registered).
                 if self.registered.is_set() or (

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import re
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+# Error codes come from whatever answers at the ledger's URL (a proxy may stand there): a
+# label takes a code of the ledger's form, and at most this many different ones ("other").
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,47}")
+MAX_CODES = 64
 
 
 class CollectorMetrics:
     def __init__(self) -> None:
+        self._codes: set[str] = set()
+        self._codes_lock = threading.Lock()
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -78,3 +87,16 @@ class CollectorMetrics:
             "client got vLLM's; top-k alternatives of such a model may differ too)",
             registry=r,
         )
+
+    def code_label(self, code: str) -> str:
+        """``code`` as a label value: itself when it has the ledger's form and is one of the
+        first :data:`MAX_CODES` seen, else ``other``."""
+        if not isinstance(code, str) or not _CODE.fullmatch(code):
+            return "other"
+        with self._codes_lock:
+            if code in self._codes:
+                return code
+            if len(self._codes) >= MAX_CODES:
+                return "other"
+            self._codes.add(code)
+            return code
