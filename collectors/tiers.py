@@ -49,7 +49,7 @@ def _deterministic(body: dict[str, Any]) -> bool | None:
     except Unsure:
         greedy = None
     try:
-        seeded: bool | None = lax_int(body.get("seed"), "seed") is not None
+        seeded: bool | None = lax_int(body.get("seed"), "seed") not in (None, -1)  # -1: none
     except Unsure:
         seeded = None
     if greedy or seeded:

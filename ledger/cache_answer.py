@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from ledger.cachekey import CHAT
+from ledger.cachekey import CHAT, GREEDY_IRRELEVANT, IGNORED
 from ledger.compact_json import compact_json
 from ledger.inference_record import InferenceRecord, RecordChoice
 from ledger.packing import unpack_float32, unpack_int32
@@ -40,12 +40,104 @@ def _wants_logprobs(endpoint: str, request: Mapping[str, Any]) -> bool:
     return value is not None and value is not False
 
 
+# The parameters whose default a model's generation_config.json (or vLLM's
+# --override-generation-config) replaces (vLLM's ModelConfig.get_diff_sampling_param).
+SERVER_DEFAULTS = frozenset(
+    {
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "max_tokens",
+    }
+)
+# Flags read as JSON booleans here; vLLM's lax models also take 1, "true", "yes": such a
+# request is not answered from the cache rather than answered as another flag value.
+_FLAGS = ("stream", "echo", "return_token_ids", "return_tokens_as_token_ids", "ignore_eos")
+
+
+def _given(request: Mapping[str, Any], endpoint: str) -> dict[str, Any]:
+    """The request's generation parameters as the client gave them: null is absent (vLLM then
+    takes the server's default, which a model's generation_config.json may set), the prompt
+    and what cannot change the output left out."""
+    prompt = "prompt" if endpoint != CHAT else "messages"
+    given = {
+        k: v
+        for k, v in request.items()
+        if v is not None and k != prompt and (k not in IGNORED or k == "model")
+    }
+    if endpoint == CHAT and "max_completion_tokens" in given:  # vLLM's chat limit
+        given["max_tokens"] = given.pop("max_completion_tokens")
+    if given.get("temperature") == 0 and not isinstance(given.get("temperature"), bool):
+        for name in GREEDY_IRRELEVANT:  # greedy: vLLM reads none of them
+            given.pop(name, None)
+    stop = given.get("stop")
+    if isinstance(stop, str):
+        given["stop"] = [stop]
+    if isinstance(given.get("stop"), list):  # order decides a tie (vLLM's first in the list)
+        given["stop"] = list(dict.fromkeys(given["stop"]))
+    for name in ("stop_token_ids",):  # a set to vLLM
+        if isinstance(given.get(name), list):
+            given[name] = sorted(set(given[name]), key=repr)
+    return given
+
+
+def _unlike_recorded(
+    endpoint: str, request: Mapping[str, Any], recorded: Mapping[str, Any] | None
+) -> str | None:
+    """Why ``request`` may not get the answer of ``recorded`` although their keys match: the
+    key fills absent parameters with vLLM's built-in defaults and sorts stop strings, but a
+    model's generation_config.json replaces those defaults (vLLM's ``generation_config`` is
+    ``auto``), the first of two stop strings ending together wins, and ``model`` may name a
+    LoRA adapter. Only a request that gives what the recorded one gave is answered."""
+    if recorded is None:
+        return "the record's request is not held (erased): it cannot be compared"
+    mine, theirs = _given(request, endpoint), _given(recorded, endpoint)
+    if mine.get("model") != theirs.get("model"):
+        return (
+            f"the record answered model {theirs.get('model')!r}, not {mine.get('model')!r} "
+            "(a served name may be a LoRA adapter)"
+        )
+    # Given or not, any other parameter is read as the same value (its default is fixed).
+    for name in sorted(SERVER_DEFAULTS & (set(mine) ^ set(theirs))):
+        which = "the record's request" if name in theirs else "this request"
+        return (
+            f"{which} sets {name} and the other leaves it to the engine's default, which the "
+            "model's generation config may set to another value"
+        )
+    if mine.get("stop", []) != theirs.get("stop", []):
+        return "the stop strings are in another order (the first in the list wins a tie)"
+    return None
+
+
 def not_servable(endpoint: str, request: Mapping[str, Any], record: InferenceRecord) -> str | None:
     """Why this record cannot be rebuilt as the answer to ``request`` (None: it can)."""
+    for flag in _FLAGS:
+        if request.get(flag) is not None and type(request.get(flag)) is not bool:
+            return f"{flag} must be true or false to be answered from the cache"
+    chat_logprobs = request.get("logprobs")
+    if endpoint == CHAT and chat_logprobs is not None and type(chat_logprobs) is not bool:
+        return "logprobs must be true or false to be answered from the cache"
+    refused = _refused_by_vllm(endpoint, request)
+    if refused is not None:
+        return refused
+    seed = request.get("seed")
+    if seed == -1 and request.get("temperature") != 0:
+        return "seed -1 is no seed to vLLM: it samples at random"
+    why = _unlike_recorded(endpoint, request, record.request)
+    if why is not None:
+        return why
     if request.get("echo"):
         return "echo asks for the prompt's text, which the record does not split by token"
     if request.get("prompt_logprobs") is not None:
         return "prompt_logprobs asks for per-token prompt logprobs, which are not recorded"
+    if request.get("logprob_token_ids") is not None:
+        return "logprob_token_ids asks for the logprobs of tokens the record does not hold"
+    if endpoint == CHAT and request.get("add_generation_prompt") is False:
+        return "without a generation prompt vLLM answers in the last message's role"
     if request.get("tools") and request.get("tool_choice") != "none":
         return "tool calls are parsed from the text by the engine's parser; the ledger has none"
     if _wants_logprobs(endpoint, request):
@@ -60,6 +152,20 @@ def not_servable(endpoint: str, request: Mapping[str, Any], record: InferenceRec
         for c in record.choices:
             if c.logprobs is None or (k and (c.top_logprobs or {}).get("k", 0) < k):
                 return f"the record holds no logprobs to a depth of {k}"
+    return None
+
+
+def _refused_by_vllm(endpoint: str, request: Mapping[str, Any]) -> str | None:
+    """Shapes vLLM answers with a 400 although their key is a valid request's."""
+    if endpoint == CHAT:
+        if request.get("stream_options") is not None and request.get("stream") is not True:
+            return "vLLM refuses stream_options without stream"
+        if request.get("top_logprobs") is not None and request.get("logprobs") is not True:
+            return "vLLM refuses top_logprobs without logprobs"
+    elif "n" in request and request["n"] is None:
+        return "vLLM refuses n: null on completions"
+    if request.get("priority") not in (None, 0):
+        return "a priority is refused by a server that does not schedule by priority"
     return None
 
 
@@ -98,8 +204,8 @@ def _token_logprobs(choice: RecordChoice, k: int) -> dict[str, Any]:
             }
             row.setdefault(name, lp)
             top.append(row)
-    else:
-        top = [None] * len(names)
+    else:  # logprobs 0: vLLM still names the sampled token at each position
+        top = [{name: lp} for name, lp in zip(names, lps, strict=True)]
     return {"text_offset": offsets, "token_logprobs": lps, "tokens": names, "top_logprobs": top}
 
 

@@ -71,7 +71,7 @@ DEFAULTS: dict[str, Any] = {
     "stop_token_ids": [],
     "ignore_eos": False,
 }
-_GREEDY_IRRELEVANT = ("seed", "top_p", "top_k", "min_p")
+GREEDY_IRRELEVANT = ("seed", "top_p", "top_k", "min_p")
 
 
 def _number(value: Any, name: str) -> Any:
@@ -112,7 +112,7 @@ def normalize_params(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInput("stop_token_ids must be a list of integers", code="invalid_request")
     params["stop_token_ids"] = sorted(set(ids))
     if params["temperature"] == 0:
-        for name in _GREEDY_IRRELEVANT:
+        for name in GREEDY_IRRELEVANT:
             params.pop(name, None)
     return params
 

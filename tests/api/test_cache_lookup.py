@@ -102,12 +102,20 @@ def test_it_agrees_with_the_two_call_path_on_every_case(api: Harness) -> None:
     # the recorded request, and requests the key treats as the same one
     same = [
         request,
-        {**request, "stream": False, "user": "u", "model": "other", "logprobs": None},
+        {**request, "stream": False, "user": "u", "logprobs": None},
         {**request, "top_p": 0.5, "seed": 3},  # greedy: sampler randomness does not count
-        {**request, "n": 1, "stop": [], "ignore_eos": False},  # defaults given
+        {**request, "n": 1, "stop": [], "ignore_eos": False},  # fixed defaults given
+        {**request, "presence_penalty": None},  # null is absent to vLLM
     ]
     for r in same:
         assert agree(c, r, fp)["request_id"] == base["request_id"]
+    # the same key, but not the same answer from vLLM: not served
+    for r in (
+        {**request, "model": "other"},  # a served name may be a LoRA adapter
+        {**request, "repetition_penalty": 1.0},  # a generation config may set another default
+    ):
+        data = _one_call(c, r, fingerprint_id=fp).json()
+        assert data["hit"] is False and data["reason"] == "not_servable", (r, data)
     # keyed by the token IDs the engine saw
     ids = unpack_int32(base["prompt_token_ids"])
     one = _one_call(c, request, fingerprint_id=fp, prompt_token_ids=ids).json()
@@ -745,3 +753,44 @@ def test_a_chat_record_checked_before_its_fingerprint_was_registered_is_keyed_wi
     request = chat_body(fp, body["request_id"])["request"]
     found = _one_call(api.client(), request, fingerprint_id=fp, endpoint=CHAT).json()
     assert found["hit"] is True and found["request_id"] == body["request_id"], found
+
+
+def test_requests_vllm_would_answer_otherwise_are_not_served(api: Harness) -> None:
+    """Requests whose key matches a record's but which vLLM would answer differently, or
+    refuse, are misses (``not_servable``), never another request's answer."""
+    key, fp = api.setup_collector()
+    c = api.client()
+    stops = record_body(
+        fp, seed=7090, text_prompt=True, request_extra={**GREEDY, "stop": ["b", "ab"]}
+    )
+    random = record_body(
+        fp, seed=7091, text_prompt=True, request_extra={"temperature": 0.7, "seed": -1}
+    )
+    plain = record_body(fp, seed=7092, text_prompt=True, top_k=3, request_extra=GREEDY)
+    _post(api, key, stops, random, plain)
+
+    def miss(request: dict[str, Any], says: str) -> None:
+        data = _one_call(c, request, fingerprint_id=fp).json()
+        assert data["hit"] is False and data["reason"] == "not_servable", (request, data)
+        assert says in data["message"], data["message"]
+
+    assert _one_call(c, stops["request"], fingerprint_id=fp).json()["hit"]
+    miss({**stops["request"], "stop": ["ab", "b"]}, "another order")  # vLLM: first listed wins
+    miss(random["request"], "seed -1 is no seed")  # vLLM samples at random
+    request = plain["request"]
+    assert _one_call(c, request, fingerprint_id=fp).json()["hit"]
+    miss({**request, "stream": "true"}, "stream must be true or false")  # vLLM reads it lax
+    miss({**request, "return_token_ids": 1}, "return_token_ids must be true or false")
+    miss({**request, "n": None}, "n: null")  # vLLM: 400
+    miss({**request, "priority": 5}, "priority")
+    asked = {**request, "logprob_token_ids": [1]}  # part of the key: a miss of its own
+    assert _one_call(c, asked, fingerprint_id=fp).json()["hit"] is False
+    # logprobs 0 still names the sampled token at each position, as vLLM does
+    zero = {**request, "logprobs": 0, "return_tokens_as_token_ids": True}
+    data = _one_call(c, zero, fingerprint_id=fp).json()
+    assert data["hit"] is True, data
+    choice = data["response"]["choices"][0]
+    logprobs = choice["logprobs"]
+    assert logprobs["top_logprobs"] == [
+        {name: lp} for name, lp in zip(logprobs["tokens"], logprobs["token_logprobs"], strict=True)
+    ]

@@ -476,9 +476,10 @@ def test_a_pool_serving_another_fingerprint_misses(
     answer = LedgerLookup(api.url, pool.token, pool=moved.name).lookup(CHAT, request)
     assert not answer.hit and answer.reason == "fingerprint_changed"
     assert answer.fingerprint_id == moved.fingerprint_id
-    # a request naming another model than the record answered is no hit either
+    # a request naming another model than the record answered is no hit either: the ledger
+    # compares it with the recorded request's (the backends' model_mismatch is the second check)
     other = here.lookup(CHAT, {**request, "model": "other-model"})
-    assert not other.hit and other.reason == "model_mismatch"
+    assert not other.hit and other.reason == "not_servable"
 
 
 # -- LiteLLM ------------------------------------------------------------------------------

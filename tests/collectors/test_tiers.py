@@ -29,6 +29,10 @@ from ledger.errors import Conflict, InvalidInput
         (1, {"temperature": "0.7"}, "none", False),
         (1, {"temperature": "0.7", "seed": "5"}, "none", True),
         (2, {"temperature": False}, "serial", True),
+        # vLLM reads seed -1 as no seed: random sampling
+        (1, {"temperature": 0.7, "seed": -1}, "none", False),
+        (1, {"temperature": 0.7, "seed": "-1"}, "none", False),
+        (1, {"temperature": 0, "seed": -1}, "none", True),
     ],
 )
 def test_each_case(tier: int, body: dict, invariance: str, accepted: bool):
