@@ -70,6 +70,18 @@ FLAGS: dict[str, tuple[str, str]] = {
     "-O": ("compilation_config", "json"),
     "--cuda-graph-sizes": ("cuda_graph_sizes", "list"),
     "--max-seq-len-to-capture": ("max_seq_len_to_capture", "int"),
+    # what the OpenAI server does with a request or its answer: the prompt a chat template
+    # renders, the tokens and logprobs it returns, how it splits the text
+    "--default-chat-template-kwargs": ("default_chat_template_kwargs", "json"),
+    "--chat-template-content-format": ("chat_template_content_format", "str"),
+    "--trust-request-chat-template": ("trust_request_chat_template", "bool"),
+    "--exclude-tools-when-tool-choice-none": ("exclude_tools_when_tool_choice_none", "bool"),
+    "--response-role": ("response_role", "str"),
+    "--reasoning-parser": ("reasoning_parser", "str"),
+    "--logprobs-mode": ("logprobs_mode", "str"),
+    "--enable-lora": ("enable_lora", "bool"),
+    "--max-loras": ("max_loras", "int"),
+    "--max-lora-rank": ("max_lora_rank", "int"),
 }
 FIELDS = (*dict.fromkeys(field for field, _ in FLAGS.values()), "tokenizer")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

@@ -55,6 +55,42 @@ def test_json_and_compilation_flags_are_values_in_the_body() -> None:
     assert given["compilation_config"] == {"level": 3, "cudagraph_capture_sizes": [1, 2]}
 
 
+def test_flags_that_change_what_the_server_answers_are_in_the_body() -> None:
+    """Flags of vLLM's OpenAI server that change the prompt a chat renders, the tokens or
+    logprobs returned or the message's shape: two engines that differ in one of them have two
+    fingerprints, so neither's records answer the other's cache lookups."""
+    given, unknown = parse_engine_args(
+        [
+            "--default-chat-template-kwargs",
+            '{"enable_thinking": false}',
+            "--chat-template-content-format=openai",
+            "--trust-request-chat-template",
+            "--exclude-tools-when-tool-choice-none",
+            "--response-role",
+            "bot",
+            "--reasoning-parser",
+            "qwen3",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--enable-lora",
+            "--max-loras",
+            "4",
+        ]
+    )
+    assert unknown == {}
+    assert given == {
+        "default_chat_template_kwargs": {"enable_thinking": False},
+        "chat_template_content_format": "openai",
+        "trust_request_chat_template": True,
+        "exclude_tools_when_tool_choice_none": True,
+        "response_role": "bot",
+        "reasoning_parser": "qwen3",
+        "logprobs_mode": "processed_logprobs",
+        "enable_lora": True,
+        "max_loras": 4,
+    }
+
+
 def test_last_value_and_where_a_path_is_read(tmp_path: Path) -> None:
     assert last_value(["--x", "1", "--x=2"], "--x") == "2"
     assert last_value(["--chat_template", "t"], "--chat-template") == "t"
