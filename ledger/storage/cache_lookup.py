@@ -179,6 +179,7 @@ class _Facts:
 
     chat_template: str | None
     model: str  # the digest of its model section: fingerprints of one model share it
+    parses_reasoning: bool = False  # the engine runs a --reasoning-parser
 
 
 class _Fingerprints:
@@ -199,7 +200,13 @@ class _Fingerprints:
         if facts is None:
             with db.read() as s:
                 body = fingerprint_body(s, fingerprint_id)
-            facts = _Facts(chat_template_digest(body), digest_of(body.get("model")))
+            engine = body.get("engine")
+            parser = engine.get("reasoning_parser") if isinstance(engine, dict) else None
+            facts = _Facts(
+                chat_template_digest(body),
+                digest_of(body.get("model")),
+                parser not in (None, "default", ""),
+            )
             with self._lock:
                 if len(self._facts) >= 4096:
                     self._facts.clear()
@@ -399,7 +406,7 @@ async def kept_answer(
         kept_rows = tuple(c.row for c in candidates)
         hot.put(_hot_key(key, pool), _Kept(kept_rows, found), generation)  # hit within
         hit, via = found.hit, "first"
-    if not_servable(endpoint, request, hit.record) is not None:
+    if not_servable(endpoint, request, hit.record, facts.parses_reasoning) is not None:
         return None
     return Answer(key, fingerprint_id, hit, response(endpoint, request, hit.record), via=via)
 
@@ -450,7 +457,8 @@ def answer(
             )
         return _no_record(key, fingerprint_id)
     record = found.hit.record
-    why = not_servable(endpoint, request, record)
+    reasoning = _FINGERPRINTS.facts(db, fingerprint_id).parses_reasoning
+    why = not_servable(endpoint, request, record, reasoning)
     if why is not None:
         return Answer(key, fingerprint_id, reason="not_servable", message=why)
     return Answer(key, fingerprint_id, found.hit, response(endpoint, request, record))

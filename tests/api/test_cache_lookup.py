@@ -794,3 +794,45 @@ def test_requests_vllm_would_answer_otherwise_are_not_served(api: Harness) -> No
     assert logprobs["top_logprobs"] == [
         {name: lp} for name, lp in zip(logprobs["tokens"], logprobs["token_logprobs"], strict=True)
     ]
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "default"])
+def test_a_chat_record_of_an_engine_that_parses_reasoning_is_not_served(
+    api: Harness, parser: str
+) -> None:
+    """vLLM with --reasoning-parser returns the reasoning beside the content; the record holds
+    the content only, so its chat answer is not rebuilt (an engine without one: served)."""
+    from ledger.fingerprint import validate_fingerprint_body
+    from ledger.record_v2 import commit_record
+    from tests.support.audited_ledger import chat_body
+
+    key = api.collector()
+    fingerprint = sign_envelope(
+        FINGERPRINT_KIND,
+        {
+            "schema_version": 1,
+            "model": {
+                "name": f"chat-{uuid.uuid4().hex[:8]}",
+                "chat_template": {"digest": "sha256:" + "cd" * 32},
+            },
+            "engine": {"name": "vllm", "reasoning_parser": parser},
+        },
+        key,
+    )
+    assert api.client().post("/v1/fingerprints", content=fingerprint.canonical).status_code == 201
+    fp = validate_fingerprint_body(fingerprint.body)
+    body, disclosures = commit_record(chat_body(fp, f"chat-{uuid.uuid4().hex[:10]}"))
+    envelope = sign_envelope(RECORD_KIND, body, key)
+    posted = api.client().post(
+        "/v1/records",
+        json={"records": [{"envelope": envelope.to_dict(), "disclosures": disclosures}]},
+    )
+    assert posted.status_code == 201, posted.text
+    request = chat_body(fp, body["request_id"])["request"]
+    for _ in range(2):  # the first lookup, then the kept answer's path
+        data = _one_call(api.client(), request, fingerprint_id=fp, endpoint=CHAT).json()
+        if parser == "default":
+            assert data["hit"] is True, data
+        else:
+            assert data["hit"] is False and data["reason"] == "not_servable", data
+            assert "reasoning" in data["message"]
