@@ -262,24 +262,44 @@ def _read_json(directory: Path, name: str, unknown: dict[str, str]) -> dict[str,
     return value
 
 
+# transformers gives chat templates ``strftime_now`` (Llama 3.1 and later stamp today's date
+# into the system prompt): such a template renders another prompt each day.
+CLOCK_MARKER = "strftime_now"
+
+
+def clock_marked(section: dict[str, Any], text: object) -> dict[str, Any]:
+    """``section`` with ``reads_clock: true`` when the template ``text`` may read the date
+    (left out otherwise, so other templates' fingerprints are what they were)."""
+    if CLOCK_MARKER in (text if isinstance(text, str) else json.dumps(text, default=str)):
+        return {**section, "reads_clock": True}
+    return section
+
+
 def _chat_template(
     directory: Path, digests: dict[str, str], tokenizer_config: dict[str, Any] | None
 ) -> dict[str, Any]:
     if TEMPLATE_FILE in digests:
-        return {"source": TEMPLATE_FILE, "digest": "sha256:" + digests[TEMPLATE_FILE]}
+        section = {"source": TEMPLATE_FILE, "digest": "sha256:" + digests[TEMPLATE_FILE]}
+        try:
+            text = (directory / TEMPLATE_FILE).read_text("utf-8", errors="replace")
+        except OSError:
+            text = ""
+        return clock_marked(section, text)
     chat_json = _read_json(directory, "chat_template.json", {})
     if chat_json is not None and "chat_template" in chat_json:
-        return {
+        section = {
             "source": "chat_template.json",
             "digest": sha256_digest(str(chat_json["chat_template"]).encode("utf-8")),
         }
+        return clock_marked(section, chat_json["chat_template"])
     if tokenizer_config is not None and "chat_template" in tokenizer_config:
         template = tokenizer_config["chat_template"]
         value = template.encode("utf-8") if isinstance(template, str) else None
-        return {
+        section = {
             "source": "tokenizer_config.json",
             "digest": sha256_digest(value) if value is not None else digest_of(template),
         }
+        return clock_marked(section, template)
     return {"source": None, "digest": None}
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from collectors.artifacts import TOKENIZER_FILES
+from collectors.artifacts import TOKENIZER_FILES, clock_marked
 from collectors.procinfo import PROC, EngineProcess
 from ledger.canonical import digest_of, sha256_digest
 
@@ -122,13 +122,11 @@ def chat_template(
     data, reason = _read(process, value, proc)
     if data is not None:
         found = {"source": "--chat-template", "digest": sha256_digest(data)}
-        return found, {"chat_template_path": value}, None
+        text = data.decode("utf-8", errors="replace")
+        return clock_marked(found, text), {"chat_template_path": value}, None
     if any(c in value for c in _JINJA_CHARS):  # vLLM: then the value is the template itself
-        return (
-            {"source": "--chat-template (inline)", "digest": sha256_digest(value.encode())},
-            {},
-            None,
-        )
+        inline = {"source": "--chat-template (inline)", "digest": sha256_digest(value.encode())}
+        return clock_marked(inline, value), {}, None
     # vLLM refuses to start with a path it cannot open; this engine runs, so the collector
     # cannot read what the engine did
     return (

@@ -117,15 +117,13 @@ def not_servable(
     endpoint: str,
     request: Mapping[str, Any],
     record: InferenceRecord,
-    parses_reasoning: bool = False,
+    chat_unservable: str | None = None,
 ) -> str | None:
     """Why this record cannot be rebuilt as the answer to ``request`` (None: it can);
-    ``parses_reasoning``: the record's engine splits reasoning out of a chat answer."""
-    if endpoint == CHAT and parses_reasoning:
-        return (
-            "the engine runs a reasoning parser (its fingerprint's engine.reasoning_parser): "
-            "the record holds the answer's content, not the reasoning vLLM returns beside it"
-        )
+    ``chat_unservable``: why no chat answer of the record's environment is (its fingerprint
+    says the engine parses reasoning out of the text, or the template reads the date)."""
+    if endpoint == CHAT and chat_unservable is not None:
+        return chat_unservable
     for flag in _FLAGS:
         if request.get(flag) is not None and type(request.get(flag)) is not bool:
             return f"{flag} must be true or false to be answered from the cache"

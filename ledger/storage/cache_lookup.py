@@ -179,7 +179,27 @@ class _Facts:
 
     chat_template: str | None
     model: str  # the digest of its model section: fingerprints of one model share it
-    parses_reasoning: bool = False  # the engine runs a --reasoning-parser
+    # Why no chat answer of this environment is served (None: they may be): the engine runs
+    # a --reasoning-parser, or the chat template reads the date.
+    chat_unservable: str | None = None
+
+
+def _chat_unservable(body: Mapping[str, Any]) -> str | None:
+    """Why a fingerprint's chat answers are not served from the cache (None: they may be)."""
+    engine, model = body.get("engine"), body.get("model")
+    parser = engine.get("reasoning_parser") if isinstance(engine, dict) else None
+    if parser not in (None, "default", ""):
+        return (
+            "the engine runs a reasoning parser (its fingerprint's engine.reasoning_parser): "
+            "the record holds the answer's content, not the reasoning vLLM returns beside it"
+        )
+    template = model.get("chat_template") if isinstance(model, dict) else None
+    if isinstance(template, dict) and template.get("reads_clock") is True:
+        return (
+            "the chat template reads the date (model.chat_template.reads_clock): it renders "
+            "another prompt on another day than the record's"
+        )
+    return None
 
 
 class _Fingerprints:
@@ -200,12 +220,8 @@ class _Fingerprints:
         if facts is None:
             with db.read() as s:
                 body = fingerprint_body(s, fingerprint_id)
-            engine = body.get("engine")
-            parser = engine.get("reasoning_parser") if isinstance(engine, dict) else None
             facts = _Facts(
-                chat_template_digest(body),
-                digest_of(body.get("model")),
-                parser not in (None, "default", ""),
+                chat_template_digest(body), digest_of(body.get("model")), _chat_unservable(body)
             )
             with self._lock:
                 if len(self._facts) >= 4096:
@@ -406,7 +422,7 @@ async def kept_answer(
         kept_rows = tuple(c.row for c in candidates)
         hot.put(_hot_key(key, pool), _Kept(kept_rows, found), generation)  # hit within
         hit, via = found.hit, "first"
-    if not_servable(endpoint, request, hit.record, facts.parses_reasoning) is not None:
+    if not_servable(endpoint, request, hit.record, facts.chat_unservable) is not None:
         return None
     return Answer(key, fingerprint_id, hit, response(endpoint, request, hit.record), via=via)
 
@@ -457,8 +473,8 @@ def answer(
             )
         return _no_record(key, fingerprint_id)
     record = found.hit.record
-    reasoning = _FINGERPRINTS.facts(db, fingerprint_id).parses_reasoning
-    why = not_servable(endpoint, request, record, reasoning)
+    unservable = _FINGERPRINTS.facts(db, fingerprint_id).chat_unservable
+    why = not_servable(endpoint, request, record, unservable)
     if why is not None:
         return Answer(key, fingerprint_id, reason="not_servable", message=why)
     return Answer(key, fingerprint_id, found.hit, response(endpoint, request, record))

@@ -796,12 +796,19 @@ def test_requests_vllm_would_answer_otherwise_are_not_served(api: Harness) -> No
     ]
 
 
-@pytest.mark.parametrize("parser", ["qwen3", "default"])
+@pytest.mark.parametrize(
+    ("parser", "clock", "says"),
+    [("qwen3", False, "reasoning"), ("default", True, "reads the date"), ("default", False, "")],
+)
 def test_a_chat_record_of_an_engine_that_parses_reasoning_is_not_served(
-    api: Harness, parser: str
+    api: Harness, parser: str, clock: bool, says: str
 ) -> None:
-    """vLLM with --reasoning-parser returns the reasoning beside the content; the record holds
-    the content only, so its chat answer is not rebuilt (an engine without one: served)."""
+    """vLLM with --reasoning-parser returns the reasoning beside the content (the record holds
+    the content only), and a template that reads the date renders another prompt another day:
+    such chat answers are not rebuilt (otherwise: served)."""
+    template: dict[str, Any] = {"digest": "sha256:" + "cd" * 32}
+    if clock:
+        template["reads_clock"] = True
     from ledger.fingerprint import validate_fingerprint_body
     from ledger.record_v2 import commit_record
     from tests.support.audited_ledger import chat_body
@@ -813,7 +820,7 @@ def test_a_chat_record_of_an_engine_that_parses_reasoning_is_not_served(
             "schema_version": 1,
             "model": {
                 "name": f"chat-{uuid.uuid4().hex[:8]}",
-                "chat_template": {"digest": "sha256:" + "cd" * 32},
+                "chat_template": template,
             },
             "engine": {"name": "vllm", "reasoning_parser": parser},
         },
@@ -831,8 +838,8 @@ def test_a_chat_record_of_an_engine_that_parses_reasoning_is_not_served(
     request = chat_body(fp, body["request_id"])["request"]
     for _ in range(2):  # the first lookup, then the kept answer's path
         data = _one_call(api.client(), request, fingerprint_id=fp, endpoint=CHAT).json()
-        if parser == "default":
+        if not says:
             assert data["hit"] is True, data
         else:
             assert data["hit"] is False and data["reason"] == "not_servable", data
-            assert "reasoning" in data["message"]
+            assert says in data["message"]

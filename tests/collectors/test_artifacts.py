@@ -225,6 +225,22 @@ def test_chat_template_from_tokenizer_config(model: Path):
     assert manifest(model).body["chat_template"] == {"source": None, "digest": None}
 
 
+def test_a_template_that_reads_the_date_is_marked(model: Path):
+    """transformers gives templates strftime_now (Llama 3.1 and later stamp today's date): the
+    fingerprint says so, and the cache serves no chat answer of such an environment. Other
+    templates' sections are as they were."""
+    assert "reads_clock" not in manifest(model).body["chat_template"]
+    dated = "{{ strftime_now('%d %b %Y') }}{{ messages[0]['content'] }}"
+    (model / "chat_template.jinja").write_text(dated)
+    template = manifest(model).body["chat_template"]
+    assert template["source"] == "chat_template.jinja" and template["reads_clock"] is True
+    (model / "chat_template.jinja").unlink()
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": dated}]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    assert manifest(model).body["chat_template"]["reads_clock"] is True
+
+
 def test_an_empty_file_has_the_empty_digest(model: Path):
     (model / "empty.txt").write_bytes(b"")
     files = {f["path"]: f for f in manifest(model).body["files"]}
