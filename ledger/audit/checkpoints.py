@@ -45,6 +45,20 @@ class Checkpoints:
     @classmethod
     def read(cls, rows: list[CheckpointRow], notes: Sequence[str]) -> Checkpoints:
         found: list[Finding] = []
+        sized = []
+        for row in rows:  # as stored: SQLite keeps any value in any column
+            if type(row.tree_size) is int and row.tree_size >= 0:
+                sized.append(row)
+                continue
+            found.append(
+                Finding(
+                    "checkpoint",
+                    f"a checkpoints row holds tree_size {row.tree_size!r}, which is no tree size",
+                    table="checkpoints",
+                    column="tree_size",
+                )
+            )
+        rows = sized
         trusted = []
         for note in notes:
             try:

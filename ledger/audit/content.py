@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from ledger.audit.report import Finding
-from ledger.audit.rows import EPOCH, RecordRow
+from ledger.audit.rows import EPOCH, Micros, RecordRow
 from ledger.erasure import ERASURE_KIND, HOLD_KIND, RELEASE_KIND, HoldScope
 from ledger.errors import LedgerError
 from ledger.signing import Envelope, VerifyingKey, verify_envelope
@@ -136,7 +136,8 @@ def _holds_kept(
             released = events.releases.get(hold_id)
             if placed > e.index or (released is not None and released < e.index):
                 continue
-            if row is None or row.received_at is None:
+            received = _as_time(row.received_at) if row is not None else None
+            if row is None or received is None:  # the records check names a bad time
                 covered = scope.request_id == e.request_id
             else:
                 covered = scope.covers(
@@ -145,7 +146,7 @@ def _holds_kept(
                     fingerprint_id=row.fingerprint_id,
                     pool=row.pool,
                     tier=row.tier,
-                    received_at=EPOCH + timedelta(microseconds=row.received_at),
+                    received_at=received,
                 )
             if covered:
                 out.append(
@@ -158,3 +159,13 @@ def _holds_kept(
                     )
                 )
     return out
+
+
+def _as_time(at: Micros | None) -> datetime | None:
+    """A stored receive time as a datetime; None when it is none (Postgres ``infinity``)."""
+    if at is None:
+        return None
+    try:
+        return EPOCH + timedelta(microseconds=at)
+    except OverflowError:
+        return None

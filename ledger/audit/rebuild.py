@@ -43,6 +43,9 @@ def planned(chunk: int) -> Iterator[Spans]:
         start += chunk
 
 
+_INTEGERS = {int}
+
+
 class Rebuild:
     """The rebuilt tree's right edge, the nodes not yet compared, and the kept roots."""
 
@@ -62,8 +65,12 @@ class Rebuild:
     def add(self, chunk: LeafChunk) -> None:
         """Sequence and leaf hashes of one chunk, and the tree extended by it."""
         indexes, expected = chunk.indexes, self.expected
-        if indexes[0] == expected and indexes[-1] == expected + len(indexes) - 1:
-            # indexes are unique and sorted: these are exactly the next ones
+        if (
+            indexes[0] == expected
+            and indexes[-1] == expected + len(indexes) - 1
+            and set(map(type, indexes)) == _INTEGERS  # SQLite may hold 3.5 between 2 and 4
+        ):
+            # indexes are unique, sorted integers: these are exactly the next ones
             self._contiguous(chunk)
             self.expected = expected + len(indexes)
         else:
@@ -99,7 +106,17 @@ class Rebuild:
         for idx, stored, data in zip(
             chunk.indexes, chunk.leaf_hashes, chunk.envelopes, strict=True
         ):
-            if idx != expected:
+            if type(idx) is not int:  # as stored: SQLite keeps 3.5 or text in any column
+                self.found.append(
+                    Finding(
+                        "sequence",
+                        f"expected leaf {expected}, found a row whose idx is {idx!r}",
+                        expected,
+                        table="log_entries",
+                        column="idx",
+                    )
+                )
+            elif idx != expected:
                 self.found.append(
                     Finding("sequence", f"expected leaf {expected}, found leaf {idx}", expected)
                 )

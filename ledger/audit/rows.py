@@ -65,6 +65,21 @@ class LeafChunk:
         at = self.appended_at[pos]
         return None if at is None else at + self.time_origin
 
+    def integral(self) -> LeafChunk:
+        """The chunk without rows whose index is no integer (SQLite keeps 3.5 or text in any
+        column): the rebuild names those; nothing else can place them in the log."""
+        if type(self.indexes[-1]) is int and all(type(i) is int for i in self.indexes):
+            return self
+        keep = [n for n, i in enumerate(self.indexes) if type(i) is int]
+        return LeafChunk(
+            [self.indexes[n] for n in keep],
+            [self.leaf_hashes[n] for n in keep],
+            [self.envelopes[n] for n in keep],
+            [self.appended_at[n] for n in keep],
+            [self.kinds[n] for n in keep] if self.kinds is not None else None,
+            self.time_origin,
+        )
+
 
 class CheckpointRow(NamedTuple):
     tree_size: int

@@ -167,14 +167,16 @@ class _Audit:
         leaves = reader.leaves(opts.chunk, kinds=opts.signatures)
         nodes = reader.node_runs(planned(opts.chunk))
         try:
-            for chunk in leaves:
+            for stored in leaves:
                 spans_ahead, runs_ahead = next(plan), next(nodes)
-                self.rebuild.add(chunk)
-                batch = self._in_log_order(chunk) if opts.signatures else None
+                self.rebuild.add(stored)
+                chunk = stored.integral()
+                batch = self._in_log_order(chunk) if opts.signatures and chunk else None
                 if self.bounds is None:
                     self._verify_checkpoints()
                 assert self.bounds is not None
-                self.found.extend(self.bounds.check(chunk))
+                if chunk:
+                    self.found.extend(self.bounds.check(chunk))
                 if batch is not None:
                     known, work = batch
                     if pool is None:
@@ -183,7 +185,7 @@ class _Audit:
                         inflight.append(pool.submit(check_batch, known, work))
                         while len(inflight) > 2 * opts.workers:
                             self.found.extend(inflight.popleft().result())
-                self.report.leaves += len(chunk)
+                self.report.leaves += len(stored)
                 self.rebuild.compare(spans_ahead, runs_ahead, self._read_runs, reader.node_levels)
                 if self.progress is not None:
                     self.progress(self.report.leaves, total)
@@ -201,6 +203,7 @@ class _Audit:
         self.checkpoints.check_roots(end, self.rebuild.roots, reader.read_nodes)
         self.found.extend(self.checkpoints.found)
         self.found.extend(self.bounds.coverage())
+        self.found.extend(tables.tree_shape(*self.reader.tree_shape()))  # no node beyond them
         if opts.signatures:
             self._tables(end)
             resolved = content.resolve(
@@ -255,7 +258,7 @@ class _Audit:
                 self.events.note(env, idx, key)
         if self.streams is None:  # opened after the scan's first read: they see all it sees
             self.streams = self._open_streams()
-        end = chunk.indexes[-1] + 1
+        end = chunk.indexes[-1] + 1  # integers only (LeafChunk.integral)
         rows = {name: stream.until(end) for name, stream in self.streams.items()}
         return self._known_now(frozenset(sequenced)), Batch(chunk, **rows)
 
@@ -290,7 +293,6 @@ class _Audit:
             rest = stream.rest()
             self.found.extend(stream.found)
             self.found.extend(tables.past_the_log(name, rest, end, size))
-        self.found.extend(tables.tree_shape(*self.reader.tree_shape()))
         self.found.extend(tables.signing_keys(self.timeline, self.reader.signing_keys(), end, size))
         self.found.extend(tables.revocations(self.timeline, self.reader.revocations(), end, size))
 

@@ -175,7 +175,8 @@ def tree_shape(size: int, levels: dict[Any, tuple[int, Any, Any]]) -> list[Findi
     for level, (count, lo, hi) in sorted(levels.items(), key=_level_order):
         whole = type(level) is int and 0 <= level < 64 and type(lo) is int and type(hi) is int
         want = size >> level if whole else 0
-        if not whole or lo < 0 or hi >= want:
+        # more rows than indexes in the range: an index that is no integer (SQLite keeps 0.5)
+        if not whole or lo < 0 or hi >= want or count > hi - lo + 1:
             found.append(
                 Finding(
                     "tree",

@@ -68,9 +68,10 @@ class TimeBounds:
         found = [
             _finding(idx, "log_entries.appended_at is not a time")
             for idx, at in zip(chunk.indexes, held, strict=True)
-            if at is None
+            if at is None and type(idx) is int
         ]
-        keep = [i for i, at in enumerate(held) if at is not None]
+        # a row whose index is no integer has no place between checkpoints: the rebuild's
+        keep = [i for i, at in enumerate(held) if at is not None and type(chunk.indexes[i]) is int]
         indexes = [chunk.indexes[i] for i in keep]
         times = [at for at in held if at is not None]
         return self._check(indexes, times, chunk.time_origin, found)

@@ -48,7 +48,7 @@ def read_existing(
             rows = session.execute(_READ_PG, params).all()
         else:
             rows = session.execute(_READ, {"nodes": part}).all()
-        found.update({(r[0], r[1]): bytes(r[2]) for r in rows})
+        found.update({(r[0], r[1]): r[2] if type(r[2]) is bytes else b"" for r in rows})
     return found
 
 
@@ -81,7 +81,8 @@ def read_levels(
         .order_by(MerkleNode.level, MerkleNode.idx)
     )
     for level, idx, h in rows:
-        found[level].append((idx, bytes(h)))
+        # as stored: a hash SQLite holds as another type is no hash (never bytes(2**40))
+        found[level].append((idx, h if type(h) is bytes else b""))
     return found
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from ledger.audit import AuditReport
 from ledger.heartbeat import HEARTBEAT_KIND
+from ledger.records import RECORD_KIND
 from ledger.replay import OUTPUT_KIND
 from ledger.signing import sign_envelope
 from ledger.storage import checkpoints, ingest, log
@@ -559,3 +560,125 @@ def test_merkle_nodes_beyond_the_logs_complete_subtrees_are_named(ledger: Tamper
     assert len(named_) == 2, dump(report)
     assert any(f"level 0 (indexes 0 to {size})" in m for m in named_), named_
     assert any("level 5 (indexes 7 to 7)" in m for m in named_), named_
+
+
+# ---- what SQLite holds in any column: a finding, never a crash or a silent pass ------------
+
+_SQLITE_EDITS = {
+    "invalid UTF-8 in a checkpoint note": (
+        "UPDATE checkpoints SET note = CAST(x'ff41' AS TEXT) WHERE tree_size = "
+        "(SELECT max(tree_size) FROM checkpoints)",
+        "checkpoints",
+    ),
+    "invalid UTF-8 in an envelope": (
+        "UPDATE log_entries SET envelope = CAST(x'ff41' AS TEXT) WHERE idx = 3",
+        "log_entries",
+    ),
+    "invalid UTF-8 in a record's model": (
+        "UPDATE records SET model = CAST(x'ff41' AS TEXT) WHERE request_id = 'req-text'",
+        "records",
+    ),
+    "a checkpoint size that is text": (
+        "UPDATE checkpoints SET tree_size = 'abc' WHERE tree_size = "
+        "(SELECT min(tree_size) FROM checkpoints)",
+        "checkpoints",
+    ),
+    "a checkpoint size int() would read": (
+        "UPDATE checkpoints SET tree_size = '2_1' WHERE tree_size = "
+        "(SELECT max(tree_size) FROM checkpoints)",
+        "checkpoints",
+    ),
+    "a checkpoint root that is text": (
+        "UPDATE checkpoints SET root_hash = 'abc' WHERE tree_size = "
+        "(SELECT max(tree_size) FROM checkpoints)",
+        "checkpoints",
+    ),
+    "a checkpoint root that is a huge integer": (
+        "UPDATE checkpoints SET root_hash = 1099511627776 WHERE tree_size = "
+        "(SELECT max(tree_size) FROM checkpoints)",
+        "checkpoints",
+    ),
+    "a key's public key that is a huge integer": (
+        "UPDATE signing_keys SET public_key = 1099511627776 WHERE log_index = "
+        "(SELECT max(log_index) FROM signing_keys)",
+        "signing_keys",
+    ),
+    "a node hash that is text": (
+        "UPDATE merkle_nodes SET hash = 'abc' WHERE level = 0 AND idx = 2",
+        "merkle_nodes",
+    ),
+    "a node hash that is a huge integer": (
+        "UPDATE merkle_nodes SET hash = 1099511627776 WHERE level = 0 AND idx = 2",
+        "merkle_nodes",
+    ),
+    "a leaf index that is text": ("UPDATE log_entries SET idx = 'zz' WHERE idx = 3", "log_entries"),
+    "a leaf index between two others": (
+        "UPDATE log_entries SET idx = 3.5 WHERE idx = 3",
+        "log_entries",
+    ),
+    "an extra node between two indexes": (
+        "INSERT INTO merkle_nodes (level, idx, hash) VALUES (0, 0.5, zeroblob(32))",
+        "merkle_nodes",
+    ),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(_SQLITE_EDITS))
+@pytest.mark.parametrize("structure_only", [False, True])
+def test_any_value_sqlite_holds_is_a_finding_never_a_crash(
+    ledger: Tampered, edit: str, structure_only: bool
+):
+    """SQLite keeps any type in any column, and text that is not UTF-8: a superuser's edit of
+    one cell stopped the audit (a driver error, bytes(2**40), int('abc')) or passed. Each is
+    a finding now, in the full and the structure-only audit where that audit reads the cell."""
+    if not ledger.url.startswith("sqlite"):
+        pytest.skip("Postgres keeps each column's type")
+    sql, table = _SQLITE_EDITS[edit]
+    if structure_only and table in ("records", "signing_keys"):
+        pytest.skip("the structure-only audit reads no index table (docs/AUDIT.md)")
+    ledger.su.execute([(sql, ())], [table])
+    report = ledger.audit(signatures=not structure_only)
+    assert not report.ok, (edit, dump(report))
+
+
+def _erase_one_and_hold_another(ledger: Tampered) -> int:
+    """Two v2 records, one erased and one held (the content check then reads the erased
+    one's row apart from the stream); the erased one's leaf."""
+    from ledger.record_v2 import commit_record
+    from ledger.storage import erasures
+    from tests.support.documents import record_body
+
+    for rid in ("r-erased", "r-held"):
+        body, disclosures = commit_record(record_body(ledger.built.fingerprint_id, request_id=rid))
+        envelope = sign_envelope(RECORD_KIND, body, ledger.built.collector)
+        ingest.ingest_records(ledger.db, [ingest.RecordItem(envelope.to_dict(), disclosures)])
+    log_key = ledger.built.log_key
+    erasures.place_hold(
+        ledger.db, log_key, request_id="r-held", filter=None, reason="r", placed_by="t"
+    )
+    erasures.erase(ledger.db, log_key, "r-erased", reason="r", requested_by="t")
+    checkpoints.sign_if_new(ledger.db, log_key, ORIGIN)
+    assert ledger.audit().ok
+    leaf: int = ledger.value("records", "log_index", "request_id = %s", ("r-erased",))
+    return leaf
+
+
+@pytest.mark.parametrize("value", ["garbage", 5])
+def test_an_erased_records_receive_time_that_is_no_time_is_a_finding(ledger: Tampered, value: Any):
+    """The content check reads the rows of erased records apart from the stream: a receive
+    time there that is no time (SQLite) stopped the audit."""
+    if not ledger.url.startswith("sqlite"):
+        pytest.skip("Postgres keeps each column's type (infinity: the next test)")
+    leaf = _erase_one_and_hold_another(ledger)
+    ledger.update("records", "received_at", value, "request_id = %s", "r-erased")
+    report = ledger.audit()
+    assert named(report, leaf, "records", "received_at"), dump(report)
+
+
+def test_an_erased_records_receive_time_of_infinity_is_a_finding(ledger: Tampered):
+    if not ledger.url.startswith("postgresql"):
+        pytest.skip("a Postgres time")
+    leaf = _erase_one_and_hold_another(ledger)
+    ledger.update("records", "received_at", "infinity", "request_id = %s", "r-erased")
+    report = ledger.audit()
+    assert named(report, leaf, "records", "received_at"), dump(report)
