@@ -91,7 +91,9 @@ class Checkpoints:
             try:
                 cp = verify_checkpoint(row.note, key)
             except LedgerError as exc:
-                self._find("checkpoint", f"{where}: {exc.message}")
+                self._find(
+                    "checkpoint", f"{where}: {exc.message}", table="checkpoints", column="note"
+                )
                 self.stored.append(None)
                 continue
             if (cp.tree_size, cp.root_hash) != (row.tree_size, row.root_hash):

@@ -44,6 +44,7 @@ def planned(chunk: int) -> Iterator[Spans]:
 
 
 _INTEGERS = {int}
+_LEAF_HASH = ("log_entries", "leaf_hash")  # where a finding's stored value is
 
 
 class Rebuild:
@@ -88,7 +89,7 @@ class Rebuild:
         if b"".join(leaves) != b"".join(chunk.leaf_hashes):
             for idx, stored, leaf in zip(chunk.indexes, chunk.leaf_hashes, leaves, strict=True):
                 if leaf != stored:
-                    self.found.append(Finding("leaf_hash", _LEAF_DIFFERS, idx))
+                    self.found.append(Finding("leaf_hash", _LEAF_DIFFERS, idx, *_LEAF_HASH))
         expected, wanted = self.expected, self.wanted
         done = 0
         at = bisect.bisect_right(wanted, expected)
@@ -118,13 +119,19 @@ class Rebuild:
                 )
             elif idx != expected:
                 self.found.append(
-                    Finding("sequence", f"expected leaf {expected}, found leaf {idx}", expected)
+                    Finding(
+                        "sequence",
+                        f"expected leaf {expected}, found leaf {idx}",
+                        expected,
+                        "log_entries",
+                        "idx",
+                    )
                 )
                 expected = idx
             leaf = merkle.leaf_hash(data)
             self._extend([leaf])
             if leaf != stored:
-                self.found.append(Finding("leaf_hash", _LEAF_DIFFERS, idx))
+                self.found.append(Finding("leaf_hash", _LEAF_DIFFERS, idx, *_LEAF_HASH))
             expected += 1
             if expected in self.wanted_set:
                 self.roots[expected] = self.root()
@@ -213,6 +220,12 @@ class Rebuild:
                         else "differs from the node rebuilt from the leaves"
                     )
                     self.found.append(
-                        Finding("tree", f"stored Merkle node {node} {what}", index << level)
+                        Finding(
+                            "tree",
+                            f"stored Merkle node {node} {what}",
+                            index << level,
+                            "merkle_nodes",
+                            "hash",
+                        )
                     )
         pending.clear()
