@@ -95,6 +95,10 @@ def _unlike_recorded(
     LoRA adapter. Only a request that gives what the recorded one gave is answered."""
     if recorded is None:
         return "the record's request is not held (erased): it cannot be compared"
+    prompt, was = request.get("prompt"), recorded.get("prompt")
+    if isinstance(prompt, str) and isinstance(was, str) and prompt != was:
+        # keyed by the token IDs the lookup gave: the ledger cannot tokenize to check them
+        return "the record answered another prompt text (only the token IDs given match)"
     mine, theirs = _given(request, endpoint), _given(recorded, endpoint)
     if mine.get("model") != theirs.get("model"):
         return (

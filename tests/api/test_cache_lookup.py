@@ -120,6 +120,9 @@ def test_it_agrees_with_the_two_call_path_on_every_case(api: Harness) -> None:
     ids = unpack_int32(base["prompt_token_ids"])
     one = _one_call(c, request, fingerprint_id=fp, prompt_token_ids=ids).json()
     assert one["hit"] and one["request_id"] == base["request_id"]
+    other = {**request, "prompt": "another text"}  # its IDs claimed to be the record's
+    one = _one_call(c, other, fingerprint_id=fp, prompt_token_ids=ids).json()
+    assert one["hit"] is False and one["reason"] == "not_servable", one
     # requests that differ in what matters miss on both paths
     for r in ({**request, "max_tokens": 9}, {**request, "prompt": "another"}):
         assert agree(c, r, fp)["reason"] == "no_record"
