@@ -71,6 +71,8 @@ def _given(request: Mapping[str, Any], endpoint: str) -> dict[str, Any]:
     }
     if endpoint == CHAT and "max_completion_tokens" in given:  # vLLM's chat limit
         given["max_tokens"] = given.pop("max_completion_tokens")
+    if endpoint != CHAT:  # completions: vLLM fills an absent limit with 16, whatever else says
+        given.setdefault("max_tokens", 16)
     if given.get("temperature") == 0 and not isinstance(given.get("temperature"), bool):
         for name in GREEDY_IRRELEVANT:  # greedy: vLLM reads none of them
             given.pop(name, None)
@@ -170,15 +172,16 @@ def not_servable(
 
 def _refused_by_vllm(endpoint: str, request: Mapping[str, Any]) -> str | None:
     """Shapes vLLM answers with a 400 although their key is a valid request's."""
+    if request.get("stream_options") and request.get("stream") is not True:
+        return "vLLM refuses stream_options without stream"
     if endpoint == CHAT:
-        if request.get("stream_options") is not None and request.get("stream") is not True:
-            return "vLLM refuses stream_options without stream"
-        if request.get("top_logprobs") is not None and request.get("logprobs") is not True:
+        top = request.get("top_logprobs")
+        if top is not None and top != 0 and request.get("logprobs") is not True:
             return "vLLM refuses top_logprobs without logprobs"
     elif "n" in request and request["n"] is None:
         return "vLLM refuses n: null on completions"
-    if request.get("priority") not in (None, 0):
-        return "a priority is refused by a server that does not schedule by priority"
+    if "priority" in request and request["priority"] != 0:
+        return "a priority (or null) is refused by a server that does not schedule by priority"
     return None
 
 

@@ -117,7 +117,8 @@ class Rebuild:
                         column="idx",
                     )
                 )
-            elif idx != expected:
+                continue  # no place in the tree: nothing else of it is compared
+            if idx != expected:
                 self.found.append(
                     Finding(
                         "sequence",

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.abc import Loader
 from psycopg.pq import Format
-from sqlalchemy import DateTime, LargeBinary, func, select
+from sqlalchemy import DateTime, LargeBinary, func, select, text
 from sqlalchemy.orm import Session
 
 from ledger import merkle
@@ -185,11 +185,15 @@ class StorageAuditReader:
     # -- the log and the tree ----------------------------------------------------------------
 
     def log_size(self) -> int:
+        with self._read() as s:
+            return self._log_size(s)
+
+    def _log_size(self, s: Session) -> int:
         """One past the largest integer leaf index (a non-integer ``idx`` is the rebuild's
         finding, not an error here)."""
         column = "idx" if self.db.is_postgres else "CASE WHEN typeof(idx) = 'integer' THEN idx END"
-        (((top,),),) = self._scan(f"SELECT max({column}) FROM log_entries", 1, "log_size")
-        return int(top) + 1 if type(top) is int else 0
+        top = s.execute(text(f"SELECT max({column}) FROM log_entries")).scalar()
+        return top + 1 if type(top) is int else 0
 
     def checkpoints(self) -> list[CheckpointRow]:
         time = self.time
@@ -231,8 +235,8 @@ class StorageAuditReader:
         return prefetched(runs())
 
     def tree_shape(self) -> tuple[int, dict[int, tuple[int, int, int]]]:
-        size = self.log_size()
-        with self._read() as s:
+        with self._read() as s:  # one snapshot: the size and the nodes of the same log
+            size = self._log_size(s)
             rows = s.execute(
                 select(
                     MerkleNode.level,

@@ -272,13 +272,12 @@ def _write(s: Session, batches: Sequence[CheckedBatch]) -> list[Outcome]:
     plans: list[_Plan | LedgerError] = []
     for b in batches:
         try:
-            plans.append(_plan(b, revoked, known, existing, new, position))
+            plan = _plan(b, revoked, known, existing, new, position)
             _rekey_late_templates(s, b, known)
+            plans.append(plan)
         except LedgerError as exc:
             plans.append(exc)
             continue
-        plan = plans[-1]
-        assert isinstance(plan, _Plan)
         for rid, place in plan.new.items():
             if place < 0:  # new in this batch: its place among the group's appends
                 plan.new[rid] = position[rid] = len(new)

@@ -786,6 +786,14 @@ def test_requests_vllm_would_answer_otherwise_are_not_served(api: Harness) -> No
     miss({**request, "return_token_ids": 1}, "return_token_ids must be true or false")
     miss({**request, "n": None}, "n: null")  # vLLM: 400
     miss({**request, "priority": 5}, "priority")
+    miss({**request, "priority": None}, "priority")
+    miss({**request, "stream_options": {"include_usage": True}}, "stream_options without stream")
+    # completions: vLLM fills an absent limit with 16, so 16 given is the same request
+    sixteen = record_body(fp, seed=7093, text_prompt=True, request_extra=GREEDY)
+    sixteen["request"]["max_tokens"] = 16
+    _post(api, key, sixteen)
+    absent = {k: v for k, v in sixteen["request"].items() if k != "max_tokens"}
+    assert _one_call(c, absent, fingerprint_id=fp).json()["hit"] is True
     asked = {**request, "logprob_token_ids": [1]}  # part of the key: a miss of its own
     assert _one_call(c, asked, fingerprint_id=fp).json()["hit"] is False
     # logprobs 0 still names the sampled token at each position, as vLLM does
@@ -843,6 +851,39 @@ def test_a_chat_record_of_an_engine_that_parses_reasoning_is_not_served(
         data = _one_call(api.client(), request, fingerprint_id=fp, endpoint=CHAT).json()
         if not says:
             assert data["hit"] is True, data
+            zero = {**request, "top_logprobs": 0}  # vLLM takes 0 without logprobs
+            assert _one_call(api.client(), zero, fingerprint_id=fp, endpoint=CHAT).json()["hit"]
         else:
             assert data["hit"] is False and data["reason"] == "not_servable", data
             assert says in data["message"]
+
+
+def test_a_batch_whose_rekeying_fails_gets_its_error_and_the_others_their_results(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: a batch refused while it is keyed again under the lock (its fingerprint's
+    row disagrees with the log, say) gets that error alone; the next batch is appended."""
+    from ledger.errors import LedgerError
+    from ledger.storage import ingest
+
+    key, fp = api.setup_collector()
+    first, second = (
+        ingest.check_batch(api.db, [record_envelope_for(key, fp, seed)]) for seed in (7101, 7102)
+    )
+    real = ingest._rekey_late_templates
+
+    def refuse_first(s: Any, b: Any, known: Any) -> None:
+        if b is first:
+            raise LedgerError("the fingerprint row disagrees", code="index_mismatch")
+        real(s, b, known)
+
+    monkeypatch.setattr(ingest, "_rekey_late_templates", refuse_first)
+    refused, done = ingest.write_batches(api.db, [first, second])
+    assert isinstance(refused, LedgerError) and refused.code == "index_mismatch"
+    assert not isinstance(done, LedgerError)
+    assert [r.request_id for r in done] == [second.checked[0].summary.request_id]
+
+
+def record_envelope_for(key: SigningKey, fp: str, seed: int) -> dict[str, Any]:
+    body = record_body(fp, seed=seed, text_prompt=True, request_extra=GREEDY)
+    return sign_envelope(RECORD_KIND, body, key).to_dict()

@@ -612,6 +612,10 @@ _SQLITE_EDITS = {
         "merkle_nodes",
     ),
     "a leaf index that is text": ("UPDATE log_entries SET idx = 'zz' WHERE idx = 3", "log_entries"),
+    "a leaf index that is text, its leaf hash changed too": (
+        "UPDATE log_entries SET idx = 'zz', leaf_hash = zeroblob(32) WHERE idx = 3",
+        "log_entries",
+    ),
     "a leaf index between two others": (
         "UPDATE log_entries SET idx = 3.5 WHERE idx = 3",
         "log_entries",
@@ -682,3 +686,39 @@ def test_an_erased_records_receive_time_of_infinity_is_a_finding(ledger: Tampere
     ledger.update("records", "received_at", "infinity", "request_id = %s", "r-erased")
     report = ledger.audit()
     assert named(report, leaf, "records", "received_at"), dump(report)
+
+
+@pytest.mark.parametrize("structure_only", [False, True])
+def test_a_record_appended_while_the_tree_shape_is_read_is_no_finding(
+    ledger: Tampered, monkeypatch: pytest.MonkeyPatch, structure_only: bool
+):
+    """The log's size and its stored nodes are read from one snapshot: an append by the
+    running ledger between the two reads is not an extra node."""
+    from ledger.storage import audit_reader
+
+    real, shape = (
+        audit_reader.StorageAuditReader._log_size,
+        audit_reader.StorageAuditReader.tree_shape,
+    )
+    appended: list[int] = []
+    reading: list[bool] = []
+
+    def reading_shape(self: Any) -> Any:
+        reading.append(True)
+        return shape(self)
+
+    def then_append(self: Any, session: Any) -> int:
+        size = real(self, session)
+        if reading and not appended:  # the ledger appends right after the size was read
+            envelope = record_envelope(
+                ledger.built.collector, ledger.built.fingerprint_id, request_id="r-live"
+            )
+            done = ingest.ingest_records(ledger.db, [envelope.to_dict()])
+            appended.extend(r.log_index for r in done)
+        return size
+
+    monkeypatch.setattr(audit_reader.StorageAuditReader, "_log_size", then_append)
+    monkeypatch.setattr(audit_reader.StorageAuditReader, "tree_shape", reading_shape)
+    report = ledger.audit(signatures=not structure_only)
+    assert appended
+    assert not [f for f in report.findings if f.check == "tree"], dump(report)
