@@ -33,6 +33,7 @@ from ledger.worker_url import parse_worker_url
 # RFC 6750 b64token; a token file is a few dozen bytes.
 _BEARER_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
 _TOKEN_FILE_LIMIT = 64 * 1024
+_SECONDS = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,6})?")  # Retry-After in seconds, ASCII
 
 _BY_STATUS: dict[int, type[LedgerError]] = {
     400: InvalidInput,
@@ -127,10 +128,15 @@ class LedgerClient:
             text = f"{message} (HTTP {resp.status_code})"
             if resp.status_code == 503:
                 retry = resp.headers.get("retry-after", "1")
-                after = float(retry) if retry.replace(".", "", 1).isdigit() else 1.0
+                after = float(retry) if _SECONDS.fullmatch(retry) else 1.0  # not "²", not a date
                 raise Pushback(text, code=code, details=details, retry_after=after)
             cls = _BY_STATUS.get(resp.status_code, LedgerError)
             raise cls(text, code=code, details=details)
+        if resp.status_code >= 300:  # a redirect (not followed) is no answer of the API
+            raise LedgerError(
+                f"{self.base_url} answered HTTP {resp.status_code} ({path}), not the API's answer",
+                code="unexpected_answer",
+            )
         try:
             return resp.json()
         except ValueError as exc:  # a proxy's page, a truncated body, another service
@@ -190,8 +196,26 @@ class LedgerClient:
         """Post a batch of spooled items unchanged: ``{"disclosures", "envelope"}`` objects
         (``ledger.record_v2.wire_item``), or bare canonical envelopes, which are wrapped."""
         body = b'{"records":[' + b",".join(as_wire_item(i) for i in items) + b"]}"
-        result: dict[str, Any] = self._request("POST", "/v1/records", content=body, headers=_JSON)
-        return result
+        result = self._request("POST", "/v1/records", content=body, headers=_JSON)
+        # What the shipper deletes from its spool on: one result per record sent, each
+        # created or a duplicate. Anything else (a proxy's {"status": "ok"}) acknowledges
+        # nothing, and is retried.
+        answered = result.get("results") if isinstance(result, dict) else None
+        if (
+            not isinstance(answered, list)
+            or len(answered) != len(items)
+            or not all(
+                isinstance(r, dict) and r.get("status") in ("created", "duplicate")
+                for r in answered
+            )
+        ):
+            raise LedgerError(
+                f"{self.base_url} answered the batch of {len(items)} records without a result "
+                "for each",
+                code="unexpected_answer",
+            )
+        ok: dict[str, Any] = result
+        return ok
 
     def get_record(self, request_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._request(

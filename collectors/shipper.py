@@ -33,6 +33,9 @@ MAX_BYTES = 8 * 1024 * 1024
 _FRAME = len(b'{"records":[]}')  # a batch body's bytes besides its items and commas
 BACKOFF_START = 0.2
 BACKOFF_MAX = 15.0
+# Refusals about the collector's key rather than the record: retried (with backoff) until the
+# ledger knows the key again, never set aside record by record.
+_KEY_LEVEL = frozenset({"unknown_key", "key_role_not_allowed"})
 # Wait this long for more records before posting a partial batch: records are durable in the
 # spool meanwhile, and each ledger round trip costs both sides a few milliseconds of CPU
 # whatever its size (docs/PERFORMANCE.md, collector overhead).
@@ -176,6 +179,10 @@ class Shipper:
                 # register it again before the next attempt. (A fingerprint this collector
                 # never had cannot be: that record is set aside below.)
                 self._retry(items, exc)
+            elif exc.code in _KEY_LEVEL:
+                # About the signing key, not the record: registering the key (or restoring
+                # the ledger's log) lets every record in; setting them aside would not.
+                self._retry(items, exc)
             elif isinstance(index, int) and 0 <= index < len(items):
                 self._dead_letter(items[index], exc)
             else:
@@ -203,7 +210,10 @@ class Shipper:
         if items:
             self.spool.failed([i.seq for i in items], f"{exc.code}: {exc.message}")
         self.backoff = min(BACKOFF_MAX, max(BACKOFF_START, self.backoff * 2))
-        delay = max(exc.retry_after, self.backoff) if isinstance(exc, Pushback) else self.backoff
+        delay = self.backoff
+        if isinstance(exc, Pushback):  # the server's Retry-After, never past BACKOFF_MAX: a
+            # maintenance page's "86400" must not hold every record for a day
+            delay = min(BACKOFF_MAX, max(exc.retry_after, self.backoff))
         logger.warning(
             "%s failed (%s: %s); retrying in %.1f s",
             what or f"shipping {len(items)} records",

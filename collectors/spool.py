@@ -65,15 +65,18 @@ class Spool:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = self._connect()
-        self._read = self._connect()
-        self._lookup = self._connect()  # request ID checks, on the proxy's event loop
-        self._page_size = int(self._conn.execute("PRAGMA page_size").fetchone()[0])
-        # A spool from before the request_ids table: its pending records' IDs.
-        self._conn.execute(
-            "INSERT OR IGNORE INTO request_ids SELECT request_id, spooled_at FROM spool"
-        )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = self._connect()
+            self._read = self._connect()
+            self._lookup = self._connect()  # request ID checks, on the proxy's event loop
+            self._page_size = int(self._conn.execute("PRAGMA page_size").fetchone()[0])
+            # A spool from before the request_ids table: its pending records' IDs.
+            self._conn.execute(
+                "INSERT OR IGNORE INTO request_ids SELECT request_id, spooled_at FROM spool"
+            )
+        except (sqlite3.Error, OSError) as exc:  # read-only, a directory in the way, ...
+            raise StorageError(f"cannot open the spool {self.path}: {exc}") from exc
         self._queue: list[tuple[str, bytes, Future[None]]] = []
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()  # one transaction at a time on the write connection

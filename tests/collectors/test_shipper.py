@@ -160,3 +160,95 @@ def test_the_shipper_outlives_an_unexpected_error(api: Harness, spool: Spool):
     run = ship(api, spool, [env], client_class=_FailsOnce)
     assert run.batches == [1] and run.failures == ["shipper_error"]
     assert held(api, [env]) == [200]
+
+
+def _fake_ledger(status: int, body: bytes, headers: dict[str, str] | None = None) -> Any:
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from demo.server_thread import ServerThread, free_port
+
+    async def answer(_: Any) -> Response:
+        return Response(body, status, headers=headers, media_type="application/json")
+
+    routes = [Route("/v1/records", answer, methods=["POST"])]
+    return ServerThread(Starlette(routes=routes), "127.0.0.1", free_port()).start()
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [(200, b'{"status": "ok"}'), (302, b"{}"), (201, b'{"results": []}')],
+    ids=["ok-json", "redirect", "no-result-per-record"],
+)
+def test_an_answer_that_is_not_the_ledgers_acknowledges_nothing(
+    api: Harness, spool: Spool, status: int, body: bytes
+):
+    """A proxy's 200 with its own JSON, a redirect, a batch answer without one result per
+    record: the records stay in the spool (they were deleted as shipped before)."""
+    key, fp_id = api.setup_collector()
+    envs = [api.record(key, fp_id) for _ in range(3)]
+    for env in envs:
+        spool.put(env.body["request_id"], env.canonical)
+    server = _fake_ledger(status, body)
+    failures: list[str] = []
+    client = LedgerClient(server.url, "t")
+    shipper = Shipper(spool, client, on_failure=failures.append).start()
+    try:
+        deadline = time.monotonic() + 10
+        while not failures and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        shipper.stop()
+        client.close()
+        server.stop()
+    assert spool.pending() == 3 and spool.dead_letters() == 0
+    assert failures and set(failures) == {"unexpected_answer"}, failures
+
+
+def test_a_long_retry_after_holds_shipping_no_longer_than_the_backoff_cap(
+    spool: Spool, caplog: pytest.LogCaptureFixture
+):
+    """A maintenance page's ``Retry-After: 86400`` must not hold every record for a day."""
+    from collectors.shipper import BACKOFF_MAX
+    from ledger.errors import Pushback
+
+    shipper = Shipper(spool, LedgerClient("http://127.0.0.1:9", "t"))
+    shipper._stop.set()  # the wait returns at once: only the delay chosen is looked at
+    with caplog.at_level("WARNING", logger="ledger.collector.shipper"):
+        shipper._retry([], Pushback("down for maintenance", code="http_503", retry_after=86400))
+    assert f"retrying in {BACKOFF_MAX:.1f} s" in caplog.text, caplog.text
+
+
+def test_records_of_a_key_the_ledger_does_not_know_wait_for_it(api: Harness, spool: Spool):
+    """After a ledger restored from a backup older than the collector's key registration,
+    every record is refused unknown_key: they wait (with backoff) for the key, never set
+    aside one by one."""
+    from ledger.records import RECORD_KIND
+    from ledger.signing import SigningKey, sign_envelope
+
+    key, fp_id = api.setup_collector()
+    stranger = SigningKey.generate()  # never registered
+    envs = [sign_envelope(RECORD_KIND, api.record(key, fp_id).body, stranger) for _ in range(4)]
+    for env in envs:
+        spool.put(env.body["request_id"], env.canonical)
+    failures: list[str] = []
+    client = LedgerClient(api.url, api.token("records:write"))
+    shipper = Shipper(spool, client, on_failure=failures.append).start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(failures) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        shipper.stop()
+        client.close()
+    assert "unknown_key" in failures
+    assert spool.dead_letters() == 0 and spool.pending() == 4
+
+
+def test_a_spool_that_cannot_be_opened_is_named(tmp_path: Path):
+    from ledger.errors import StorageError
+
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(StorageError, match="cannot open the spool"):
+        Spool(tmp_path / "file" / "spool.sqlite")
