@@ -67,6 +67,7 @@ class Settings(BaseSettings):
     content_retention_days: int | None = Field(
         default=None,
         ge=1,
+        le=36500,  # a century: beyond it the cutoff would leave the calendar
         description="erase records' content (schema v2) received more than this many days ago; "
         "unset: keep forever. Production refuses under 183 days unless "
         "LEDGER_ALLOW_SHORT_RETENTION=1",

@@ -91,7 +91,9 @@ def hold_body(
     filter: Mapping[str, Any] | None,
     reason: str,
     placed_by: str,
+    placed_at: str | None = None,
 ) -> dict[str, Any]:
+    """A hold's body; ``placed_at`` (default now) is the time its leaf is appended at."""
     if (request_id is None) == (not filter):
         raise InvalidInput(
             "a hold names either a request_id or a non-empty filter", code="invalid_parameters"
@@ -107,17 +109,19 @@ def hold_body(
         "filter": dict(filter) if filter else None,
         "reason": check_reason(reason),
         "placed_by": placed_by,
-        "placed_at": utc_now(),
+        "placed_at": placed_at or utc_now(),
     }
 
 
-def release_body(*, hold_id: str, reason: str, released_by: str) -> dict[str, Any]:
+def release_body(
+    *, hold_id: str, reason: str, released_by: str, released_at: str | None = None
+) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "hold_id": check_hold_id(hold_id),
         "reason": check_reason(reason),
         "released_by": released_by,
-        "released_at": utc_now(),
+        "released_at": released_at or utc_now(),
     }
 
 

@@ -102,6 +102,9 @@ class Database:
         with translated_errors(), Session(self._writer, expire_on_commit=False) as s, s.begin():
             if self.is_postgres:
                 s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": APPEND_LOCK_KEY})
+            else:  # BEGIN IMMEDIATE goes out with the first statement: take the lock now, so
+                # a time read next (a leaf's) is read after every earlier writer committed
+                s.execute(text("SELECT 1"))
             yield s
 
     def ping(self) -> None:

@@ -21,11 +21,14 @@ from typing import Any
 from sqlalchemy import delete, exists, insert, or_, select
 from sqlalchemy.orm import Session, aliased
 
+from ledger.clock import rfc3339
 from ledger.erasure import (
     ERASURE_KIND,
     HOLD_KIND,
     RELEASE_KIND,
     HoldScope,
+    check_hold_id,
+    check_reason,
     erasure_body,
     hold_body,
     release_body,
@@ -33,7 +36,7 @@ from ledger.erasure import (
 from ledger.errors import Conflict, InvalidInput, NotFound
 from ledger.signing import SigningKey, sign_envelope
 from ledger.storage import log
-from ledger.storage.database import Database, as_utc, utcnow
+from ledger.storage.database import Database, utcnow
 from ledger.storage.models import (
     CacheKey,
     Disclosure,
@@ -380,17 +383,20 @@ def place_hold(
     reason: str,
     placed_by: str,
 ) -> dict[str, Any]:
-    """Place a legal hold (a logged event); answers its ID and leaf."""
-    body = hold_body(
-        hold_id="hold-" + secrets.token_hex(12),
-        request_id=request_id,
-        filter=filter,
-        reason=reason,
-        placed_by=placed_by,
-    )
-    env = sign_envelope(HOLD_KIND, body, log_key)
+    """Place a legal hold (a logged event); answers its ID and leaf. Its signed time is the
+    time its leaf is appended at, read under the append lock (never before a leaf before it)."""
+    hold_id = "hold-" + secrets.token_hex(12)
     with db.write() as s:
         at = utcnow()
+        body = hold_body(
+            hold_id=hold_id,
+            request_id=request_id,
+            filter=filter,
+            reason=reason,
+            placed_by=placed_by,
+            placed_at=rfc3339(at),
+        )
+        env = sign_envelope(HOLD_KIND, body, log_key)
         (idx,) = log.append(s, [env], at)
         s.execute(
             insert(Hold),
@@ -404,14 +410,14 @@ def place_hold(
                 }
             ],
         )
-    return {"hold_id": body["hold_id"], "log_index": idx, "placed_at": as_utc(at).isoformat()}
+    return {"hold_id": body["hold_id"], "log_index": idx, "placed_at": body["placed_at"]}
 
 
 def release_hold(
     db: Database, log_key: SigningKey, hold_id: str, *, reason: str, released_by: str
 ) -> dict[str, Any]:
-    body = release_body(hold_id=hold_id, reason=reason, released_by=released_by)
-    env = sign_envelope(RELEASE_KIND, body, log_key)
+    check_hold_id(hold_id)
+    check_reason(reason)
     with db.write() as s:
         hold = s.get(Hold, hold_id)
         if hold is None:
@@ -429,9 +435,12 @@ def release_hold(
                 )
             raise Conflict(f"hold {hold_id!r} is already released", code="hold_released")
         at = utcnow()
-        (idx,) = log.append(s, [env], at)
+        body = release_body(
+            hold_id=hold_id, reason=reason, released_by=released_by, released_at=rfc3339(at)
+        )
+        (idx,) = log.append(s, [sign_envelope(RELEASE_KIND, body, log_key)], at)
         s.execute(insert(HoldRelease), [{"hold_id": hold_id, "log_index": idx, "created_at": at}])
-    return {"hold_id": hold_id, "log_index": idx, "released_at": as_utc(at).isoformat()}
+    return {"hold_id": hold_id, "log_index": idx, "released_at": body["released_at"]}
 
 
 def list_holds(db: Database) -> list[dict[str, Any]]:
@@ -442,10 +451,10 @@ def list_holds(db: Database) -> list[dict[str, Any]]:
                 "log_index": h.log_index,
                 "request_id": h.request_id,
                 "filter": json.loads(h.filter) if h.filter else None,
-                "placed_at": as_utc(h.created_at).isoformat(),
+                "placed_at": placed["placed_at"],  # as signed
                 "released": released,
             }
-            for h, _, released in _holds(s)
+            for h, placed, released in _holds(s)
         ]
 
 

@@ -16,7 +16,7 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import orjson
@@ -339,7 +339,9 @@ class RecordFilter:
 def parse_time(text: str | None, name: str) -> datetime | None:
     """An RFC 3339 date-time with its zone offset (``Z`` or ±hh:mm), as aware UTC. Anything
     else (junk, no zone, a date alone, a time outside years 1-9999 once in UTC) is InvalidInput
-    ``invalid_time_range``, never a crash. Digits beyond microseconds are dropped."""
+    ``invalid_time_range``, never a crash. A time finer than microseconds is rounded up to
+    the next microsecond: stored times have microseconds, so ``since <= t`` and ``t < until``
+    then hold exactly as they would for the finer time."""
     if text is None:
         return None
     m = _RFC3339.fullmatch(text)
@@ -353,8 +355,10 @@ def parse_time(text: str | None, name: str) -> datetime | None:
     date, clock, fraction, zone = m.groups()
     micros = (fraction or "")[:6].ljust(6, "0")
     zone = "+00:00" if zone in ("Z", "z") else zone
+    finer = (fraction or "")[6:].strip("0") != ""
     try:
-        return datetime.fromisoformat(f"{date}T{clock}.{micros}{zone}").astimezone(UTC)
+        at = datetime.fromisoformat(f"{date}T{clock}.{micros}{zone}").astimezone(UTC)
+        return at + timedelta(microseconds=1) if finer else at
     except ValueError:  # month 13, hour 25, offset +25:00
         raise InvalidInput(f"{name} is not a valid time", code="invalid_time_range") from None
     except OverflowError:  # 0001-01-01T00:00:00+00:01 is before year 1 in UTC

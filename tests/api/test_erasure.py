@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from ledger import disclosures
 from ledger.errors import VerificationError
@@ -26,7 +27,7 @@ from ledger.inference_record import body_view
 from ledger.signing import SigningKey
 from ledger.storage import erasures, log, proofs, queries, verdicts
 from ledger.storage.audit import audit
-from ledger.storage.database import utcnow
+from ledger.storage.database import as_utc, utcnow
 from ledger.storage.queries import RecordFilter
 from tests.conftest import BACKENDS, fresh_url
 from tests.support.documents import record_envelope, record_v2, verdict_body
@@ -778,3 +779,44 @@ def test_a_read_sees_one_moment_while_the_record_is_erased(
     monkeypatch.setattr(queries, "disclosures_at", real_disclosures)
     assert "erasure" in _bundle(api, rids[1])
     assert audit(api.db, api.log_key.public_key).ok
+
+
+def test_a_holds_signed_time_is_its_leafs_time_read_under_the_lock(api: Harness) -> None:
+    """A hold (and its release) is signed with the time its leaf is appended at, read after
+    the append lock is taken: never earlier than the leaf before it (it was read before the
+    wait for the lock, so the log and GET /v1/holds could put a hold before an erasure that
+    came first). The answers give the signed times."""
+    import threading
+    import time as clock
+
+    from ledger.clock import rfc3339
+    from ledger.storage.models import LogEntry
+
+    key, fp = api.setup_collector()
+    rid = _greedy(api, key, fp)
+    holding = threading.Event()
+
+    def slow_writer() -> None:
+        with api.db.write() as s:
+            s.execute(text("SELECT 1"))
+            holding.set()
+            clock.sleep(0.5)
+
+    writer = threading.Thread(target=slow_writer)
+    writer.start()
+    holding.wait(5)
+    placed = erasures.place_hold(
+        api.db, api.log_key, request_id=rid, filter=None, reason="case", placed_by="t"
+    )
+    writer.join()
+    released = erasures.release_hold(
+        api.db, api.log_key, placed["hold_id"], reason="closed", released_by="t"
+    )
+    with api.db.read() as s:
+        for answer, member in ((placed, "placed_at"), (released, "released_at")):
+            entry = s.get(LogEntry, answer["log_index"])
+            assert entry is not None
+            body = json.loads(bytes(entry.envelope))["body"]
+            assert body[member] == answer[member] == rfc3339(as_utc(entry.appended_at))
+    listed = {h["hold_id"]: h for h in erasures.list_holds(api.db)}
+    assert listed[placed["hold_id"]]["placed_at"] == placed["placed_at"]

@@ -585,3 +585,16 @@ def test_cache_read_looks_up_keys_and_hits_but_reads_no_records(h: Harness):
     assert_error(
         cache_only.post("/v1/replays", json={"request_id": rid}), 403, "insufficient_scope"
     )
+
+
+def test_a_time_finer_than_microseconds_bounds_a_search_exactly() -> None:
+    """Stored times have microseconds: a bound 100 ns after a record's time is rounded up, so
+    ``since`` leaves the record out and ``until`` keeps it (truncating did the opposite)."""
+    from datetime import UTC, datetime
+
+    from ledger.storage.queries import parse_time
+
+    at = datetime(2026, 12, 5, 11, 0, 22, 317917, tzinfo=UTC)
+    assert parse_time("2026-12-05T11:00:22.3179171Z", "since") == at.replace(microsecond=317918)
+    assert parse_time("2026-12-05T11:00:22.3179170Z", "since") == at  # zeros: the same time
+    assert parse_time("2026-12-05T11:00:22.317917Z", "since") == at

@@ -225,6 +225,8 @@ def test_production_refuses_unsafe_settings_before_anything_exists(
         ("LEDGER_TOKEN_CACHE_SECONDS", "-1", ["LEDGER_TOKEN_CACHE_SECONDS"]),
         ("LEDGER_CHECKPOINT_INTERVAL", "0", ["LEDGER_CHECKPOINT_INTERVAL"]),
         ("LEDGER_WORKER_TTL", "nan", ["LEDGER_WORKER_TTL", "finite"]),
+        # past the calendar: every purge failed
+        ("LEDGER_CONTENT_RETENTION_DAYS", "3000000", ["LEDGER_CONTENT_RETENTION_DAYS"]),
     ]:
         refused(start(env, **{variable: value}), *words)
         assert tree(tmp_path) == before, (variable, value)
