@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -39,8 +40,22 @@ def sqlite_file(url: str) -> Path | None:
     return Path(parsed.database)
 
 
+_latest = datetime.min.replace(tzinfo=UTC)
+_latest_lock = threading.Lock()
+
+
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    """Now, and never earlier than a time this process read before: a clock stepped back (an
+    NTP correction) would give a leaf or a checkpoint a time before the one logged ahead of
+    it, which the audit reports as a tampered time. The time then stands still until the
+    clock catches up."""
+    global _latest
+    now = datetime.now(UTC)
+    with _latest_lock:
+        if now < _latest:
+            return _latest
+        _latest = now
+    return now
 
 
 def as_utc(value: datetime) -> datetime:

@@ -722,3 +722,29 @@ def test_a_record_appended_while_the_tree_shape_is_read_is_no_finding(
     report = ledger.audit(signatures=not structure_only)
     assert appended
     assert not [f for f in report.findings if f.check == "tree"], dump(report)
+
+
+def test_a_clock_stepped_back_gives_no_leaf_a_time_before_the_last(
+    ledger: Tampered, monkeypatch: pytest.MonkeyPatch
+):
+    """An NTP correction that steps the server's clock back 10 minutes: the ledger's time
+    stands still until the clock catches up, so no leaf or checkpoint is dated before one
+    logged ahead of it, and the audit of this honest log passes."""
+    from datetime import UTC, datetime
+
+    from ledger.storage import database
+
+    step = [timedelta(0)]
+
+    class SteppedClock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
+            return datetime.now(tz) + step[0]
+
+    monkeypatch.setattr(database, "datetime", SteppedClock)
+    before = _log_one_and_sign(ledger, "r-before")
+    step[0] = -timedelta(minutes=10)
+    after = _log_one_and_sign(ledger, "r-after")
+    assert after.signed_at >= before.signed_at
+    assert datetime.now(UTC) - after.signed_at < timedelta(minutes=1)  # not 10 minutes back
+    assert ledger.audit(checkpoint_interval=3600).ok
