@@ -731,18 +731,7 @@ def test_a_chat_record_checked_before_its_fingerprint_was_registered_is_keyed_wi
     from tests.support.audited_ledger import chat_body
 
     key = api.collector()
-    fingerprint = sign_envelope(
-        FINGERPRINT_KIND,
-        {
-            "schema_version": 1,
-            "model": {
-                "name": f"chat-{uuid.uuid4().hex[:8]}",
-                "chat_template": {"digest": "sha256:" + "ab" * 32},
-            },
-            "engine": {"name": "test"},
-        },
-        key,
-    )
+    fingerprint = _chat_fingerprint(key, {"digest": "sha256:" + "ab" * 32}, {"name": "test"})
     fp = validate_fingerprint_body(fingerprint.body)
     body, disclosures = commit_record(chat_body(fp, f"chat-{uuid.uuid4().hex[:10]}"))
     envelope = sign_envelope(RECORD_KIND, body, key)
@@ -825,18 +814,8 @@ def test_a_chat_record_of_an_engine_that_parses_reasoning_is_not_served(
     from tests.support.audited_ledger import chat_body
 
     key = api.collector()
-    fingerprint = sign_envelope(
-        FINGERPRINT_KIND,
-        {
-            "schema_version": 1,
-            "model": {
-                "name": f"chat-{uuid.uuid4().hex[:8]}",
-                "chat_template": template,
-            },
-            "engine": {"name": "vllm", "reasoning_parser": parser},
-        },
-        key,
-    )
+    engine = {"name": "vllm", "reasoning_parser": parser}
+    fingerprint = _chat_fingerprint(key, template, engine)
     assert api.client().post("/v1/fingerprints", content=fingerprint.canonical).status_code == 201
     fp = validate_fingerprint_body(fingerprint.body)
     body, disclosures = commit_record(chat_body(fp, f"chat-{uuid.uuid4().hex[:10]}"))
@@ -887,3 +866,10 @@ def test_a_batch_whose_rekeying_fails_gets_its_error_and_the_others_their_result
 def record_envelope_for(key: SigningKey, fp: str, seed: int) -> dict[str, Any]:
     body = record_body(fp, seed=seed, text_prompt=True, request_extra=GREEDY)
     return sign_envelope(RECORD_KIND, body, key).to_dict()
+
+
+def _chat_fingerprint(key: SigningKey, template: dict[str, Any], engine: dict[str, Any]) -> Any:
+    """A signed fingerprint of a chat model of its own, with this template and engine."""
+    model = {"name": f"chat-{uuid.uuid4().hex[:8]}", "chat_template": template}
+    body = {"schema_version": 1, "model": model, "engine": engine}
+    return sign_envelope(FINGERPRINT_KIND, body, key)
