@@ -68,7 +68,7 @@ class LeafChunk:
     def integral(self) -> LeafChunk:
         """The chunk without rows whose index is no integer (SQLite keeps 3.5 or text in any
         column): the rebuild names those; nothing else can place them in the log."""
-        if type(self.indexes[-1]) is int and all(type(i) is int for i in self.indexes):
+        if all(type(i) is int for i in self.indexes):
             return self
         keep = [n for n, i in enumerate(self.indexes) if type(i) is int]
         return LeafChunk(

@@ -198,9 +198,7 @@ class StorageAuditReader:
     def checkpoints(self) -> list[CheckpointRow]:
         time = self.time
         return [
-            CheckpointRow(
-                size, _blob(root), note if isinstance(note, str) else repr(note), time(at)
-            )
+            CheckpointRow(size, _blob(root), _text(note), time(at))
             for size, root, note, at in self._all(
                 "SELECT tree_size, root_hash, note, signed_at FROM checkpoints ORDER BY tree_size",
                 "checkpoints",
