@@ -111,7 +111,7 @@ def diff_command(
             fail("a fingerprint is nested too deeply to be one", 2)
     if as_json:
         print_json({"a": id_a, "b": id_b, "differences": [c.to_json() for c in changes]})
-    elif not changes:
+    elif not changes:  # then the IDs are equal: diff compares values as the ID does
         console.print(f"identical: {id_a}")
     else:
         console.print(_table(id_a, id_b, changes))

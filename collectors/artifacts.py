@@ -122,7 +122,13 @@ def list_model_files(directory: Path) -> list[ModelFile]:
                 continue
             target = Path(entry.path)
             if entry.is_symlink():
-                target = target.resolve()
+                try:
+                    target = target.resolve()
+                except (OSError, RuntimeError) as exc:  # a loop of links
+                    raise InvalidInput(
+                        f"{'/'.join(parts)} is a link that cannot be resolved ({exc})",
+                        code="model_unreadable",
+                    ) from exc
                 if not any(target.is_relative_to(a) for a in allowed):
                     raise InvalidInput(
                         f"{'/'.join(parts)} links outside the model directory (to {target})",
@@ -301,6 +307,20 @@ def _chat_template(
         }
         return clock_marked(section, template)
     return {"source": None, "digest": None}
+
+
+def directory_chat_template(directory: Path) -> dict[str, Any]:
+    """The chat template a tokenizer directory carries (``source`` None when it has none), as
+    transformers finds it: ``chat_template.jinja``, ``chat_template.json``, then
+    ``tokenizer_config.json``."""
+    digests: dict[str, str] = {}
+    template = directory / TEMPLATE_FILE
+    try:
+        if template.is_file():
+            digests[TEMPLATE_FILE] = hashlib.sha256(template.read_bytes()).hexdigest()
+    except OSError:
+        pass
+    return _chat_template(directory, digests, _read_json(directory, "tokenizer_config.json", {}))
 
 
 def model_section(

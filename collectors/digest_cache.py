@@ -1,7 +1,10 @@
 """A persistent cache of file digests, so an unchanged model re-snapshots in milliseconds.
 
 An entry is keyed by the file's real path and trusted only while the file's (device, inode,
-size, mtime_ns) are unchanged; any write, replacement or move invalidates it. The cache is a
+size, mtime_ns, ctime_ns) are unchanged; any write, replacement or move invalidates it. The
+change time is in the stamp because the modification time is not enough: ``cp -p``,
+``rsync -t``, ``tar -x`` and ``touch -r`` rewrite a file and then set its mtime back, while
+no user can set a file's ctime. The cache is a
 SQLite file (WAL) under the user's cache directory. It is an optimisation only: if the file
 cannot be opened or written, snapshots still work and hash everything.
 """
@@ -11,10 +14,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 CACHE_ENV = "LEDGER_DIGEST_CACHE"
+_TABLE = "file_stamps"
 
 
 def default_cache_path() -> Path:
@@ -34,10 +38,11 @@ class FileStamp:
     inode: int
     size: int
     mtime_ns: int
+    ctime_ns: int
 
     @classmethod
     def of(cls, stat: os.stat_result) -> FileStamp:
-        return cls(stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        return cls(stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 class DigestCache:
@@ -57,10 +62,13 @@ class DigestCache:
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            # The first version's table had no ctime: its entries cannot be trusted.
+            conn.execute("DROP TABLE IF EXISTS file_digests")
             conn.execute(
-                "CREATE TABLE IF NOT EXISTS file_digests ("
+                f"CREATE TABLE IF NOT EXISTS {_TABLE} ("
                 " path TEXT PRIMARY KEY, device INTEGER NOT NULL, inode INTEGER NOT NULL,"
-                " size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, sha256 TEXT NOT NULL)"
+                " size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,"
+                " sha256 TEXT NOT NULL)"
             )
         except (OSError, sqlite3.Error) as exc:
             self.error = f"digest cache {path} unusable ({exc}); hashing every file"
@@ -73,14 +81,15 @@ class DigestCache:
         with self._lock:
             try:
                 row = self._conn.execute(
-                    "SELECT device, inode, size, mtime_ns, sha256 FROM file_digests WHERE path = ?",
+                    f"SELECT device, inode, size, mtime_ns, ctime_ns, sha256 FROM {_TABLE}"
+                    " WHERE path = ?",
                     (real_path,),
                 ).fetchone()
             except sqlite3.Error:
                 return None
-        if row is None or FileStamp(*row[:4]) != stamp:
+        if row is None or FileStamp(*row[:5]) != stamp:
             return None
-        return str(row[4])
+        return str(row[5])
 
     def put(self, real_path: str, stamp: FileStamp, sha256_hex: str) -> None:
         if self._conn is None:
@@ -88,8 +97,8 @@ class DigestCache:
         with self._lock:
             try:
                 self._conn.execute(
-                    "INSERT OR REPLACE INTO file_digests VALUES (?, ?, ?, ?, ?, ?)",
-                    (real_path, stamp.device, stamp.inode, stamp.size, stamp.mtime_ns, sha256_hex),
+                    f"INSERT OR REPLACE INTO {_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (real_path, *astuple(stamp), sha256_hex),
                 )
             except sqlite3.Error as exc:
                 self.error = f"digest cache write failed ({exc})"

@@ -5,13 +5,14 @@ Values come, in order of trust, from what the server itself reports (``/version`
 line, then from nothing: a flag that was not given is recorded as ``"default"``, meaning the
 built-in default of the engine version recorded beside it. ``batch_invariance`` is derived:
 
-- ``kernel``: ``VLLM_BATCH_INVARIANT=1`` (batch-invariant kernels);
+- ``kernel``: ``VLLM_BATCH_INVARIANT`` set to a non-zero integer (batch-invariant kernels);
 - ``serial``: ``max_num_seqs`` 1 with prefix caching and chunked prefill off (every request runs
   alone, so batch composition cannot move its logits);
 - ``none``: anything else, including an engine whose flags could not be read.
 
 Per-machine values (host, port, local paths, the raw command line) go to ``identity``, never the
-ID-bearing body; variables whose names contain KEY, TOKEN, SECRET or PASSWORD are dropped.
+ID-bearing body; variables whose names name a secret (a word TOKEN or ending in KEY, or
+SECRET or PASSWORD anywhere) are dropped.
 """
 
 from __future__ import annotations
@@ -31,11 +32,25 @@ from ledger.errors import Unreachable
 DEFAULT = "default"
 # engine.system_fingerprint when the engine runs with --fingerprint-mode custom
 CUSTOM_FINGERPRINT = "custom"
-SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+# A name is a secret's when one of its words (between _ or -) is one of these, or ends in KEY
+# (APIKEY), or when it holds SECRET or PASSWORD anywhere: VLLM_API_KEY, HF_TOKEN, but not
+# VLLM_FLASHINFER_MOE_MAX_NUM_TOKENS, which sets how kernels split work.
+SECRET_WORDS = frozenset({"TOKEN", "PASSWD", "PWD", "CREDENTIALS", "AUTH"})
+SECRET_PARTS = ("SECRET", "PASSWORD")
 # VLLM_* variables that say where this machine keeps things, not how it computes.
 IDENTITY_ENV = frozenset({"VLLM_HOST_IP", "VLLM_PORT", "VLLM_RPC_BASE_PATH"})
 IDENTITY_ENV_SUFFIXES = ("_ROOT", "_DIR", "_PATH")
-EXTRA_ENV = frozenset({"CUBLAS_WORKSPACE_CONFIG"})
+# Variables outside VLLM_* that change which kernels run or how they reduce.
+EXTRA_ENV = frozenset(
+    {
+        "CUBLAS_WORKSPACE_CONFIG",
+        "NVIDIA_TF32_OVERRIDE",
+        "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+        "NCCL_ALGO",
+        "NCCL_PROTO",
+        "CUDA_DEVICE_ORDER",
+    }
+)
 
 # flag -> (field, kind); kind "bool" flags also accept --no-<flag>.
 FLAGS: dict[str, tuple[str, str]] = {
@@ -67,9 +82,30 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--override-generation-config": ("override_generation_config", "json"),
     "--hf-overrides": ("hf_overrides", "json"),
     "--compilation-config": ("compilation_config", "json"),
-    "-O": ("compilation_config", "json"),
+    "-cc": ("compilation_config", "json"),
+    "--optimization-level": ("optimization_level", "str"),  # also -O3, -O=3, -O 3
     "--cuda-graph-sizes": ("cuda_graph_sizes", "list"),
     "--max-seq-len-to-capture": ("max_seq_len_to_capture", "int"),
+    "--cudagraph-capture-sizes": ("cudagraph_capture_sizes", "list"),
+    "--max-cudagraph-capture-size": ("max_cudagraph_capture_size", "int"),
+    # which kernels and implementations run, and how work is split and scheduled
+    "--attention-config": ("attention_config", "json"),
+    "-ac": ("attention_config", "json"),
+    "--quantization-config": ("quantization_config", "json"),
+    "--model-impl": ("model_impl", "str"),
+    "--moe-backend": ("moe_backend", "str"),
+    "--enable-expert-parallel": ("enable_expert_parallel", "bool"),
+    "-ep": ("enable_expert_parallel", "bool"),
+    "--disable-custom-all-reduce": ("disable_custom_all_reduce", "bool"),
+    "--decode-context-parallel-size": ("decode_context_parallel_size", "int"),
+    "--prefill-context-parallel-size": ("prefill_context_parallel_size", "int"),
+    "--async-scheduling": ("async_scheduling", "bool"),
+    "--scheduling-policy": ("scheduling_policy", "str"),
+    "--long-prefill-token-threshold": ("long_prefill_token_threshold", "int"),
+    "--enable-batch-sharded-sampling": ("enable_batch_sharded_sampling", "bool"),
+    "--mamba-cache-dtype": ("mamba_cache_dtype", "str"),
+    "--mamba-ssm-cache-dtype": ("mamba_ssm_cache_dtype", "str"),
+    "--logits-processors": ("logits_processors", "list"),
     # what the OpenAI server does with a request or its answer: the prompt a chat template
     # renders, the tokens and logprobs it returns, how it splits the text
     "--default-chat-template-kwargs": ("default_chat_template_kwargs", "json"),
@@ -97,15 +133,17 @@ class EngineSnapshot:
 
 def _is_secret(name: str) -> bool:
     upper = name.upper().replace("-", "_")
-    return any(marker in upper for marker in SECRET_MARKERS)
+    if any(part in upper for part in SECRET_PARTS):
+        return True
+    return any(word in SECRET_WORDS or word.endswith("KEY") for word in upper.split("_"))
 
 
 def _convert(value: str, kind: str, flag: str, unknown: dict[str, str]) -> Any:
-    if kind == "json":  # a JSON value; vLLM also takes a bare level for -O: kept as text
+    if kind == "json":  # a JSON value; vLLM also takes a bare level for -cc: kept as text
         try:
             return json.loads(value)
         except ValueError:
-            if flag not in ("-O", "--compilation-config"):
+            if flag not in ("-cc", "--compilation-config"):
                 unknown[flag] = f"{flag} {value!r} is not JSON"
             return value
     if kind == "int":
@@ -119,20 +157,56 @@ def _convert(value: str, kind: str, flag: str, unknown: dict[str, str]) -> Any:
     return value
 
 
+def _dotted_value(value: str, append: bool) -> Any:
+    """The value of a ``--config-flag.key VALUE`` argument, as vLLM's parser reads it."""
+    if append:  # --flag.key+ a,b: a list
+        return value.split(",")
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        elif isinstance(value, list) and isinstance(into.get(key), list):
+            into[key] = into[key] + value
+        else:
+            into[key] = value
+
+
 def parse_engine_args(argv: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Engine fields given on the command line (last occurrence wins), and parse problems."""
+    """Engine fields given on the command line (last occurrence wins), and parse problems.
+
+    As vLLM 0.32's parser reads them: ``-O3``, ``-O=3`` and ``-O 3`` set the optimization
+    level; ``--compilation-config.mode 0`` (a member of a JSON flag, by dots, ``+`` appending a
+    comma-separated list) merges into one object per flag that replaces the flag's plain value.
+    A dotted member of a flag this collector does not read is reported in ``unknown``.
+    """
     given: dict[str, Any] = {}
     unknown: dict[str, str] = {}
+    dotted: dict[str, dict[str, Any]] = {}
     i = 0
     args = list(argv)
     while i < len(args):
         arg = args[i]
+        if arg.startswith("-O") and arg != "-O" and not arg.startswith("-O."):
+            given["optimization_level"] = arg[3:] if arg[2] == "=" else arg[2:]
+            i += 1
+            continue
+        if arg == "-O" and i + 1 < len(args) and args[i + 1] in ("0", "1", "2", "3"):
+            given["optimization_level"] = args[i + 1]
+            i += 2
+            continue
         name, eq, inline = arg.partition("=")
+        if name.startswith("-") and "." in name:
+            i = _dotted(args, i, name, eq, inline, dotted)
+            continue
         name = name.replace("_", "-") if name.startswith("--") else name
         negated = name.startswith("--no-")
         key = "--" + name[5:] if negated else name
-        if key.startswith("-O") and key[2:].isdigit():
-            key, eq, inline = "-O", "=", key[2:]  # -O3: the level attached
         spec = FLAGS.get(key)
         if spec is None:
             i += 1
@@ -166,7 +240,38 @@ def parse_engine_args(argv: tuple[str, ...] | list[str]) -> tuple[dict[str, Any]
             i += 1
             continue
         given[field] = _convert(value, kind, key, unknown)
+    for flag, members in dotted.items():
+        spec = FLAGS.get(flag)
+        if spec is not None and spec[1] == "json":
+            given[spec[0]] = members
+        else:
+            unknown[flag] = f"{flag} set by members, not read by this collector: " + json.dumps(
+                members, sort_keys=True
+            )
     return given, unknown
+
+
+def _dotted(
+    args: list[str], i: int, name: str, eq: str, inline: str, into: dict[str, dict[str, Any]]
+) -> int:
+    """Reads ``--flag.a.b VALUE`` (or ``=VALUE``) at ``args[i]`` into ``into[--flag]``; the index
+    of the next argument."""
+    if name.startswith("--"):  # vLLM: dashes for underscores up to the first dot only
+        head, _, rest = name[2:].partition(".")
+        name = "--" + head.replace("_", "-") + "." + rest
+    if eq:
+        value, following = inline, i + 1
+    elif i + 1 < len(args):
+        value, following = args[i + 1], i + 2
+    else:
+        value, following = "", i + 1
+    append = name.endswith("+")
+    flag, *keys = name.removesuffix("+").split(".")
+    member: Any = _dotted_value(value, append)
+    for key in reversed(keys):
+        member = {key: member}
+    _merge(into.setdefault(flag, {}), member)
+    return following
 
 
 def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
@@ -209,8 +314,19 @@ def parse_info_metric(text: str, name: str) -> dict[str, str] | None:
     return None
 
 
+def _env_flag_on(value: str | None) -> bool:
+    """vLLM's reading of a 0/1 variable: ``bool(int(value))`` (" 1" and "2" are on; a value
+    that is no integer stops vLLM from starting, so it is not on here)."""
+    if value is None:
+        return False
+    try:
+        return int(value) != 0
+    except ValueError:
+        return False
+
+
 def batch_invariance(fields: dict[str, Any], env: dict[str, str] | None) -> str:
-    if env is not None and env.get("VLLM_BATCH_INVARIANT") == "1":
+    if env is not None and _env_flag_on(env.get("VLLM_BATCH_INVARIANT")):
         return "kernel"
     if (
         fields.get("max_num_seqs") == 1

@@ -15,7 +15,10 @@ What cannot be read is reported, never guessed.
   template the engine really applies.
 - ``--tokenizer``: a directory's tokenizer files, digested as the model section digests the
   model's own (an override naming the same files gives the same digest), or else the value as
-  a Hugging Face repository name (:func:`tokenizer`).
+  a Hugging Face repository name (:func:`tokenizer`). The engine applies the chat template of
+  the tokenizer it loads: a directory's template (``chat_template.jinja``,
+  ``chat_template.json``, ``tokenizer_config.json``) replaces the model directory's, as a
+  ``--chat-template`` does (which wins over both).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from collectors.artifacts import TOKENIZER_FILES, clock_marked
+from collectors.artifacts import TOKENIZER_FILES, clock_marked, directory_chat_template
 from collectors.procinfo import PROC, EngineProcess
 from ledger.canonical import digest_of, sha256_digest
 
@@ -118,7 +121,7 @@ def chat_template(
     there is none), its identity (the path as given), and why its digest is unknown."""
     value = last_value(argv, "--chat-template")
     if value is None:
-        return None, {}, None
+        return _tokenizer_template(process, argv, proc)
     data, reason = _read(process, value, proc)
     if data is not None:
         found = {"source": "--chat-template", "digest": sha256_digest(data)}
@@ -136,6 +139,27 @@ def chat_template(
     )
 
 
+def _tokenizer_dir(process: EngineProcess, value: str, proc: Path) -> Path | None:
+    for directory in engine_path(process, value, proc):
+        if directory.is_dir():
+            return directory
+    return None
+
+
+def _tokenizer_template(
+    process: EngineProcess, argv: Sequence[str], proc: Path
+) -> tuple[dict[str, Any] | None, dict[str, Any], str | None]:
+    """The chat template of a ``--tokenizer`` directory, when it carries one."""
+    value = last_value(argv, "--tokenizer")
+    directory = _tokenizer_dir(process, value, proc) if value is not None else None
+    if directory is None:
+        return None, {}, None
+    found = directory_chat_template(directory)
+    if found["source"] is None:
+        return None, {}, None
+    return {**found, "source": f"--tokenizer {found['source']}"}, {}, None
+
+
 def tokenizer(
     process: EngineProcess, argv: Sequence[str], proc: Path = PROC
 ) -> tuple[Any, dict[str, Any], dict[str, str]]:
@@ -144,18 +168,18 @@ def tokenizer(
     value = last_value(argv, "--tokenizer")
     if value is None:
         return "default", {}, {}
-    for directory in engine_path(process, value, proc):
-        if directory.is_dir():
-            manifest = []
-            for name in sorted(TOKENIZER_FILES):
-                file = directory / name
-                if file.is_file():
-                    digest = hashlib.sha256(file.read_bytes()).hexdigest()
-                    manifest.append({"path": name, "size": file.stat().st_size, "sha256": digest})
-            if not manifest:
-                reason = f"--tokenizer {value} holds no tokenizer files"
-                return None, {"tokenizer_path": value}, {"tokenizer": reason}
-            return {"digest": digest_of(manifest)}, {"tokenizer_path": value}, {}
+    directory = _tokenizer_dir(process, value, proc)
+    if directory is not None:
+        manifest = []
+        for name in sorted(TOKENIZER_FILES):
+            file = directory / name
+            if file.is_file():
+                digest = hashlib.sha256(file.read_bytes()).hexdigest()
+                manifest.append({"path": name, "size": file.stat().st_size, "sha256": digest})
+        if not manifest:
+            reason = f"--tokenizer {value} holds no tokenizer files"
+            return None, {"tokenizer_path": value}, {"tokenizer": reason}
+        return {"digest": digest_of(manifest)}, {"tokenizer_path": value}, {}
     if value.startswith(("/", ".")):
         reason = f"--tokenizer {value} cannot be read as a directory"
         return None, {"tokenizer_path": value}, {"tokenizer": reason}

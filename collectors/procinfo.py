@@ -15,7 +15,16 @@ _LISTEN = "0A"
 
 
 class ProcessUnreadable(Exception):
-    """A /proc entry exists but cannot be read (another user's process, or it exited)."""
+    """A /proc entry exists but cannot be read (another user's process, or it exited).
+
+    ``str(exc)`` names the process, port or count; ``reason`` says the same without any value
+    that changes from one run or host to the next, for the fingerprint body (whose ID must not
+    change with the engine's PID).
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,10 @@ def find_pid_by_port(port: int, proc: Path = PROC) -> int:
     """The lowest PID (the parent, for forked servers) holding a socket listening on ``port``."""
     inodes = _listening_inodes(port, proc)
     if not inodes:
-        raise ProcessUnreadable(f"no socket is listening on port {port} on this host")
+        raise ProcessUnreadable(
+            f"no socket is listening on port {port} on this host",
+            "no socket is listening on the engine's port on this host",
+        )
     wanted = {f"socket:[{inode}]" for inode in inodes}
     hidden = 0
     holders: list[int] = []
@@ -88,10 +100,12 @@ def find_pid_by_port(port: int, proc: Path = PROC) -> int:
             continue
     if holders:
         return min(holders)
-    reason = f"port {port} is listening but no process of this user holds it"
+    reason = "the engine's port is listening but no process of this user holds it"
+    message = f"port {port} is listening but no process of this user holds it"
     if hidden:
-        reason += f" ({hidden} processes of other users cannot be inspected; pass --engine-pid)"
-    raise ProcessUnreadable(reason)
+        reason += " (processes of other users cannot be inspected; pass --engine-pid)"
+        message += f" ({hidden} processes of other users cannot be inspected; pass --engine-pid)"
+    raise ProcessUnreadable(message, reason)
 
 
 def read_process(pid: int, proc: Path = PROC) -> EngineProcess:
@@ -100,18 +114,24 @@ def read_process(pid: int, proc: Path = PROC) -> EngineProcess:
     try:
         raw_argv = (base / "cmdline").read_bytes()
     except FileNotFoundError as exc:
-        raise ProcessUnreadable(f"process {pid} does not exist") from exc
+        raise ProcessUnreadable(
+            f"process {pid} does not exist", "the engine process does not exist"
+        ) from exc
     except PermissionError as exc:
-        raise ProcessUnreadable(f"cannot read the command line of process {pid}") from exc
+        raise ProcessUnreadable(
+            f"cannot read the command line of process {pid}",
+            "cannot read the engine process's command line",
+        ) from exc
     argv = tuple(a.decode("utf-8", "replace") for a in raw_argv.split(b"\0") if a)
     try:
         raw_env = (base / "environ").read_bytes()
     except PermissionError as exc:
         raise ProcessUnreadable(
-            f"cannot read the environment of process {pid}: it belongs to another user"
+            f"cannot read the environment of process {pid}: it belongs to another user",
+            "cannot read the engine process's environment: it belongs to another user",
         ) from exc
     except FileNotFoundError as exc:
-        raise ProcessUnreadable(f"process {pid} exited") from exc
+        raise ProcessUnreadable(f"process {pid} exited", "the engine process exited") from exc
     env: dict[str, str] = {}
     for item in raw_env.split(b"\0"):
         name, sep, value = item.partition(b"=")
@@ -124,5 +144,8 @@ def read_process(pid: int, proc: Path = PROC) -> EngineProcess:
         except OSError:
             links[link] = None
     if not argv:
-        raise ProcessUnreadable(f"process {pid} has no command line (a zombie or kernel thread)")
+        raise ProcessUnreadable(
+            f"process {pid} has no command line (a zombie or kernel thread)",
+            "the engine process has no command line (a zombie or kernel thread)",
+        )
     return EngineProcess(pid, argv, env, links["exe"], links["cwd"])

@@ -62,23 +62,36 @@ def is_local(host: str) -> bool:
         return False
 
 
-def locate_engine(
-    engine_url: str | None, engine_pid: int | None
-) -> tuple[EngineProcess | None, str | None]:
+@dataclass(frozen=True)
+class EngineLookup:
+    """The engine's process, or why it could not be read: ``reason`` for the fingerprint body
+    (the same on every run and host), ``detail`` for the identity (names the PID, port, host)."""
+
+    process: EngineProcess | None
+    reason: str | None = None
+    detail: str | None = None
+
+
+def locate_engine(engine_url: str | None, engine_pid: int | None) -> EngineLookup:
     """The engine's process, or None and why it could not be read."""
     try:
         if engine_pid is not None:
-            return read_process(engine_pid), None
+            return EngineLookup(read_process(engine_pid))
         if engine_url is None:
-            return None, "no --engine-url or --engine-pid given"
+            reason = "no --engine-url or --engine-pid given"
+            return EngineLookup(None, reason, reason)
         host, port = engine_port(engine_url)
         if not is_local(host):
-            return None, f"the engine ({host}) is not on this host; pass --engine-pid"
-        return read_process(find_pid_by_port(port)), None
+            return EngineLookup(
+                None,
+                "the engine is not on this host; pass --engine-pid",
+                f"the engine ({host}) is not on this host; pass --engine-pid",
+            )
+        return EngineLookup(read_process(find_pid_by_port(port)))
     except ProcessUnreadable as exc:
-        return None, str(exc)
+        return EngineLookup(None, exc.reason, str(exc))
     except ValueError as exc:
-        return None, str(exc)
+        return EngineLookup(None, "the engine URL names no host", str(exc))
 
 
 def take_snapshot(
@@ -103,15 +116,16 @@ def take_snapshot(
         model_dir, cache=cache or DigestCache(None), rehash=rehash, progress=progress
     )
     info = server_info(engine_url) if engine_url is not None else None
-    process, process_reason = locate_engine(engine_url, engine_pid)
+    lookup = locate_engine(engine_url, engine_pid)
+    process = lookup.process
     interpreter = engine_python or (process.interpreter() if process is not None else None)
     runtime = snapshot_runtime(interpreter)
     gpu = snapshot_gpus(
         nvml,
         Visibility.of_engine(process.env if process is not None else None),
-        unseen=f"the engine's environment is unknown ({process_reason})",
+        unseen=f"the engine's environment is unknown ({lookup.reason})",
     )
-    engine = snapshot_engine(engine_url, process, process_reason, info=info)
+    engine = snapshot_engine(engine_url, process, lookup.reason, info=info)
     model = artifacts.body
     template_identity: dict[str, Any] = {}
     if process is not None:
@@ -135,4 +149,6 @@ def take_snapshot(
         **template_identity,
         "gpu": gpu.identity,
     }
+    if lookup.detail is not None:
+        identity["engine_process_problem"] = lookup.detail
     return Snapshot(body, identity, artifacts, validate_fingerprint_body(body))

@@ -32,11 +32,54 @@ DERIVED = frozenset(
 )
 _LIBRARIES = frozenset(RUNTIME_LIBRARIES)
 _SCHEDULER = frozenset(
-    {"max_num_seqs", "enable_prefix_caching", "enable_chunked_prefill", "max_num_batched_tokens"}
+    {
+        "max_num_seqs",
+        "enable_prefix_caching",
+        "enable_chunked_prefill",
+        "max_num_batched_tokens",
+        "async_scheduling",
+        "scheduling_policy",
+        "long_prefill_token_threshold",
+    }
 )
-_NUMERICS = frozenset({"dtype", "quantization", "kv_cache_dtype", "speculative_config"})
-_PARALLEL = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"})
-_COMPILATION = frozenset({"compilation_config", "cuda_graph_sizes", "max_seq_len_to_capture"})
+_NUMERICS = frozenset(
+    {
+        "dtype",
+        "quantization",
+        "quantization_config",
+        "kv_cache_dtype",
+        "speculative_config",
+        "attention_config",
+        "attention_backend",
+        "model_impl",
+        "moe_backend",
+        "mamba_cache_dtype",
+        "mamba_ssm_cache_dtype",
+        "logits_processors",
+    }
+)
+_PARALLEL = frozenset(
+    {
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "decode_context_parallel_size",
+        "prefill_context_parallel_size",
+        "enable_expert_parallel",
+        "disable_custom_all_reduce",
+        "enable_batch_sharded_sampling",
+    }
+)
+_COMPILATION = frozenset(
+    {
+        "compilation_config",
+        "optimization_level",
+        "cuda_graph_sizes",
+        "max_seq_len_to_capture",
+        "cudagraph_capture_sizes",
+        "max_cudagraph_capture_size",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +115,9 @@ def impact(path: str, a: dict[str, Any], b: dict[str, Any]) -> str:
     """What a change at ``path`` means for replaying A's records on B."""
     section, _, rest = path.partition(".")
     field = rest.split(".", 1)[0].split("[", 1)[0]
+    whole = section != "schema_version" and section == path
+    if whole and not (isinstance(_at(a, path), dict) and isinstance(_at(b, path), dict)):
+        return f"the {section} section is missing or malformed on one side: not comparable"
     if section == "schema_version":
         return "different fingerprint schema: compare field by field with care"
     if section == "model":
@@ -164,8 +210,22 @@ def _files_by_path(value: Any) -> dict[str, Any] | None:
     return files if len(files) == len(value) else None
 
 
+def _same(x: Any, y: Any) -> bool:
+    """Equal as the fingerprint ID sees them: ``true`` is not ``1`` (Python's ``==`` says it
+    is), ``1.0`` is ``1`` (RFC 8785 writes both as ``1``)."""
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_same(v, y[k]) for k, v in x.items())
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_same(v, w) for v, w in zip(x, y, strict=True))
+    if isinstance(x, bool) or isinstance(y, bool):
+        return x is y
+    if isinstance(x, int | float) and isinstance(y, int | float):
+        return x == y
+    return type(x) is type(y) and x == y
+
+
 def _walk(path: str, x: Any, y: Any, out: list[tuple[str, Any, Any]]) -> None:
-    if x == y:
+    if _same(x, y):
         return
     if isinstance(x, dict) and isinstance(y, dict):
         for key in list(x) + [k for k in y if k not in x]:
@@ -174,7 +234,7 @@ def _walk(path: str, x: Any, y: Any, out: list[tuple[str, Any, Any]]) -> None:
     fx, fy = _files_by_path(x), _files_by_path(y)
     if fx is not None and fy is not None:
         for name in sorted(set(fx) | set(fy)):
-            if fx.get(name) != fy.get(name):
+            if not _same(fx.get(name), fy.get(name)):
                 out.append((f"{path}[{name}]", fx.get(name), fy.get(name)))
         return
     if path == "gpu.gpus" and _same_count_of_devices(x, y):

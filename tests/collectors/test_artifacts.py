@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import sqlite3
 from pathlib import Path
 
 import model_signing.hashing
@@ -107,6 +108,42 @@ def test_the_cache_skips_unchanged_files_and_rehash_reads_all(model: Path, cache
     assert after.cached_files == after.files - 1
 
 
+def test_a_rewrite_that_puts_the_mtime_back_is_hashed_again(model: Path, cache: DigestCache):
+    """cp -p, rsync -t, tar -x and touch -r rewrite a file and set its mtime back: the cache
+    trusted (device, inode, size, mtime) and kept the old weights' digest."""
+    weights = next(p for p in model.iterdir() if p.name.endswith(".safetensors"))
+    first = manifest(model, cache)
+    before = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    with open(weights, "r+b") as handle:  # same inode, same size
+        handle.write(data)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert weights.stat().st_mtime_ns == before.st_mtime_ns
+    after = manifest(model, cache)
+    assert after.body["weights_digest"] != first.body["weights_digest"]
+    assert after.body == manifest(model, cache, rehash=True).body
+
+
+def test_a_cache_written_without_change_times_is_not_trusted(model: Path, tmp_path: Path):
+    path = tmp_path / "c.sqlite"
+    old = sqlite3.connect(path)  # the first version's table: no ctime, any digest
+    old.execute(
+        "CREATE TABLE file_digests (path TEXT PRIMARY KEY, device INTEGER, inode INTEGER,"
+        " size INTEGER, mtime_ns INTEGER, sha256 TEXT)"
+    )
+    for f in list_model_files(model):
+        s = f.stamp
+        old.execute(
+            "INSERT INTO file_digests VALUES (?, ?, ?, ?, ?, ?)",
+            (f.real_path, s.device, s.inode, s.size, s.mtime_ns, "0" * 64),
+        )
+    old.commit()
+    old.close()
+    snap = manifest(model, DigestCache(path))
+    assert snap.cached_files == 0 and snap.hashed_bytes == snap.total_bytes
+
+
 def test_the_cache_persists_across_processes(model: Path, tmp_path: Path):
     path = tmp_path / "c.sqlite"
     manifest(model, DigestCache(path))
@@ -130,6 +167,14 @@ def test_links_inside_the_directory_are_followed(model: Path):
     snap = manifest(model)
     by_path = {f["path"]: f["sha256"] for f in snap.body["files"]}
     assert by_path["alias.json"] == by_path["config.json"]
+
+
+def test_a_loop_of_links_is_a_clear_error(model: Path):
+    (model / "a").symlink_to("b")
+    (model / "b").symlink_to("a")
+    with pytest.raises(InvalidInput, match="cannot be resolved") as err:
+        list_model_files(model)
+    assert err.value.code == "model_unreadable"
 
 
 def test_links_outside_the_directory_are_refused(model: Path, tmp_path: Path):

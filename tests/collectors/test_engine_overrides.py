@@ -42,7 +42,7 @@ def test_json_and_compilation_flags_are_values_in_the_body() -> None:
     )
     assert given["override_generation_config"] == {"temperature": 0.5, "top_p": 0.9}
     assert given["hf_overrides"] == {"rope_scaling": {"factor": 2}}
-    assert given["compilation_config"] == 3
+    assert given["optimization_level"] == "3"  # vLLM 0.32: -O3 is --optimization-level 3
     assert given["cuda_graph_sizes"] == ["1", "2", "4"]
     assert given["max_seq_len_to_capture"] == 4096 and given["enforce_eager"] is True
     assert unknown == {}
@@ -53,6 +53,93 @@ def test_json_and_compilation_flags_are_values_in_the_body() -> None:
         ["--compilation-config", '{"level": 3, "cudagraph_capture_sizes": [1, 2]}']
     )
     assert given["compilation_config"] == {"level": 3, "cudagraph_capture_sizes": [1, 2]}
+    for argv in (["-O=2"], ["-O", "2"], ["--optimization-level", "2"]):
+        assert parse_engine_args(argv)[0] == {"optimization_level": "2"}
+    assert parse_engine_args(["-cc", '{"mode": 0}'])[0] == {"compilation_config": {"mode": 0}}
+
+
+def test_members_of_a_json_flag_given_by_dots_are_read_as_vllm_reads_them() -> None:
+    """vLLM 0.32 merges ``--flag.member VALUE`` arguments into one JSON object per flag (which
+    replaces the flag's plain value): a collector that skipped them recorded "default" for an
+    engine whose CUDA graphs, RoPE or attention kernels were changed."""
+    given, unknown = parse_engine_args(
+        [
+            "--compilation-config",
+            '{"mode": 3}',
+            "--compilation-config.cudagraph_mode",
+            "none",
+            "--compilation_config.pass_config.fuse_allreduce_rms=false",
+            "--hf-overrides.rope_theta",
+            "500000",
+            "-ac.use_trtllm_attention",
+            "0",
+            "--compilation-config.cudagraph_capture_sizes+",
+            "1,2",
+        ]
+    )
+    assert given == {
+        "compilation_config": {
+            "cudagraph_mode": "none",
+            "pass_config": {"fuse_allreduce_rms": False},
+            "cudagraph_capture_sizes": ["1", "2"],
+        },
+        "hf_overrides": {"rope_theta": 500000},
+        "attention_config": {"use_trtllm_attention": 0},
+    }
+    assert unknown == {}
+    base = snapshot_engine(None, engine([])).body
+    for argv in (["--compilation-config.cudagraph_mode", "none"], ["-cc.mode", "0"]):
+        assert snapshot_engine(None, engine(argv)).body != base
+    # a dotted member of a flag the collector does not read is said, with its value
+    given, unknown = parse_engine_args(["--kv-transfer-config.kv_role", "kv_both"])
+    assert given == {}
+    assert unknown["--kv-transfer-config"].endswith('{"kv_role": "kv_both"}')
+
+
+def test_flags_that_choose_kernels_or_split_work_are_in_the_body() -> None:
+    base = snapshot_engine(None, engine([])).body
+    for argv in (
+        ["--model-impl", "transformers"],
+        ["--disable-custom-all-reduce"],
+        ["--async-scheduling"],
+        ["--attention-config", '{"backend": "FLASHINFER"}'],
+        ["--moe-backend", "triton"],
+        ["-ep"],
+        ["--logits-processors", "my.Processor"],
+    ):
+        changed = snapshot_engine(None, engine(argv)).body
+        assert changed != base, argv
+        assert diff({"engine": base}, {"engine": changed}), argv
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [("1", "kernel"), (" 1", "kernel"), ("2", "kernel"), ("0", "none"), ("true", "none")],
+)
+def test_batch_invariance_reads_the_variable_as_vllm_does(value: str, mode: str) -> None:
+    """vLLM reads VLLM_BATCH_INVARIANT as bool(int(value)); "true" stops it from starting."""
+    body = snapshot_engine(None, engine([], env={"VLLM_BATCH_INVARIANT": value})).body
+    assert body["batch_invariance"] == mode
+
+
+def test_variables_that_change_kernels_are_in_the_body_and_secrets_are_not() -> None:
+    env = {
+        "NVIDIA_TF32_OVERRIDE": "0",
+        "NCCL_ALGO": "Ring",
+        "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1",
+        "VLLM_FLASHINFER_MOE_MAX_NUM_TOKENS": "8192",  # TOKENS: a size, not a secret
+        "VLLM_API_KEY": "s3cret",
+        "HF_TOKEN": "s3cret",
+        "VLLM_APIKEY": "s3cret",
+        "MY_PASSWORD_FILE": "/x",
+    }
+    body = snapshot_engine(None, engine([], env=env)).body
+    assert body["env"] == {
+        "NCCL_ALGO": "Ring",
+        "NVIDIA_TF32_OVERRIDE": "0",
+        "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1",
+        "VLLM_FLASHINFER_MOE_MAX_NUM_TOKENS": "8192",
+    }
 
 
 def test_flags_that_change_what_the_server_answers_are_in_the_body() -> None:
@@ -190,6 +277,42 @@ def test_a_tokenizer_override_is_digested_like_the_models_own(tmp_path: Path) ->
     assert body["tokenizer"] == {"digest": same_files}
 
 
+def test_a_tokenizer_directorys_chat_template_is_the_one_in_the_body(tmp_path: Path) -> None:
+    """The engine renders chat prompts with the template of the tokenizer it loads: two
+    --tokenizer directories that differ only in their template gave one fingerprint."""
+    found = {}
+    for name, text in (("a", "{{ messages[0].content }}"), ("b", "EVIL {{ messages }}")):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+        (directory / "chat_template.jinja").write_text(text)
+        template, identity, reason = chat_template(engine([]), ["--tokenizer", str(directory)])
+        assert reason is None and identity == {}
+        assert template == {
+            "source": "--tokenizer chat_template.jinja",
+            "digest": "sha256:" + hashlib.sha256(text.encode()).hexdigest(),
+        }
+        found[name] = template
+    assert found["a"] != found["b"]
+    # a template in the tokenizer's config; --chat-template still wins over both
+    config = tmp_path / "c"
+    config.mkdir()
+    (config / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
+    template, _, _ = chat_template(engine([]), ["--tokenizer", str(config)])
+    assert template is not None and template["source"] == "--tokenizer tokenizer_config.json"
+    given = tmp_path / "given.jinja"
+    given.write_text("{{ messages }}!")
+    template, _, _ = chat_template(
+        engine([]), ["--tokenizer", str(config), "--chat-template", str(given)]
+    )
+    assert template is not None and template["source"] == "--chat-template"
+    # a tokenizer directory without a template, or a repository name, leaves the model's own
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert chat_template(engine([]), ["--tokenizer", str(bare)]) == (None, {}, None)
+    assert chat_template(engine([]), ["--tokenizer", "org/tokenizer"]) == (None, {}, None)
+
+
 def test_each_override_has_its_replay_impact() -> None:
     base = snapshot_engine(None, engine([])).body
     changed = snapshot_engine(
@@ -202,6 +325,8 @@ def test_each_override_has_its_replay_impact() -> None:
                 '{"temperature": 0}',
                 "-O",
                 "0",
+                "-cc",
+                '{"mode": 0}',
                 "--tokenizer",
                 "org/other",
             ]
@@ -211,6 +336,7 @@ def test_each_override_has_its_replay_impact() -> None:
     assert "not comparable" in impacts["engine.hf_overrides"]
     assert "generation defaults" in impacts["engine.override_generation_config"]
     assert "CUDA graph" in impacts["engine.compilation_config"]
+    assert "CUDA graph" in impacts["engine.optimization_level"]
     assert "tokenize" in impacts["engine.tokenizer"]
 
 

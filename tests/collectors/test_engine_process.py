@@ -6,6 +6,7 @@ read from a real process's /proc entries."""
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 import time
@@ -63,7 +64,7 @@ def test_an_engine_found_by_pid_with_its_overrides(model: Path, tmp_path: Path, 
     assert engine["batch_invariance"] == "kernel"
     assert engine["env"] == {"VLLM_BATCH_INVARIANT": "1"}  # the key is dropped
     assert engine["max_num_seqs"] == 4 and engine["hf_overrides"] == {"max_position_embeddings": 64}
-    assert engine["compilation_config"] == 3
+    assert engine["optimization_level"] == "3"
     digest = "sha256:" + hashlib.sha256(template.read_bytes()).hexdigest()
     assert snap.body["model"]["chat_template"] == {"source": "--chat-template", "digest": digest}
     assert chat_template(snap.body) == digest  # what chat cache keys are made under
@@ -82,3 +83,17 @@ def test_without_the_overrides_the_model_directorys_template_counts(model: Path,
     assert snap.body["engine"]["batch_invariance"] == "none"
     assert snap.body["engine"]["tokenizer"] == "default"
     assert snap.identity["gpu"]["nvml_indexes"] == [0, 1]  # CUDA_VISIBLE_DEVICES unset
+
+
+def test_an_engine_that_cannot_be_read_gives_one_id_whatever_its_pid(model: Path) -> None:
+    """The reason a process could not be read named its PID, and went into the body: the same
+    environment had a new fingerprint ID on every engine restart. The body says why without
+    the PID; the identity keeps the detail."""
+    ids = set()
+    for pid in (2**22 + 11, 2**22 + 12):
+        snap = take_snapshot(model, engine_pid=pid, nvml=FakeNvml(devices=1))
+        assert str(pid) not in json.dumps(snap.body)
+        assert snap.body["engine"]["unknown"]["flags"] == "the engine process does not exist"
+        assert snap.identity["engine_process_problem"] == f"process {pid} does not exist"
+        ids.add(snap.fingerprint_id)
+    assert len(ids) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ledger.fingerprint import fingerprint_id
 from ledger.fingerprint_diff import diff
 
 
@@ -138,3 +139,29 @@ def test_a_member_name_that_looks_like_a_path_is_quoted_never_read_as_that_field
     assert set(changes) == {'["engine.batch_invariance"]', 'model["digest\\u200b"]'}
     assert changes['["engine.batch_invariance"]'].impact == "may change outputs"
     assert "invariance" not in " ".join(c.impact for c in changes.values())
+
+
+def test_values_the_id_tells_apart_are_never_called_identical() -> None:
+    """``true`` and ``1`` give two fingerprint IDs; Python's ``==`` called them equal, so
+    ``ledger diff`` printed "identical" for two different IDs."""
+    a, b = body(), body()
+    a["engine"]["enable_prefix_caching"] = False
+    b["engine"]["enable_prefix_caching"] = 0
+    a["engine"]["hf_overrides"] = {"flag": True}
+    b["engine"]["hf_overrides"] = {"flag": 1}
+    assert fingerprint_id(a) != fingerprint_id(b)
+    assert {d.path for d in diff(a, b)} == {
+        "engine.enable_prefix_caching",
+        "engine.hf_overrides.flag",
+    }
+    # 1.0 and 1 are one number in RFC 8785, so one ID: no difference
+    c, d = body(), body()
+    c["engine"]["max_num_seqs"] = 1.0
+    assert fingerprint_id(c) == fingerprint_id(d) and diff(c, d) == []
+
+
+def test_a_section_missing_on_one_side_is_not_called_a_small_change() -> None:
+    a, b = body(), body()
+    del b["runtime"]
+    (found,) = diff(a, b)
+    assert found.path == "runtime" and "missing or malformed" in found.impact
