@@ -82,14 +82,30 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def content_type_problem(header: str | None) -> str | None:
+    """Why a Content-Type does not announce a JSON document; None when it does (absent or
+    empty, or ``application/json`` in any case with no charset but UTF-8's: RFC 8259)."""
+    if header is None:
+        return None
+    media, *params = (part.strip() for part in header.split(";"))
+    if media.lower() not in ("application/json", ""):
+        return f"content type must be application/json, got {media[:100]!r}"
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            return f"a JSON document is UTF-8, not {value.strip()[:40]!r}"
+    return None
+
+
 async def read_json_bytes(request: Request, limit: int) -> bytes:
     """The body of a request that must carry a JSON document, unparsed (checks the content
     type and that there is a body)."""
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
-    if ctype not in ("application/json", ""):
-        raise InvalidInput(
-            f"content type must be application/json, got {ctype!r}", code="invalid_json"
-        )
+    problem = content_type_problem(request.headers.get("content-type"))
+    if problem is not None:
+        raise InvalidInput(problem, code="invalid_json")
     raw = await read_body(request, limit)
     if not raw:
         raise InvalidInput("body is empty; a JSON document is required", code="invalid_json")

@@ -20,7 +20,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.body import LOOP_BODY, parse_json, validate_model
+from api.body import LOOP_BODY, content_type_problem, parse_json, validate_model
 from api.routes.cache import render_answer
 from api.schemas import CacheLookupRequest
 from api.state import AppState
@@ -90,7 +90,9 @@ class CacheFastPath:
 def _json(scope: Scope) -> bool:
     for name, value in scope["headers"]:
         if name == b"content-type":
-            return value.split(b";")[0].strip() in (b"application/json", b"")
+            return value == b"application/json" or (
+                content_type_problem(value.decode("latin-1")) is None
+            )
     return True
 
 

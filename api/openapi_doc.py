@@ -16,11 +16,13 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from api.gate import RouteRules
+from api.routes.workers import HEARTBEAT_MAX_BYTES
 from api.settings import Settings
 from ledger.storage.queries import MAX_PAGE
 
 SCHEME = "bearer"
 _INGEST = ("/v1/records", "post")
+_HEARTBEAT = "/v1/workers"
 
 
 def limits_text(settings: Settings) -> str:
@@ -46,10 +48,16 @@ def document(schema: dict[str, Any], rules: RouteRules, settings: Settings) -> d
         "description": "An API token (`ledger tokens create`); its scopes decide the routes.",
     }
     _append(schema["info"], limits_text(settings))
-    body_limit = (
-        f"The body holds at most {settings.max_body_bytes} bytes and must arrive within "
-        f"{settings.body_timeout:g} s."
-    )
+
+    def body_limit(path: str) -> str:
+        limit = settings.max_body_bytes
+        if path == _HEARTBEAT:
+            limit = min(HEARTBEAT_MAX_BYTES, limit)
+        return (
+            f"The body holds at most {limit} bytes and must arrive within "
+            f"{settings.body_timeout:g} s."
+        )
+
     for rule in rules.rules:
         path = rule.context.path_format
         if not isinstance(rule.route, APIRoute) or path not in schema["paths"]:
@@ -68,7 +76,7 @@ def document(schema: dict[str, Any], rules: RouteRules, settings: Settings) -> d
                 responses.pop("401", None)
                 responses.pop("403", None)
             if "requestBody" in op:
-                _append(op, body_limit)
+                _append(op, body_limit(path))
                 error = {"$ref": "#/components/schemas/ErrorResponse"}
                 for status, what in (("408", "body_timeout"), ("413", "body_too_large")):
                     responses.setdefault(
@@ -76,11 +84,11 @@ def document(schema: dict[str, Any], rules: RouteRules, settings: Settings) -> d
                         {"description": what, "content": {"application/json": {"schema": error}}},
                     )
             if (path, method.lower()) == _INGEST:
-                _append(op, f"A batch holds at most {settings.max_batch_records} envelopes.")
+                _append(op, f"A batch holds at most {settings.max_batch_records} records.")
                 body = op["requestBody"]["content"]["application/json"]["schema"]
-                body.setdefault("properties", {}).setdefault("envelopes", {})["maxItems"] = (
-                    settings.max_batch_records
-                )
+                for form in body["oneOf"]:  # {"records": [...]} or {"envelopes": [...]}
+                    for items in form["properties"].values():
+                        items["maxItems"] = settings.max_batch_records
     return schema
 
 

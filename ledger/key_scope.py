@@ -32,6 +32,16 @@ _POOL = re.compile(r"^[A-Za-z0-9._\-]{1,100}$")
 POOL_MEMBER = {"inference_record": "pool", "worker_heartbeat": "pool"}
 
 
+def check_pool_name(name: str) -> str:
+    """``name`` when it can name a pool; InvalidInput ``invalid_parameters`` otherwise (a
+    lookup by a name no pool can have is refused the same way on every database)."""
+    if not isinstance(name, str) or not _POOL.fullmatch(name):
+        raise InvalidInput(
+            "a pool name is 1-100 characters of A-Z a-z 0-9 . _ -", code="invalid_parameters"
+        )
+    return name
+
+
 def parse_pools(value: Any) -> tuple[str, ...] | None:
     """Pools asked for at registration: None (any pool) or 1-64 distinct pool names, sorted.
     InvalidInput ``invalid_pools`` otherwise."""

@@ -27,6 +27,7 @@ from ledger.storage import cache, keystore, log, registered
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import Disclosure, Fingerprint, Record
+from ledger.storage.queries import FINGERPRINT_ID, check_name
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class StoredFingerprint:
 
 
 def get_fingerprint(db: Database, fingerprint_id: str) -> StoredFingerprint:
+    check_name(fingerprint_id, FINGERPRINT_ID, "a fingerprint ID is sha256: and 64 hex digits")
     with db.read() as s:
         row = s.get(Fingerprint, fingerprint_id)
         if row is None:

@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import Row, Select, insert, select
 from sqlalchemy.orm import Session
 
+from ledger.erasure import check_reason
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound, VerificationError
 from ledger.key_scope import MEMBER as POOLS_MEMBER
 from ledger.key_scope import out_of_scope, parse_pools, registered_pools
@@ -21,6 +22,7 @@ from ledger.signing import (
     SigningKey,
     VerifyingKey,
     cached_verifying_key,
+    is_key_id,
     key_id_for,
     load_public_key,
     public_key_raw,
@@ -171,7 +173,15 @@ def load_keys(session: Session, key_ids: Iterable[str]) -> dict[str, KeyInfo]:
     return {row[0]: _info(row) for row in rows}
 
 
+def check_key_id(key_id: str) -> None:
+    if not is_key_id(key_id):
+        raise InvalidInput(
+            "a key ID is ed25519: and 64 lowercase hex digits", code="invalid_parameters"
+        )
+
+
 def get_key(db: Database, key_id: str) -> KeyInfo:
+    check_key_id(key_id)
     with db.read() as s:
         found = load_keys(s, [key_id])
     if key_id not in found:
@@ -290,6 +300,8 @@ def _scope_text(pools: tuple[str, ...] | None) -> str:
 
 def revoke_key(db: Database, log_key: SigningKey, key_id: str, reason: str) -> tuple[KeyInfo, bool]:
     """Revoke a key from now on; records it signed before stay valid. Returns (info, changed)."""
+    check_key_id(key_id)
+    reason = check_reason(reason)
     if key_id == log_key.key_id:
         raise InvalidInput("the ledger's own log key cannot be revoked here", code="invalid_role")
     with db.write() as s:

@@ -37,6 +37,7 @@ from ledger.heartbeat import (
     format_time,
     parse_time,
 )
+from ledger.key_scope import check_pool_name
 from ledger.signing import Envelope
 from ledger.storage import keystore
 from ledger.storage.database import Database, as_utc, utcnow
@@ -258,7 +259,7 @@ def _info(
 def list_workers(db: Database, ttl: float, pool: str | None = None) -> list[WorkerInfo]:
     q = select(Worker).order_by(Worker.pool, Worker.worker_id)
     if pool is not None:
-        q = q.where(Worker.pool == pool)
+        q = q.where(Worker.pool == check_pool_name(pool))
     now = utcnow()
     with db.read() as s:
         rows = list(s.execute(q).scalars())

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from api.routes.workers import HEARTBEAT_MAX_BYTES
 from ledger.signing import public_key_pem
 from tests.support.documents import fingerprint_body, record_body, resign
 from tests.support.harness import MAX_BATCH, MAX_BODY, Harness
@@ -204,14 +205,28 @@ def test_openapi_states_the_real_limits(api: Harness):
     assert f"{MAX_BODY} bytes" in info and f"{MAX_BATCH} envelopes" in info
     assert f"{api.settings.body_timeout:g} s" in info
     ingest = spec["paths"]["/v1/records"]["post"]
-    assert f"at most {MAX_BATCH} envelopes" in ingest["description"]
+    assert f"at most {MAX_BATCH} records" in ingest["description"]
     schema = ingest["requestBody"]["content"]["application/json"]["schema"]
-    assert schema["properties"]["envelopes"]["maxItems"] == MAX_BATCH
+    # both forms of a batch, {"records": [...]} and {"envelopes": [...]}, are bounded
+    assert [
+        f["properties"][m]["maxItems"]
+        for f, m in zip(schema["oneOf"], ("records", "envelopes"), strict=True)
+    ] == [MAX_BATCH, MAX_BATCH]
+    assert "properties" not in schema
     for path, ops in spec["paths"].items():
         for op in ops.values():
             if "requestBody" in op:
-                assert f"at most {MAX_BODY} bytes" in op["description"], path
+                limit = HEARTBEAT_MAX_BYTES if path == "/v1/workers" else MAX_BODY
+                assert f"at most {limit} bytes" in op["description"], path
                 assert {"408", "413"} <= set(op["responses"]), path
+    # the heartbeat route's stated limit is the one it applies
+    big = api.client().post(
+        "/v1/workers",
+        content=b'{"pad": "' + b"x" * HEARTBEAT_MAX_BYTES + b'"}',
+        headers={"content-type": "application/json"},
+    )
+    assert_error(big, 413, "body_too_large")
+    assert big.json()["error"]["details"]["limit"] == HEARTBEAT_MAX_BYTES
     keys = spec["paths"]["/v1/keys"]["post"]["requestBody"]["content"]["application/json"]
     assert set(keys["schema"]["properties"]) == {"name", "role", "public_key", "pools"}
 
@@ -392,3 +407,71 @@ def test_names_and_reasons_that_are_not_text_are_422(api: Harness):
     body = json.dumps({"request_id": "req-x", "reason": "\x00"}).encode()
     assert_error(holds.post("/v1/holds", content=body, headers=JSON), 422, "invalid_parameters")
     assert holds.get("/v1/holds").json()["holds"] == before
+
+
+def test_a_name_nothing_can_have_is_422_on_every_database(api: Harness):
+    """A NUL in a path ID was looked up by SQLite (404) and refused by Postgres (422
+    rejected_by_database); a revocation reason with NUL was logged on SQLite. Every lookup by
+    a name of the wrong form is now 422 invalid_parameters before any query, alike on both."""
+    c = api.client()
+    for path in (
+        "/v1/keys/%00",
+        "/v1/keys/ed25519:" + "0" * 63 + "%00",
+        "/v1/fingerprints/%00",
+        "/v1/fingerprints/sha256:" + "x" * 10_000,
+        "/v1/pools/a%00b",
+        "/v1/replays/%00",
+        "/v1/certificates/" + "c" * 201,
+    ):
+        resp = c.get(path)
+        assert_error(resp, 422, "invalid_parameters")
+        assert len(resp.text) < 1000, path  # the 10 KB name is not echoed back
+    key, _ = api.setup_collector()
+    for reason in ("a\x00\x1b[31m", "", " "):
+        body = json.dumps({"reason": reason}).encode()
+        assert_error(
+            c.post(f"/v1/keys/{key.key_id}/revoke", content=body, headers=JSON),
+            422,
+            "schema_violation" if reason == "" else "invalid_parameters",
+        )
+    assert_error(c.post("/v1/keys/%00/revoke", json={"reason": "x"}), 422, "invalid_parameters")
+    assert c.get(f"/v1/keys/{key.key_id}").json()["revoked"] is False
+    certify = api.client(api.token("admin"))
+    assert_error(
+        certify.post("/v1/certifications", json={"pool": "a\x00"}), 422, "invalid_parameters"
+    )
+    assert_error(
+        c.post(
+            "/v1/cache/lookup",
+            json={"endpoint": "/v1/completions", "pool": "a\x00b", "request": {"prompt": "x"}},
+        ),
+        422,
+        "invalid_parameters",
+    )
+
+
+@pytest.mark.parametrize(
+    ("ctype", "status"),
+    [
+        ("Application/JSON", 200),
+        ("APPLICATION/JSON; charset=UTF-8", 200),
+        ('application/json; charset="utf-8"', 200),
+        ("application/json; charset=utf-16", 400),
+        ("application/json; charset=latin-1", 400),
+        ("text/plain", 400),
+    ],
+)
+def test_the_media_type_is_read_without_case_and_only_utf8_is_json(
+    api: Harness, ctype: str, status: int
+):
+    """RFC 9110: a media type is case-insensitive; RFC 8259: JSON is UTF-8, so a body said to
+    be in another charset (and then decoded as UTF-8 anyway) is refused."""
+    key = api.collector()
+    body = json.dumps({"reason": "media type test"}).encode()
+    resp = api.client().post(
+        f"/v1/keys/{key.key_id}/revoke", content=body, headers={"content-type": ctype}
+    )
+    if status == 200:
+        assert resp.status_code == 200 and resp.json()["revoked"] is True, resp.text
+    else:
+        assert_error(resp, 400, "invalid_json")

@@ -92,6 +92,17 @@ def test_inclusion_and_consistency_proofs_verify_against_signed_checkpoints(api:
         422,
         "invalid_tree_size",
     )
+    # proofs that read no node (first 0, or first == second) were answered for trees the log
+    # does not have
+    size = latest["tree_size"]
+    for first, second in ((0, 2**63 - 1), (10**12, 10**12), (0, 10**12)):
+        assert_error(
+            c.get("/v1/log/proof/consistency", params={"first": first, "second": second}),
+            422,
+            "invalid_tree_size",
+        )
+    same = c.get("/v1/log/proof/consistency", params={"first": size, "second": size})
+    assert same.status_code == 200 and same.json()["hashes"] == []
 
 
 def test_checkpoints_are_signed_in_the_background(api: Harness):
