@@ -12,6 +12,10 @@ middleware sits in front of the router and, for every request:
 2. on a protected route, authenticates the bearer token (``api.auth.principal_for``: the
    same logic and token cache as the dependency, which then reuses the principal) and checks
    the scope: 401 or 403 before the body is read;
+   then, on an API route (``/v1/``), refuses a query parameter the route does not declare, one
+   given twice where the route takes one value, and an integer that is not written as one
+   (``1.0``): 422 ``schema_violation``, as a body member would be (a misspelt search filter
+   otherwise answers an unfiltered page);
 3. refuses a declared ``Content-Length`` over ``LEDGER_MAX_BODY_BYTES`` (413 ``body_too_large``);
 4. counts body bytes as the app receives them, on every route and for chunked bodies too:
    413 ``body_too_large`` as soon as the count passes the limit;
@@ -30,6 +34,8 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, get_args, get_origin
+from urllib.parse import parse_qsl
 
 from fastapi.routing import RouteContext, iter_route_contexts
 from starlette.routing import BaseRoute, Match, Mount, get_route_path
@@ -38,7 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api import errors
 from api.auth import authenticate, check_scope, principal_for
 from api.state import AppState
-from ledger.errors import LedgerError, TooLarge
+from ledger.errors import InvalidInput, LedgerError, TooLarge
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,9 @@ class Rule:
     # on the same path pattern and methods directly. None: a route kind without them.
     regex: re.Pattern[str] | None
     methods: frozenset[str] | None
+    # The query parameters an API route declares, by name: "int", "list" or "str"; None where
+    # the query is not checked (routes outside /v1/).
+    query: dict[str, str] | None = None
 
     @property
     def route(self) -> BaseRoute:
@@ -63,6 +72,9 @@ def rule_for(context: RouteContext) -> Rule:
     protected, scope = False, None
     dependant = getattr(context, "dependant", None)  # only FastAPI routes have one
     stack = list(dependant.dependencies) if dependant is not None else []
+    query: dict[str, str] = {}
+    if dependant is not None:
+        query.update(_query_kinds(dependant.query_params))
     while stack:
         dep = stack.pop()
         if dep.call is authenticate:
@@ -70,12 +82,62 @@ def rule_for(context: RouteContext) -> Rule:
         required = getattr(dep.call, "required_scope", None)
         if isinstance(required, str):
             protected, scope = True, required
+        query.update(_query_kinds(dep.query_params))
         stack.extend(dep.dependencies)
     regex = getattr(context, "path_regex", None)
     methods = getattr(context, "methods", None)
     if not isinstance(regex, re.Pattern) or not methods:
         regex = methods = None
-    return Rule(context, protected, scope, regex, frozenset(methods) if methods else None)
+    checked = dependant is not None and context.path_format.startswith("/v1/")
+    return Rule(
+        context,
+        protected,
+        scope,
+        regex,
+        frozenset(methods) if methods else None,
+        query if checked else None,
+    )
+
+
+def _query_kinds(fields: Sequence[Any]) -> dict[str, str]:
+    kinds: dict[str, str] = {}
+    for f in fields:
+        annotation = f.field_info.annotation
+        args = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
+        if any(a is list or get_origin(a) is list for a in args):
+            kinds[f.alias] = "list"
+        elif any(a is int for a in args):
+            kinds[f.alias] = "int"
+        else:
+            kinds[f.alias] = "str"
+    return kinds
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def query_problem(declared: dict[str, str], query_string: bytes) -> LedgerError | None:
+    """Why a query string does not fit the parameters a route declares; None when it does."""
+    seen: set[str] = set()
+    for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
+        kind = declared.get(name)
+        problem = None
+        if kind is None:
+            problem = f"unknown query parameter {name[:100]!r}"
+            if declared:
+                problem += f" (this route takes {', '.join(sorted(declared))})"
+        elif name in seen and kind != "list":
+            problem = f"query parameter {name!r} is given more than once"
+        elif kind == "int" and not _INTEGER.fullmatch(value.strip()):
+            problem = f"query parameter {name!r} must be an integer, got {value[:40]!r}"
+        if problem is not None:
+            return InvalidInput(
+                problem,
+                code="schema_violation",
+                details={"errors": [{"loc": ["query", name[:100]], "msg": problem}]},
+            )
+        seen.add(name)
+    return None
 
 
 _MATCHED_MAX = 4096
@@ -270,6 +332,10 @@ class Gate:
                 if rule.scope is not None:
                     check_scope(principal, rule.scope)
                 state["principal"] = principal
+            if rule is not None and rule.query is not None and scope["query_string"]:
+                problem = query_problem(rule.query, scope["query_string"])
+                if problem is not None:
+                    raise problem
             if exchange.declared is not None and exchange.declared > exchange.limit:
                 raise too_large(exchange.limit, exchange.declared)
         except LedgerError as exc:

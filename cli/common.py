@@ -94,6 +94,7 @@ def open_existing_database(url: str | None) -> tuple[Settings, Database]:
     db = Database(resolved)
     if migrations.current_revision(db) is None:
         fail(f"no ledger schema in {db.describe()}: {hint}", 2)
+    migrations.check_current(db)
     return settings, db
 
 

@@ -32,9 +32,9 @@ from ledger.errors import Unreachable
 DEFAULT = "default"
 # engine.system_fingerprint when the engine runs with --fingerprint-mode custom
 CUSTOM_FINGERPRINT = "custom"
-# A name is a secret's when one of its words (between _ or -) is one of these, or ends in KEY
-# (APIKEY), or when it holds SECRET or PASSWORD anywhere: VLLM_API_KEY, HF_TOKEN, but not
-# VLLM_FLASHINFER_MOE_MAX_NUM_TOKENS, which sets how kernels split work.
+# A name is a secret's when its last word (between _ or -, FILE or PATH aside) is one of these
+# or ends in KEY (APIKEY), or when it holds SECRET or PASSWORD anywhere: VLLM_API_KEY,
+# HF_TOKEN; not VLLM_FLASHINFER_MOE_MAX_NUM_TOKENS, which sets how kernels split work.
 SECRET_WORDS = frozenset({"TOKEN", "PASSWD", "PWD", "CREDENTIALS", "AUTH"})
 SECRET_PARTS = ("SECRET", "PASSWORD")
 # VLLM_* variables that say where this machine keeps things, not how it computes.
@@ -135,7 +135,12 @@ def _is_secret(name: str) -> bool:
     upper = name.upper().replace("-", "_")
     if any(part in upper for part in SECRET_PARTS):
         return True
-    return any(word in SECRET_WORDS or word.endswith("KEY") for word in upper.split("_"))
+    words = [w for w in upper.split("_") if w]
+    while len(words) > 1 and words[-1] in ("FILE", "PATH"):  # HF_TOKEN_PATH: where it is
+        words.pop()
+    # the last word names what the value is: VLLM_API_KEY, HF_TOKEN; not
+    # VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD, a size that changes kernels
+    return bool(words) and (words[-1] in SECRET_WORDS or words[-1].endswith("KEY"))
 
 
 def _convert(value: str, kind: str, flag: str, unknown: dict[str, str]) -> Any:
@@ -148,7 +153,7 @@ def _convert(value: str, kind: str, flag: str, unknown: dict[str, str]) -> Any:
             return value
     if kind == "int":
         try:
-            return int(value)
+            return _human_int(value)
         except ValueError:
             unknown[flag] = f"{flag} {value!r} is not an integer"
             return None
@@ -157,12 +162,35 @@ def _convert(value: str, kind: str, flag: str, unknown: dict[str, str]) -> Any:
     return value
 
 
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def _human_int(value: str) -> int:
+    """An integer as vLLM 0.32 reads its size flags: ``8k`` is 8,000, ``8K`` 8,192 (whole
+    numbers only with a binary suffix), ``auto`` and ``-1`` are -1; ValueError otherwise."""
+    value = value.strip()
+    if value.lower() == "auto":
+        return -1
+    found = _HUMAN_INT.fullmatch(value)
+    if found is None:
+        return int(value)
+    number, suffix = found.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    return int(number) * (1 << (10 * ("KMGT".index(suffix) + 1)))
+
+
 def _dotted_value(value: str, append: bool) -> Any:
     """The value of a ``--config-flag.key VALUE`` argument, as vLLM's parser reads it."""
     if append:  # --flag.key+ a,b: a list
         return value.split(",")
     try:
         return json.loads(value)
+    except ValueError:
+        pass
+    try:
+        return _human_int(value) if value.strip().lower() != "auto" else value
     except ValueError:
         return value
 
@@ -240,6 +268,8 @@ def parse_engine_args(argv: tuple[str, ...] | list[str]) -> tuple[dict[str, Any]
             i += 1
             continue
         given[field] = _convert(value, kind, key, unknown)
+    if isinstance(given.get("moe_backend"), str):  # vLLM: lower case, dashes as underscores
+        given["moe_backend"] = given["moe_backend"].lower().replace("-", "_")
     for flag, members in dotted.items():
         spec = FLAGS.get(flag)
         if spec is not None and spec[1] == "json":

@@ -264,6 +264,15 @@ class _Reader:
             ),
             multiprocessor_count=multiprocessors,
         )
+        if mig_slot is None and entry["mig_mode"] == "enabled":
+            # CUDA runs on a MIG instance, never on a MIG-enabled GPU as a whole; visibility
+            # that names no instance (unset, an ordinal, a GPU UUID) does not say which.
+            entry.update(memory_total_mib=None, multiprocessor_count=None, mig_instance=None)
+            self.unknown.pop(f"{prefix}.multiprocessor_count", None)
+            self.unknown[f"{prefix}.mig_instance"] = (
+                "MIG is enabled on this GPU and the engine's CUDA_VISIBLE_DEVICES names no MIG "
+                "instance (MIG-<uuid>): the instance CUDA gives it, and its size, are unknown"
+            )
         if mig_slot is not None:
             entry["mig_instance"] = (
                 {

@@ -149,14 +149,27 @@ def _tokenizer_dir(process: EngineProcess, value: str, proc: Path) -> Path | Non
 def _tokenizer_template(
     process: EngineProcess, argv: Sequence[str], proc: Path
 ) -> tuple[dict[str, Any] | None, dict[str, Any], str | None]:
-    """The chat template of a ``--tokenizer`` directory, when it carries one."""
+    """The chat template of the tokenizer a ``--tokenizer`` names (None: no such flag). vLLM
+    takes the template of the tokenizer it loads, never the model directory's."""
     value = last_value(argv, "--tokenizer")
-    directory = _tokenizer_dir(process, value, proc) if value is not None else None
-    if directory is None:
+    if value is None:
         return None, {}, None
+    directory = _tokenizer_dir(process, value, proc)
+    unknown = {"source": "--tokenizer", "digest": None}
+    if directory is None:
+        return (
+            unknown,
+            {},
+            "--tokenizer names no directory this collector reads: its template is unknown",
+        )
     found = directory_chat_template(directory)
     if found["source"] is None:
-        return None, {}, None
+        return (
+            unknown,
+            {},
+            "the --tokenizer directory carries no chat template: vLLM applies its fallback "
+            "for the model, or refuses chat requests",
+        )
     return {**found, "source": f"--tokenizer {found['source']}"}, {}, None
 
 

@@ -91,7 +91,7 @@ def locate_engine(engine_url: str | None, engine_pid: int | None) -> EngineLooku
     except ProcessUnreadable as exc:
         return EngineLookup(None, exc.reason, str(exc))
     except ValueError as exc:
-        return EngineLookup(None, "the engine URL names no host", str(exc))
+        return EngineLookup(None, "the engine URL names no host or port to look for", str(exc))
 
 
 def take_snapshot(

@@ -12,6 +12,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
 
 from ledger.errors import InvalidInput
 from ledger.storage.database import Database, translated_errors
@@ -49,9 +50,63 @@ def check_revision(revision: str) -> None:
 
 
 def upgrade(db: Database, revision: str = "head") -> None:
+    """Bring the schema to ``revision``. Refuses (InvalidInput) a database at a revision this
+    version does not know (``schema_too_new``), a revision older than the database's
+    (``no_downgrade``), and a database that holds other tables but no ledger schema
+    (``not_a_ledger_database``): the schema is never installed beside another application's."""
     check_revision(revision)
+    known = revisions()
+    at = current_revision(db)
+    if at is None:
+        others = _tables(db) - {"alembic_version"}
+        if others:
+            raise InvalidInput(
+                f"{db.describe()} holds tables ({', '.join(sorted(others)[:5])}) but no ledger "
+                "schema: name an empty database for a new ledger",
+                code="not_a_ledger_database",
+            )
+    else:
+        check_known(db, at)
+        target = known[-1] if revision == "head" else revision
+        if known.index(target) < known.index(at):
+            raise InvalidInput(
+                f"{db.describe()} is at revision {at}, after {target}: the ledger does not "
+                "downgrade a schema (restore a backup taken at that revision instead)",
+                code="no_downgrade",
+            )
     with translated_errors():
         command.upgrade(alembic_config(db), revision)
+
+
+def check_known(db: Database, at: str) -> None:
+    known = revisions()
+    if at not in known:
+        raise InvalidInput(
+            f"{db.describe()} is at revision {at}, which this ledger does not know (it knows "
+            f"up to {known[-1]}): it was written by a newer version; run that version",
+            code="schema_too_new",
+        )
+
+
+def check_current(db: Database) -> None:
+    """For commands that read a ledger without migrating it: its schema is this version's.
+    InvalidInput ``schema_outdated`` (upgrade it first) or ``schema_too_new`` otherwise."""
+    at = current_revision(db)
+    if at is None:
+        return
+    check_known(db, at)
+    head = revisions()[-1]
+    if at != head:
+        raise InvalidInput(
+            f"{db.describe()} is at revision {at}; this ledger reads revision {head}: run "
+            "`ledger db upgrade` on it (on a copy, for a backup)",
+            code="schema_outdated",
+        )
+
+
+def _tables(db: Database) -> set[str]:
+    with translated_errors(), db.engine.connect() as conn:
+        return set(inspect(conn).get_table_names())
 
 
 def current_revision(db: Database) -> str | None:

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 
 from alembic import op
 
+from ledger.storage.protections import sqlite_guard
+
 
 def install(tables: Iterable[str]) -> None:
     dialect = op.get_bind().dialect.name
@@ -29,8 +31,4 @@ def install(tables: Iterable[str]) -> None:
             op.execute(f"ALTER TABLE {t} ENABLE ALWAYS TRIGGER {t}_no_truncate")
         elif dialect == "sqlite":
             for verb in ("UPDATE", "DELETE"):
-                op.execute(
-                    f"CREATE TRIGGER {t}_no_{verb.lower()} BEFORE {verb} ON {t} "
-                    f"BEGIN SELECT RAISE(ABORT, 'ledger table {t} is append-only: "
-                    f"{verb} refused'); END"
-                )
+                op.execute(sqlite_guard(t, verb))

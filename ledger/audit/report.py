@@ -7,6 +7,7 @@ from typing import Any
 
 # The checks, in the order the audit runs them (``Finding.check``):
 CHECKS = (
+    "database",  # the append-only triggers, and no row-level security, policy or rule
     "sequence",  # indexes contiguous from 0
     "leaf_hash",  # stored leaf hash = SHA-256(0x00 || stored envelope)
     "tree",  # every stored Merkle node equals the node rebuilt from the leaves

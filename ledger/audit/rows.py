@@ -195,6 +195,11 @@ class AuditReader(Protocol):
         """Leaves in the log now (the highest index + 1)."""
         ...
 
+    def protections(self) -> list[tuple[str | None, str]]:
+        """(table or None, what is wrong) for each guard of the database that is not as the
+        ledger installed it (``ledger.storage.protections``)."""
+        ...
+
     def checkpoints(self) -> list[CheckpointRow]:
         """Every stored checkpoint, by tree size."""
         ...

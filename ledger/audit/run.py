@@ -151,6 +151,8 @@ class _Audit:
         started = time.perf_counter()
         opts, reader = self.options, self.reader
         total = reader.log_size()
+        for table, problem in reader.protections():
+            self.found.append(Finding("database", problem, None, table))
         self.checkpoints = Checkpoints.read(reader.checkpoints(), opts.trusted_checkpoints)
         self.report.checkpoints = len(self.checkpoints.rows)
         self.rebuild = Rebuild(self.checkpoints.sizes, self.found)

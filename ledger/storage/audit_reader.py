@@ -43,7 +43,7 @@ from ledger.audit.rows import (
     Spans,
     micros,
 )
-from ledger.storage import tree
+from ledger.storage import protections, tree
 from ledger.storage.database import Database
 from ledger.storage.models import CacheKey, Disclosure, MerkleNode, Replay
 from ledger.storage.prefetch import prefetched
@@ -187,6 +187,10 @@ class StorageAuditReader:
     def log_size(self) -> int:
         with self._read() as s:
             return self._log_size(s)
+
+    def protections(self) -> list[tuple[str | None, str]]:
+        with self._read() as s:
+            return protections.problems(s.connection())
 
     def _log_size(self, s: Session) -> int:
         """One past the largest integer leaf index (a non-integer ``idx`` is the rebuild's

@@ -76,7 +76,13 @@ class Database:
         kwargs: dict[str, Any] = {"future": True}
         if self.dialect == "sqlite":
             if parsed.database and parsed.database != ":memory:":
-                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise InvalidInput(
+                        f"cannot make the directory of {parsed.database}: {exc.strerror}",
+                        code="invalid_database_url",
+                    ) from exc
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
             # No pre-ping round trip per checkout: a connection the server dropped fails once

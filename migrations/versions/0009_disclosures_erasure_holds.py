@@ -16,6 +16,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from ledger.storage.protections import sqlite_erasure_guard, sqlite_guard
 from migrations import append_only
 
 revision = "0009"
@@ -51,17 +52,8 @@ def _erasable_triggers(table: str) -> None:
         )
         op.execute(f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {table}_append_only")
     else:
-        op.execute(
-            f"CREATE TRIGGER {table}_no_update BEFORE UPDATE ON {table} "
-            f"BEGIN SELECT RAISE(ABORT, 'ledger table {table} is append-only: UPDATE "
-            "refused'); END"
-        )
-        op.execute(
-            f"CREATE TRIGGER {table}_erasure_only BEFORE DELETE ON {table} "
-            "WHEN NOT EXISTS (SELECT 1 FROM erasures WHERE request_id = OLD.request_id) "
-            f"BEGIN SELECT RAISE(ABORT, 'ledger table {table} refused DELETE: only a logged "
-            "erasure deletes content'); END"
-        )
+        op.execute(sqlite_guard(table, "UPDATE"))
+        op.execute(sqlite_erasure_guard(table))
 
 
 def upgrade() -> None:
@@ -119,7 +111,15 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    dialect = op.get_bind().dialect.name
+    # The log's v2 records, erasures and holds would lose what only these tables hold (their
+    # content, and the rows audit checks them against): refused while any of them has a row.
+    bind = op.get_bind()
+    for table in ("disclosures", "erasures", "holds", "hold_releases"):
+        if bind.execute(sa.text(f"SELECT 1 FROM {table} LIMIT 1")).first() is not None:
+            raise RuntimeError(
+                f"revision 0009 cannot be undone: {table} holds rows the log depends on"
+            )
+    dialect = bind.dialect.name
     for table in ERASABLE:
         if dialect == "postgresql":
             op.execute(f"DROP TRIGGER IF EXISTS {table}_append_only ON {table}")

@@ -73,7 +73,11 @@ def test_key_registration_is_idempotent_and_conflicts_are_named(api: Harness):
     listed = {k["key_id"]: k for k in c.get("/v1/keys").json()["items"]}
     assert listed[key.key_id]["name"] == "collector-a"
     assert listed[api.log_key.key_id]["role"] == "log"
-    assert_error(c.post("/v1/keys/ed25519:nope/revoke", json={"reason": "x"}), 404, "key_not_found")
+    assert_error(
+        c.post("/v1/keys/ed25519:nope/revoke", json={"reason": "x"}), 422, "invalid_parameters"
+    )
+    unknown = "ed25519:" + "ab" * 32
+    assert_error(c.post(f"/v1/keys/{unknown}/revoke", json={"reason": "x"}), 404, "key_not_found")
     revoked = c.post(f"/v1/keys/{key.key_id}/revoke", json={"reason": "rotated"}).json()
     assert revoked["revoked"] and revoked["revocation_reason"] == "rotated"
     assert c.get(f"/v1/keys/{key.key_id}").json()["revoked"] is True

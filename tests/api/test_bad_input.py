@@ -475,3 +475,29 @@ def test_the_media_type_is_read_without_case_and_only_utf8_is_json(
         assert resp.status_code == 200 and resp.json()["revoked"] is True, resp.text
     else:
         assert_error(resp, 400, "invalid_json")
+
+
+def test_a_query_parameter_the_route_does_not_take_is_422_not_ignored(api: Harness):
+    """A misspelt search filter answered every record (the filter was ignored); a repeated
+    parameter and an integer written as 1.0 were taken. Each is 422 schema_violation naming
+    the parameter, as a body member would be."""
+    c = api.client()
+    for query, name in (
+        ("modle=nothing", "modle"),
+        ("limit=1&limit=5", "limit"),
+        ("limit=1.0", "limit"),
+        ("limit=", "limit"),
+        ("model=a&model=b", "model"),
+    ):
+        err = assert_error(c.get(f"/v1/records?{query}"), 422, "schema_violation")
+        assert err["details"]["errors"][0]["loc"] == ["query", name], query
+    assert c.get("/v1/records?limit=2&model=nothing").status_code == 200
+    assert c.get("/v1/records?limit=+2").status_code == 200
+    err = assert_error(
+        c.get("/v1/log/proof/inclusion?index=0&tree_size=1&x=1"), 422, "schema_violation"
+    )
+    assert "index" in err["message"] and "tree_size" in err["message"]
+    # a route that takes no query at all
+    assert_error(c.get("/v1/log/checkpoint?verbose=1"), 422, "schema_violation")
+    # the token is still checked first
+    assert c.__class__(base_url=str(c.base_url)).get("/v1/records?modle=x").status_code == 401

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import socket
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -379,6 +380,35 @@ def test_db_upgrade_to_an_unknown_revision_creates_nothing(tmp_path: Path, revis
     line = one_error_line(ledger("db", "upgrade", "--db", url, "--revision", revision, check=False))
     assert "[unknown_revision]" in line, line
     assert not list(tmp_path.iterdir())
+
+
+def test_a_ledger_of_another_schema_is_named_not_read_or_migrated(tmp_path: Path):
+    """An older backup (audit it after `ledger db upgrade`), a database a newer ledger wrote,
+    another application's database and a path under a file: one line and exit 2 each, never a
+    traceback; nothing is changed."""
+    old = f"sqlite:///{tmp_path}/old.db"
+    ledger("db", "upgrade", "--db", old, "--revision", "0008")
+    line = one_error_line(ledger("audit", "--db", old, "--json", check=False))
+    assert "[schema_outdated]" in line and "ledger db upgrade" in line, line
+    newer = tmp_path / "newer.db"
+    ledger("db", "upgrade", "--db", f"sqlite:///{newer}")
+    with sqlite3.connect(newer) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0099'")
+    for args in (("db", "upgrade"), ("audit",), ("tokens", "list")):
+        line = one_error_line(ledger(*args, "--db", f"sqlite:///{newer}", check=False))
+        assert "[schema_too_new]" in line, (args, line)
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER)")
+    line = one_error_line(ledger("db", "upgrade", "--db", f"sqlite:///{other}", check=False))
+    assert "[not_a_ledger_database]" in line, line
+    with sqlite3.connect(other) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert tables == {"customers"}
+    (tmp_path / "file").write_text("not a directory")
+    under = f"sqlite:///{tmp_path}/file/sub.db"
+    line = one_error_line(ledger("db", "upgrade", "--db", under, check=False))
+    assert "[invalid_database_url]" in line, line
 
 
 @pytest.mark.parametrize("name", ["../escaped", "", "a/b", ".", ".hidden", "x\x1b"])

@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import model_signing.hashing
@@ -319,3 +321,37 @@ def test_a_directory_without_config_or_weights_is_not_a_model(
         assert err.value.code == "model_dir_not_a_model" and str(model) in err.value.message
     else:
         assert snapshot_artifacts(model, cache=DigestCache(None)).files == len(files)
+
+
+def test_a_file_truncated_while_it_is_hashed_is_model_changed_not_a_crash(tmp_path: Path):
+    """A memory-mapped file truncated by another process killed the reader with SIGBUS (the
+    live collector re-snapshots when its engine restarts, when files are replaced). Run in a
+    child process, so that a signal would show as its exit status."""
+    child = (
+        "import os, sys\n"
+        "from collectors.artifacts import CHUNK, hash_files, list_model_files\n"
+        "from collectors.digest_cache import DigestCache\n"
+        "from ledger.errors import InvalidInput\n"
+        "d = sys.argv[1]\n"
+        "with open(os.path.join(d, 'model.safetensors'), 'wb') as f:\n"
+        "    f.truncate(3 * CHUNK)\n"
+        "files = list_model_files(__import__('pathlib').Path(d))\n"
+        "def cut(done, total):\n"
+        "    os.truncate(os.path.join(d, 'model.safetensors'), 0)\n"
+        "try:\n"
+        "    hash_files(files, DigestCache(None), progress=cut)\n"
+        "except InvalidInput as exc:\n"
+        "    print(exc.code)\n"
+    )
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    done = subprocess.run(
+        [sys.executable, "-c", child, str(model)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=60,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-500:])
+    assert done.stdout.strip() == "model_changed"

@@ -122,13 +122,39 @@ def test_batch_invariance_reads_the_variable_as_vllm_does(value: str, mode: str)
     assert body["batch_invariance"] == mode
 
 
+def test_sizes_are_read_as_vllm_reads_them() -> None:
+    """vLLM 0.32 reads its size flags with suffixes (8k is 8,000, 8K 8,192, auto -1)."""
+    given, unknown = parse_engine_args(
+        [
+            "--max-num-batched-tokens",
+            "8k",
+            "--max-model-len",
+            "32K",
+            "--max-num-seqs",
+            "auto",
+            "--compilation-config.max_cudagraph_capture_size",
+            "1k",
+            "--moe-backend",
+            "Flashinfer-CUTLASS",
+        ]
+    )
+    assert unknown == {}
+    assert given["max_num_batched_tokens"] == 8000 and given["max_model_len"] == 32768
+    assert given["max_num_seqs"] == -1
+    assert given["compilation_config"] == {"max_cudagraph_capture_size": 1000}
+    assert given["moe_backend"] == "flashinfer_cutlass"
+    assert parse_engine_args(["--max-num-seqs", "1.5K"])[1]  # vLLM refuses it too
+
+
 def test_variables_that_change_kernels_are_in_the_body_and_secrets_are_not() -> None:
     env = {
         "NVIDIA_TF32_OVERRIDE": "0",
         "NCCL_ALGO": "Ring",
         "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1",
         "VLLM_FLASHINFER_MOE_MAX_NUM_TOKENS": "8192",  # TOKENS: a size, not a secret
+        "VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD": "1024",  # nor a TOKEN before other words
         "VLLM_API_KEY": "s3cret",
+        "HF_TOKEN_PATH": "/secrets/hf",
         "HF_TOKEN": "s3cret",
         "VLLM_APIKEY": "s3cret",
         "MY_PASSWORD_FILE": "/x",
@@ -139,6 +165,7 @@ def test_variables_that_change_kernels_are_in_the_body_and_secrets_are_not() -> 
         "NVIDIA_TF32_OVERRIDE": "0",
         "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1",
         "VLLM_FLASHINFER_MOE_MAX_NUM_TOKENS": "8192",
+        "VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD": "1024",
     }
 
 
@@ -306,11 +333,15 @@ def test_a_tokenizer_directorys_chat_template_is_the_one_in_the_body(tmp_path: P
         engine([]), ["--tokenizer", str(config), "--chat-template", str(given)]
     )
     assert template is not None and template["source"] == "--chat-template"
-    # a tokenizer directory without a template, or a repository name, leaves the model's own
+    # vLLM never falls back to the model directory's template: a tokenizer directory without
+    # one, or a repository, makes the template unknown (and chat requests uncacheable)
     bare = tmp_path / "bare"
     bare.mkdir()
-    assert chat_template(engine([]), ["--tokenizer", str(bare)]) == (None, {}, None)
-    assert chat_template(engine([]), ["--tokenizer", "org/tokenizer"]) == (None, {}, None)
+    for value, why in ((str(bare), "carries no chat template"), ("org/tok", "names no directory")):
+        template, _, reason = chat_template(engine([]), ["--tokenizer", value])
+        assert template == {"source": "--tokenizer", "digest": None}
+        assert reason is not None and why in reason
+    assert chat_template(engine([]), []) == (None, {}, None)
 
 
 def test_each_override_has_its_replay_impact() -> None:

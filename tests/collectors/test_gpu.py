@@ -134,16 +134,25 @@ def test_not_supported_ecc_and_core_count_are_none_with_a_reason() -> None:
 
 
 def test_one_device_under_mig() -> None:
+    """CUDA runs on a MIG instance, never on a MIG-enabled GPU as a whole: with no instance
+    named (CUDA_VISIBLE_DEVICES unset, or an ordinal), the whole GPU's size described a 1g
+    slice and a 7g one alike. Its memory and multiprocessors are then unknown, said so."""
     enabled = (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE)
     mig = h200(1, mig_mode=enabled, not_supported=frozenset({"nvmlDeviceGetNumGpuCores"}))
     snap = snapshot_gpus(FakeNvml(devices=[h200(0), mig]))
     assert snap.body["gpus"] == [
         H200_ENTRY,
-        {**H200_ENTRY, "index": 1, "mig_mode": "enabled", "multiprocessor_count": None},
+        {
+            **H200_ENTRY,
+            "index": 1,
+            "mig_mode": "enabled",
+            "memory_total_mib": None,
+            "multiprocessor_count": None,
+            "mig_instance": None,
+        },
     ]
-    assert snap.body["unknown"] == {
-        "gpus[1].multiprocessor_count": "nvmlDeviceGetNumGpuCores: Not Supported"
-    }
+    assert list(snap.body["unknown"]) == ["gpus[1].mig_instance"]
+    assert "names no MIG instance" in snap.body["unknown"]["gpus[1].mig_instance"]
 
 
 def test_consumer_card_without_ecc_or_mig() -> None:

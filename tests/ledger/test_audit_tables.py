@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from ledger.audit import AuditReport
@@ -748,3 +749,35 @@ def test_a_clock_stepped_back_gives_no_leaf_a_time_before_the_last(
     assert after.signed_at >= before.signed_at
     assert datetime.now(UTC) - after.signed_at < timedelta(minutes=1)  # not 10 minutes back
     assert ledger.audit(checkpoint_interval=3600).ok
+
+
+def test_a_dropped_append_only_trigger_is_a_finding(ledger: Tampered):
+    """On either database, a guard the migrations installed and a superuser removed is named
+    (the Postgres catalog's other changes: tests/ledger/test_tamper.py)."""
+    if ledger.su.postgres:
+        with psycopg.connect(ledger.url) as conn:
+            conn.execute("DROP TRIGGER records_append_only ON records")
+    else:
+        ledger.su.execute([("DROP TRIGGER records_no_update", ())], [])
+    report = ledger.audit()
+    (found,) = [f for f in report.findings if f.check == "database"]
+    assert found.table == "records" and "records_" in found.message and "missing" in found.message
+
+
+def test_a_guard_trigger_replaced_by_one_that_lets_edits_through_is_a_finding(
+    ledger: Tampered,
+):
+    if ledger.su.postgres:
+        pytest.skip("the Postgres catalog's cases: tests/ledger/test_tamper.py")
+    ledger.su.execute(
+        [
+            ("DROP TRIGGER holds_no_update", ()),
+            (
+                "CREATE TRIGGER holds_no_update BEFORE UPDATE ON holds WHEN 0 BEGIN SELECT 1; END",
+                (),
+            ),
+        ],
+        [],
+    )
+    (found,) = [f for f in ledger.audit().findings if f.check == "database"]
+    assert found.table == "holds" and "replaced" in found.message

@@ -10,9 +10,11 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from alembic import command
+from sqlalchemy import text
 
 import migrations
-from ledger.errors import Conflict
+from ledger.errors import Conflict, InvalidInput
 from ledger.evidence import verify_bundle
 from ledger.evidence_format import load_bundle
 from ledger.storage import checkpoints, erasures, ingest, proofs, queries
@@ -69,3 +71,50 @@ def test_v1_records_verify_and_audit_after_the_upgrade(bare: Database):
     checkpoints.sign_if_new(bare, seeded.log_key, "test/log")
     report = audit(bare, seeded.log_key.public_key)
     assert report.ok, report.findings
+
+
+def test_a_schema_this_version_does_not_know_is_refused_never_migrated(bare: Database):
+    """A database written by a newer ledger (a revision this one does not know), a revision
+    older than the database's, and a database holding another application's tables are each
+    refused with a stable code; nothing is changed."""
+    migrations.upgrade(bare)
+    head = migrations.head_revision(bare)
+    with pytest.raises(InvalidInput) as err:
+        migrations.upgrade(bare, "0005")
+    assert err.value.code == "no_downgrade"
+    assert migrations.current_revision(bare) == head
+    with bare.engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0099'"))
+    for check in (migrations.upgrade, migrations.check_current):
+        with pytest.raises(InvalidInput) as err:
+            check(bare)
+        assert err.value.code == "schema_too_new" and "0099" in err.value.message
+
+
+def test_an_older_schema_is_named_for_readers_and_another_apps_database_is_not_taken(
+    bare: Database,
+):
+    with bare.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE customers (id INTEGER PRIMARY KEY)"))
+    with pytest.raises(InvalidInput) as err:
+        migrations.upgrade(bare)
+    assert err.value.code == "not_a_ledger_database" and "customers" in err.value.message
+    with bare.engine.begin() as conn:
+        conn.execute(text("DROP TABLE customers"))
+    migrations.upgrade(bare, "0008")
+    with pytest.raises(InvalidInput) as err:
+        migrations.check_current(bare)
+    assert err.value.code == "schema_outdated" and "ledger db upgrade" in err.value.message
+    migrations.upgrade(bare)
+    migrations.check_current(bare)
+
+
+def test_revision_0009_is_not_undone_while_the_log_depends_on_its_tables(bare: Database):
+    migrations.upgrade(bare)
+    seeded = seed_ledger(bare)
+    item = record_item_v2(seeded.collector, seeded.fingerprint_id)
+    ingest.ingest_records(bare, [item])
+    with pytest.raises(Exception, match="cannot be undone: disclosures"):
+        command.downgrade(migrations.alembic_config(bare), "0008")
+    assert migrations.current_revision(bare) == migrations.head_revision(bare)
+    assert audit(bare, seeded.log_key.public_key).ok

@@ -455,3 +455,73 @@ def test_an_envelope_no_parser_should_accept_is_a_finding_not_a_crash(ledger: Le
     report = audit(ledger.db, ledger.log_key.public_key)
     assert not report.ok
     assert ("canonical", idx) in {(f.check, f.index) for f in report.findings}
+
+
+@pytest.mark.parametrize(
+    ("statements", "table", "says"),
+    [
+        (  # hides one logged record from every role but a superuser: no row is edited
+            [
+                "ALTER TABLE records ENABLE ROW LEVEL SECURITY",
+                "CREATE POLICY hide ON records USING (request_id <> 'nobody')",
+            ],
+            "records",
+            "row-level security",
+        ),
+        (
+            ["ALTER TABLE log_entries DISABLE TRIGGER log_entries_append_only"],
+            "log_entries",
+            "ALWAYS",
+        ),
+        (["DROP TRIGGER checkpoints_no_truncate ON checkpoints"], "checkpoints", "missing"),
+        (
+            [  # the guard turned off without DISABLE TRIGGER: the function lets UPDATE through
+                "CREATE OR REPLACE FUNCTION ledger_refuse_mutation() RETURNS trigger "
+                "LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END; $$"
+            ],
+            "log_entries",
+            "not the ledger's",
+        ),
+        (
+            [  # the same, through a look-alike in another schema
+                "CREATE SCHEMA evil",
+                "CREATE FUNCTION evil.ledger_refuse_mutation() RETURNS trigger "
+                "LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END; $$",
+                "DROP TRIGGER records_append_only ON records",
+                "CREATE TRIGGER records_append_only BEFORE UPDATE OR DELETE ON records "
+                "FOR EACH ROW EXECUTE FUNCTION evil.ledger_refuse_mutation()",
+                "ALTER TABLE records ENABLE ALWAYS TRIGGER records_append_only",
+            ],
+            "records",
+            "not the ledger's",
+        ),
+        (
+            [  # the real function, under a condition that never holds
+                "DROP TRIGGER records_append_only ON records",
+                "CREATE TRIGGER records_append_only BEFORE UPDATE OR DELETE ON records "
+                "FOR EACH ROW WHEN (false) EXECUTE FUNCTION ledger_refuse_mutation()",
+                "ALTER TABLE records ENABLE ALWAYS TRIGGER records_append_only",
+            ],
+            "records",
+            "condition",
+        ),
+        (
+            ["CREATE RULE quiet AS ON INSERT TO replays DO INSTEAD NOTHING"],
+            "replays",
+            "rules rewrite",
+        ),
+    ],
+)
+def test_a_database_that_no_longer_enforces_what_the_ledger_installed_fails_the_audit(
+    ledger: Ledger, statements: list[str], table: str | None, says: str
+):
+    """A superuser can change what the ledger's role reads, or turn its guards off, without
+    editing a row (so no row check sees it): the audit reads the catalog and names it."""
+    with psycopg.connect(ledger.url) as conn:
+        for stmt in statements:
+            conn.execute(stmt)
+        conn.commit()
+    report = audit(ledger.db, ledger.log_key.public_key, **NOT_DUE)
+    assert not report.ok
+    assert all(f.check == "database" for f in report.findings), report.findings
+    assert any(f.table == table and says in f.message for f in report.findings), report.findings
