@@ -22,21 +22,10 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-APPEND_ONLY = (
-    "log_entries",
-    "signing_keys",
-    "key_revocations",
-    "fingerprints",
-    "records",
-    "merkle_nodes",
-    "checkpoints",
-    "replays",
-    "certificates",
-    "erasures",
-    "holds",
-    "hold_releases",
-)
-ERASABLE = ("cache_keys", "disclosures")  # rows deleted only under a logged erasure
+from ledger.storage.models import APPEND_ONLY_TABLES, ERASABLE_TABLES
+
+APPEND_ONLY = APPEND_ONLY_TABLES
+ERASABLE = ERASABLE_TABLES  # rows deleted only under a logged erasure
 TABLES = APPEND_ONLY + ERASABLE
 
 REFUSE = "ledger_refuse_mutation"
