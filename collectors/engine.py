@@ -11,8 +11,8 @@ built-in default of the engine version recorded beside it. ``batch_invariance`` 
 - ``none``: anything else, including an engine whose flags could not be read.
 
 Per-machine values (host, port, local paths, the raw command line) go to ``identity``, never the
-ID-bearing body; variables whose names name a secret (a word TOKEN or ending in KEY, or
-SECRET or PASSWORD anywhere) are dropped.
+ID-bearing body; variables whose names name a secret (a last word TOKEN or ending in KEY,
+FILE and PATH aside, or SECRET or PASSWORD anywhere) are dropped.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ What cannot be read is reported, never guessed.
   a Hugging Face repository name (:func:`tokenizer`). The engine applies the chat template of
   the tokenizer it loads: a directory's template (``chat_template.jinja``,
   ``chat_template.json``, ``tokenizer_config.json``) replaces the model directory's, as a
-  ``--chat-template`` does (which wins over both).
+  ``--chat-template`` does (which wins over both); a tokenizer without one, or a repository,
+  makes the template unknown.
 """
 
 from __future__ import annotations

@@ -24,9 +24,7 @@ from sqlalchemy import Connection, text
 
 from ledger.storage.models import APPEND_ONLY_TABLES, ERASABLE_TABLES
 
-APPEND_ONLY = APPEND_ONLY_TABLES
-ERASABLE = ERASABLE_TABLES  # rows deleted only under a logged erasure
-TABLES = APPEND_ONLY + ERASABLE
+TABLES = APPEND_ONLY_TABLES + ERASABLE_TABLES
 
 REFUSE = "ledger_refuse_mutation"
 ERASED_ONLY = "ledger_delete_only_erased"
@@ -72,7 +70,7 @@ def _postgres(conn: Connection) -> list[tuple[str | None, str]]:
         )
     }
     for table in TABLES:
-        guard = ERASED_ONLY if table in ERASABLE else REFUSE
+        guard = ERASED_ONLY if table in ERASABLE_TABLES else REFUSE
         for name, function, kind in (
             (f"{table}_append_only", guard, _ROW_GUARD),
             (f"{table}_no_truncate", REFUSE, _TRUNCATE_GUARD),
@@ -150,7 +148,8 @@ def _sqlite(conn: Connection) -> list[tuple[str | None, str]]:
     }
     found: list[tuple[str | None, str]] = []
     for table in TABLES:
-        delete = sqlite_erasure_guard(table) if table in ERASABLE else sqlite_guard(table, "DELETE")
+        erasable = table in ERASABLE_TABLES
+        delete = sqlite_erasure_guard(table) if erasable else sqlite_guard(table, "DELETE")
         for sql in (sqlite_guard(table, "UPDATE"), delete):
             name = sql.split()[2]
             got = stored.get(name)
