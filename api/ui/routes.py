@@ -169,10 +169,13 @@ async def read_form(request: Request) -> dict[str, str]:
             raise _form_too_large()
     try:
         fields = parse_qs(
-            raw.decode("utf-8", errors="replace"),
+            raw.decode("utf-8"),
             keep_blank_values=True,
             max_num_fields=FORM_FIELDS,
+            errors="strict",  # a reason is signed into the log: never with U+FFFD put in
         )
+    except UnicodeDecodeError as exc:
+        raise InvalidInput("a console form's fields are UTF-8 text", code="form_expected") from exc
     except ValueError as exc:  # more fields than any console form has
         raise InvalidInput(
             f"a console form has at most {FORM_FIELDS} fields", code="form_expected"

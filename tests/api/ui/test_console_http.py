@@ -537,3 +537,18 @@ def test_a_console_form_is_read_only_up_to_its_small_limit(scene: Scene):
     assert chunked.status_code == 413 and "body_too_large" in chunked.text
     many = c.post("/ui/signin", content="&".join(f"k{i}=v" for i in range(100)), headers=form)
     assert many.status_code == 422 and "form_expected" in many.text
+
+
+def test_a_form_field_that_is_not_utf8_is_refused_not_replaced(scene: Scene):
+    """A reason is signed into the log: bytes that are not UTF-8 were decoded with U+FFFD put
+    in their place (the API answers 400 for the same bytes); now the form is refused and
+    nothing is logged."""
+    c = sign_in(scene, scene.h.admin_token)
+    rid = scene.rid
+    page = c.get(f"/ui/records/{rid}")
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    body = f"csrf={csrf_of(page.text)}&reason=held%FF%FE"
+    before = scene.h.client().get("/v1/holds").json()["holds"]
+    held = c.post(f"/ui/records/{rid}/hold", content=body, headers=form)
+    assert held.status_code == 422 and "form_expected" in held.text
+    assert scene.h.client().get("/v1/holds").json()["holds"] == before
