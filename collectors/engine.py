@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from collectors import vllm_flags
 from collectors.overrides import config_args, last_value, tokenizer
 from collectors.procinfo import EngineProcess
 from ledger.errors import Unreachable
@@ -52,18 +53,16 @@ EXTRA_ENV = frozenset(
     }
 )
 
-# flag -> (field, kind); kind "bool" flags also accept --no-<flag>.
+# flag -> (field, kind); kind "bool" flags also accept --no-<flag>. Short forms (-tp, -cc, ...)
+# are read as their long names (vllm_flags.ALIASES). Every other flag but the deployment-only
+# ones goes to the body's other_flags (vllm_flags).
 FLAGS: dict[str, tuple[str, str]] = {
     "--dtype": ("dtype", "str"),
     "--quantization": ("quantization", "str"),
-    "-q": ("quantization", "str"),
     "--kv-cache-dtype": ("kv_cache_dtype", "str"),
     "--tensor-parallel-size": ("tensor_parallel_size", "int"),
-    "-tp": ("tensor_parallel_size", "int"),
     "--pipeline-parallel-size": ("pipeline_parallel_size", "int"),
-    "-pp": ("pipeline_parallel_size", "int"),
     "--data-parallel-size": ("data_parallel_size", "int"),
-    "-dp": ("data_parallel_size", "int"),
     "--max-num-seqs": ("max_num_seqs", "int"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", "int"),
     "--max-model-len": ("max_model_len", "int"),
@@ -76,13 +75,12 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--seed": ("seed", "str"),
     "--generation-config": ("generation_config", "str"),
     "--max-logprobs": ("max_logprobs", "int"),
-    "--served-model-name": ("served_model_name", "str"),
+    "--served-model-name": ("served_model_name", "list"),  # the first is the model's name
     "--tokenizer-mode": ("tokenizer_mode", "str"),
     # overrides of what the model directory says, and how kernels are compiled and captured
     "--override-generation-config": ("override_generation_config", "json"),
     "--hf-overrides": ("hf_overrides", "json"),
     "--compilation-config": ("compilation_config", "json"),
-    "-cc": ("compilation_config", "json"),
     "--optimization-level": ("optimization_level", "str"),  # also -O3, -O=3, -O 3
     "--cuda-graph-sizes": ("cuda_graph_sizes", "list"),
     "--max-seq-len-to-capture": ("max_seq_len_to_capture", "int"),
@@ -90,12 +88,10 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--max-cudagraph-capture-size": ("max_cudagraph_capture_size", "int"),
     # which kernels and implementations run, and how work is split and scheduled
     "--attention-config": ("attention_config", "json"),
-    "-ac": ("attention_config", "json"),
     "--quantization-config": ("quantization_config", "json"),
     "--model-impl": ("model_impl", "str"),
     "--moe-backend": ("moe_backend", "str"),
     "--enable-expert-parallel": ("enable_expert_parallel", "bool"),
-    "-ep": ("enable_expert_parallel", "bool"),
     "--disable-custom-all-reduce": ("disable_custom_all_reduce", "bool"),
     "--decode-context-parallel-size": ("decode_context_parallel_size", "int"),
     "--prefill-context-parallel-size": ("prefill_context_parallel_size", "int"),
@@ -205,19 +201,40 @@ def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
             into[key] = value
 
 
+_PYTHON = re.compile(r"python[0-9.]*")
+
+
+def engine_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
+    """The arguments vLLM's parser reads: ``argv`` without the program, or, when the program is
+    a Python interpreter, without it, its own options and the module (``-m``) or script."""
+    args = list(argv)
+    if not args or args[0].startswith("-"):
+        return args
+    if not _PYTHON.fullmatch(args[0].rsplit("/", 1)[-1]):
+        return args[1:]
+    i = 1
+    while i < len(args) and args[i].startswith("-"):
+        if args[i] in ("-m", "-c"):  # what follows the module or the code is the program's
+            return args[i + 2 :]
+        i += 2 if args[i] in ("-W", "-X") else 1
+    return args[i + 1 :]
+
+
 def parse_engine_args(argv: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """Engine fields given on the command line (last occurrence wins), and parse problems.
 
     As vLLM 0.32's parser reads them: ``-O3``, ``-O=3`` and ``-O 3`` set the optimization
     level; ``--compilation-config.mode 0`` (a member of a JSON flag, by dots, ``+`` appending a
     comma-separated list) merges into one object per flag that replaces the flag's plain value.
-    A dotted member of a flag this collector does not read is reported in ``unknown``.
+    A flag this collector does not interpret, unless it is deployment-only, is kept with its
+    value in ``given["other_flags"]`` (present only when there is one).
     """
     given: dict[str, Any] = {}
     unknown: dict[str, str] = {}
     dotted: dict[str, dict[str, Any]] = {}
+    other: dict[str, Any] = {}
     i = 0
-    args = list(argv)
+    args = engine_argv(argv)
     while i < len(args):
         arg = args[i]
         if arg.startswith("-O") and arg != "-O" and not arg.startswith("-O."):
@@ -233,11 +250,12 @@ def parse_engine_args(argv: tuple[str, ...] | list[str]) -> tuple[dict[str, Any]
             i = _dotted(args, i, name, eq, inline, dotted)
             continue
         name = name.replace("_", "-") if name.startswith("--") else name
+        name = vllm_flags.ALIASES.get(name, name)
         negated = name.startswith("--no-")
         key = "--" + name[5:] if negated else name
         spec = FLAGS.get(key)
-        if spec is None:
-            i += 1
+        if spec is None or (negated and spec[1] != "bool"):
+            i = _other_flag(args, i, name, eq, inline, other) if name.startswith("-") else i + 1
             continue
         field, kind = spec
         if kind == "bool":
@@ -268,17 +286,62 @@ def parse_engine_args(argv: tuple[str, ...] | list[str]) -> tuple[dict[str, Any]
             i += 1
             continue
         given[field] = _convert(value, kind, key, unknown)
+    names = given.get("served_model_name")
+    if isinstance(names, list):  # vLLM answers with the first (the others are aliases)
+        given["served_model_name"] = names[0] if names else None
     if isinstance(given.get("moe_backend"), str):  # vLLM: lower case, dashes as underscores
         given["moe_backend"] = given["moe_backend"].lower().replace("-", "_")
     for flag, members in dotted.items():
+        flag = vllm_flags.ALIASES.get(flag, flag)
         spec = FLAGS.get(flag)
         if spec is not None and spec[1] == "json":
             given[spec[0]] = members
-        else:
-            unknown[flag] = f"{flag} set by members, not read by this collector: " + json.dumps(
-                members, sort_keys=True
-            )
+        elif flag not in vllm_flags.DEPLOYMENT_ONLY:
+            other[flag] = members
+    if other:
+        given["other_flags"] = dict(sorted(other.items()))
     return given, unknown
+
+
+SECRET_VALUE = "(a secret: not recorded)"
+
+
+def _other_flag(
+    args: list[str], i: int, name: str, eq: str, inline: str, into: dict[str, Any]
+) -> int:
+    """Reads a flag the collector does not interpret at ``args[i]``, with as many values as
+    vLLM's parser gives it, into ``into`` (unless it is deployment-only); the next index."""
+    value: Any
+    switch_off = name.startswith("--no-") and name in vllm_flags.SWITCHES
+    flag = "--" + name[5:] if switch_off else name
+    i += 1
+    if name in vllm_flags.SWITCHES:
+        value = False if switch_off else (inline if eq else True)
+    elif eq:
+        value = inline
+    elif name in vllm_flags.LISTS:
+        value = []
+        while i < len(args) and not args[i].startswith("-"):
+            value.append(args[i])
+            i += 1
+    elif name in vllm_flags.ONE_VALUE:
+        value = args[i] if i < len(args) else None
+        i += 1
+    elif i < len(args) and not args[i].startswith("-"):
+        # an optional value, or a flag vLLM 0.32 does not have: what follows is its value
+        value = args[i]
+        i += 1
+    else:
+        value = True
+    if flag in vllm_flags.DEPLOYMENT_ONLY:
+        return i
+    if _is_secret(flag[2:] if flag.startswith("--") else flag):
+        value = SECRET_VALUE
+    if flag in vllm_flags.APPEND:
+        into.setdefault(flag, []).append(value)
+    else:
+        into[flag] = value
+    return i
 
 
 def _dotted(
@@ -452,11 +515,13 @@ def snapshot_engine(
     identity: dict[str, Any] = {"url": engine_url}
     fields: dict[str, Any] = dict.fromkeys(FIELDS, DEFAULT)
     env_body: dict[str, str] | None = None
+    other_flags: dict[str, Any] | None = None
     argv: tuple[str, ...] = ()
     if process is not None:
         from_file, file_problems = config_args(process)
-        argv = (*from_file, *process.argv)  # the command line's own flags win
+        argv = (*from_file, *engine_argv(process.argv))  # the command line's own flags win
         given, problems = parse_engine_args(argv)
+        other_flags = given.pop("other_flags", {})
         fields.update(given)
         unknown.update(file_problems)
         unknown.update(problems)
@@ -505,6 +570,7 @@ def snapshot_engine(
         "name": "vllm",
         "version": version,
         **fields,
+        "other_flags": other_flags,
         "env": env_body,
         "batch_invariance": batch_invariance(fields, env_body),
         # in custom mode the answer is a label, not a description: kept out of the ID, which

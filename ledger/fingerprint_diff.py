@@ -181,6 +181,8 @@ def impact(path: str, a: dict[str, Any], b: dict[str, Any]) -> str:
             return "default seed changed: sampled requests without their own seed differ"
         if field == "env":
             return "engine environment changed: may change kernels or scheduling"
+        if field == "other_flags":
+            return "a flag the collector does not interpret changed: may change outputs"
         if field == "unknown":
             return "what could not be read differs"
         return "engine setting changed: may change outputs"

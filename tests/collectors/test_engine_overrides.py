@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from collectors.artifacts import model_section
-from collectors.engine import parse_engine_args, snapshot_engine
+from collectors.engine import SECRET_VALUE, parse_engine_args, snapshot_engine
 from collectors.overrides import chat_template, config_args, engine_path, last_value, tokenizer
 from collectors.procinfo import EngineProcess
 from ledger.fingerprint_diff import diff
@@ -90,10 +90,10 @@ def test_members_of_a_json_flag_given_by_dots_are_read_as_vllm_reads_them() -> N
     base = snapshot_engine(None, engine([])).body
     for argv in (["--compilation-config.cudagraph_mode", "none"], ["-cc.mode", "0"]):
         assert snapshot_engine(None, engine(argv)).body != base
-    # a dotted member of a flag the collector does not read is said, with its value
+    # a dotted member of a flag the collector does not interpret is kept with its value
     given, unknown = parse_engine_args(["--kv-transfer-config.kv_role", "kv_both"])
-    assert given == {}
-    assert unknown["--kv-transfer-config"].endswith('{"kv_role": "kv_both"}')
+    assert given == {"other_flags": {"--kv-transfer-config": {"kv_role": "kv_both"}}}
+    assert unknown == {}
 
 
 def test_flags_that_choose_kernels_or_split_work_are_in_the_body() -> None:
@@ -110,6 +110,56 @@ def test_flags_that_choose_kernels_or_split_work_are_in_the_body() -> None:
         changed = snapshot_engine(None, engine(argv)).body
         assert changed != base, argv
         assert diff({"engine": base}, {"engine": changed}), argv
+
+
+def test_every_flag_the_collector_does_not_interpret_is_in_the_body() -> None:
+    """vLLM 0.32 has about 430 options; one the collector has no field for still changes the
+    ID (with its value, read with as many arguments as vLLM's parser gives it), unless it only
+    says where the server listens, what it logs or where it downloads."""
+    base = snapshot_engine(None, engine([])).body
+    assert base["other_flags"] == {}
+    cases = {
+        ("--use-fp64-gumbel",): {"--use-fp64-gumbel": True},
+        ("--no-enable-dbo",): {"--enable-dbo": False},
+        ("--num-gpu-blocks-override", "100"): {"--num-gpu-blocks-override": "100"},
+        ("--revision", "abc", "--tokenizer-revision", "t1"): {
+            "--revision": "abc",
+            "--tokenizer-revision": "t1",
+        },
+        ("--lora-modules", "a=/x", "b=/y", "--enforce-eager"): {"--lora-modules": ["a=/x", "b=/y"]},
+        ("-dpl", "2"): {"--data-parallel-size-local": "2"},
+        ("--data_parallel_size_local=2",): {"--data-parallel-size-local": "2"},
+        ("--kernel-config.linear_backend", "x"): {"--kernel-config": {"linear_backend": "x"}},
+        ("--middleware", "a.B", "--middleware", "c.D"): {"--middleware": ["a.B", "c.D"]},
+        ("--a-flag-of-a-later-vllm", "v"): {"--a-flag-of-a-later-vllm": "v"},
+        ("--a-later-secret-token", "hunter2"): {"--a-later-secret-token": SECRET_VALUE},
+    }
+    for argv, other in cases.items():
+        body = snapshot_engine(None, engine(list(argv))).body
+        assert body["other_flags"] == other, argv
+        assert "hunter2" not in json.dumps(body)
+        assert diff({"engine": base}, {"engine": body}), argv
+    # the flag that takes a value swallows it, a switch does not
+    given, _ = parse_engine_args(["--api-key", "k1", "k2", "--max-num-seqs", "1"])
+    assert given == {"max_num_seqs": 1}
+    given, _ = parse_engine_args(["--use-fp64-gumbel", "--max-num-seqs", "2"])
+    assert given == {"max_num_seqs": 2, "other_flags": {"--use-fp64-gumbel": True}}
+    # where it listens, what it logs, where it downloads: the same engine
+    deployment = [
+        *("--host", "0.0.0.0", "--port", "9000", "--api-key", "s3cret", "--enable-log-requests"),
+        *("--uvicorn-log-level", "debug", "--download-dir", "/d", "--hf-token", "hf_x", "-asc"),
+        *("4", "--disable-log-stats", "--otlp-traces-endpoint", "http://t:4317"),
+    ]
+    assert snapshot_engine(None, engine(deployment)).body == base
+    # the interpreter's own options are not the engine's
+    python = EngineProcess(
+        os.getpid(),
+        ("/usr/bin/python3.11", "-X", "utf8", "-u", "-m", "vllm.entrypoints.openai.api_server"),
+        {},
+        None,
+        None,
+    )
+    assert snapshot_engine(None, python).body == base
 
 
 @pytest.mark.parametrize(
