@@ -132,6 +132,8 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
             'Errors are JSON: {"error": {"code", "message", "details"?}}.'
         ),
         lifespan=lifespan,
+        # /v1/keys/ is not /v1/keys: a JSON 404, not an empty 307 to a URL built from Host
+        redirect_slashes=False,
     )
     app.state.ledger = state
     # The gate (token, scope, body size and time) runs before the router reads any body; the

@@ -34,9 +34,9 @@ from api.workers_client import WorkerAnswer, run_order
 from ledger import certify
 from ledger.compact_json import compact_json
 from ledger.compare import Comparison, Generation, compare
-from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
+from ledger.errors import Conflict, InvalidInput, LedgerError
 from ledger.replay import output_generation
-from ledger.storage import cache, certification_jobs, verdicts, workers
+from ledger.storage import cache, certification_jobs, queries, verdicts, workers
 from ledger.storage.certification_jobs import INTERRUPTED, Job
 from ledger.storage.workers import WorkerInfo
 
@@ -168,8 +168,7 @@ def _served_name(value: Any) -> str | None:
 
 def get(state: AppState, job_id: str) -> dict[str, Any]:
     """A job as the database has it, whichever process runs it (blocking)."""
-    if not _JOB_ID.fullmatch(job_id):
-        raise NotFound(f"no certification {job_id!r}", code="job_not_found")
+    queries.check_name(job_id, _JOB_ID, "a certification ID is cert- and 32 hex digits")
     return to_dict(certification_jobs.get(state.db, job_id))
 
 

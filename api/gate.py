@@ -106,6 +106,8 @@ def _query_kinds(fields: Sequence[Any]) -> dict[str, str]:
         args = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
         if any(a is list or get_origin(a) is list for a in args):
             kinds[f.alias] = "list"
+        elif any(a is bool for a in args):
+            kinds[f.alias] = "bool"
         elif any(a is int for a in args):
             kinds[f.alias] = "int"
         else:
@@ -113,7 +115,7 @@ def _query_kinds(fields: Sequence[Any]) -> dict[str, str]:
     return kinds
 
 
-_INTEGER = re.compile(r"[+-]?[0-9]+")
+_INTEGER = re.compile(r"-?[0-9]+")  # as JSON writes one: no sign +, no space, no point
 
 
 def query_problem(declared: dict[str, str], query_string: bytes) -> LedgerError | None:
@@ -128,8 +130,10 @@ def query_problem(declared: dict[str, str], query_string: bytes) -> LedgerError 
                 problem += f" (this route takes {', '.join(sorted(declared))})"
         elif name in seen and kind != "list":
             problem = f"query parameter {name!r} is given more than once"
-        elif kind == "int" and not _INTEGER.fullmatch(value.strip()):
+        elif kind == "int" and not _INTEGER.fullmatch(value):
             problem = f"query parameter {name!r} must be an integer, got {value[:40]!r}"
+        elif kind == "bool" and value not in ("true", "false"):
+            problem = f"query parameter {name!r} must be true or false, got {value[:40]!r}"
         if problem is not None:
             return InvalidInput(
                 problem,

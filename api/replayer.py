@@ -25,7 +25,7 @@ from ledger.cachekey import is_deterministic
 from ledger.compact_json import compact_json
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
 from ledger.fingerprint_diff import diff
-from ledger.key_scope import may_sign_for
+from ledger.key_scope import check_pool_name, may_sign_for
 from ledger.replay import build_verdict, output_generation, record_generation
 from ledger.storage import cache, queries, registered, verdicts, workers
 from ledger.storage.database import Database
@@ -121,6 +121,8 @@ async def replay(
     state: AppState, request_id: str, pool: str | None, force: bool
 ) -> verdicts.Stored:
     db = state.db
+    if pool is not None:
+        check_pool_name(pool)  # a name no pool can have: as on every other route
     record = await run_in_threadpool(queries.get_record, db, request_id)
     typed = record.record
     body = typed.content_view()  # Gone (410 content_erased) once the content was erased

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ledger.heartbeat import MAX_PENDING
+
 
 class StrictInput(BaseModel):
     """A request body: no unknown members, and no coercion (``true`` is not 1, 8.0 is not 8,
@@ -135,8 +137,16 @@ RECORD_BATCH_SCHEMA: dict[str, Any] = {
 }
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 409, 410, 413, 422, 503)
+    status: {"model": ErrorResponse}
+    for status in (400, 401, 403, 404, 405, 409, 410, 413, 422, 500, 503)
 }
+# what a route that asks a worker answers when the worker cannot be reached
+UPSTREAM_ERRORS: dict[int | str, dict[str, Any]] = {502: {"model": ErrorResponse}}
+
+
+def repeated(description: str) -> dict[int | str, dict[str, Any]]:
+    """The 200 of a route that answers 201 the first time and 200 for the same request again."""
+    return {200: {"description": description}}
 
 
 class WorkerHeartbeat(BaseModel):
@@ -157,6 +167,12 @@ class WorkerHeartbeat(BaseModel):
     issued_at: str = Field(
         description="RFC 3339 UTC (…Z), within 60 s of the ledger's clock and later than the "
         "worker's last accepted heartbeat"
+    )
+    spool_pending: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_PENDING,
+        description="records the collector's spool holds that the ledger has not yet taken",
     )
 
 

@@ -71,6 +71,12 @@ def _lookup(state: AppState, payload: CacheLookupRequest) -> tuple[Answer, dict[
 @router.post(
     "/lookup",
     summary="A request's recorded answer, in one call",
+    responses={
+        200: {
+            "description": "a hit or a miss; a streamed request's hit as server-sent events",
+            "content": {"application/json": {}, "text/event-stream": {}},
+        }
+    },
     description="Keys the request (`ck1`) under the fingerprint of the named pool's live workers "
     "(the one most of them serve; `pool_fingerprint_ids` lists all) or under `fingerprint_id`, "
     'and answers `{"hit": true, "response"}` with vLLM\'s answer rebuilt from the '

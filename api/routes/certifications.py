@@ -10,11 +10,11 @@ from starlette.concurrency import run_in_threadpool
 from api import certifier
 from api.auth import ReadRecords, ReplayScope
 from api.body import body_doc, json_body
-from api.schemas import ERRORS, CertifyCreate
+from api.schemas import ERRORS, UPSTREAM_ERRORS, CertifyCreate
 from api.state import StateDep
 from ledger.storage import verdicts
 
-router = APIRouter(tags=["certifications"], responses=ERRORS)
+router = APIRouter(tags=["certifications"], responses={**ERRORS, **UPSTREAM_ERRORS})
 
 
 @router.post(

@@ -16,6 +16,7 @@ from api.schemas import (
     ErasureCreate,
     HoldCreate,
     RecordFilterInput,
+    repeated,
 )
 from api.state import StateDep
 from ledger.clock import rfc3339
@@ -41,6 +42,7 @@ def record_filter(flt: RecordFilterInput) -> queries.RecordFilter:
 @router.post(
     "/v1/records/{request_id}/erasure",
     status_code=201,
+    responses=repeated("the record was already erased: `already_erased` with its event"),
     summary="Erase a record's content (its disclosures, cache keys) with a logged event",
     description="Scope `erasure`. Appends an `erasure` event signed by the log key (request "
     "ID, the digests erased, reason, the token's name, time). 409 `not_erasable` for a schema "

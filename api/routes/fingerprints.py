@@ -7,7 +7,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import ReadRecords, WriteRecords
 from api.body import read_json
-from api.schemas import ENVELOPE_SCHEMA, ERRORS, FingerprintCreated
+from api.schemas import ENVELOPE_SCHEMA, ERRORS, FingerprintCreated, repeated
 from api.state import StateDep
 from ledger.storage import ingest
 
@@ -18,6 +18,7 @@ router = APIRouter(prefix="/v1/fingerprints", tags=["fingerprints"], responses=E
     "",
     response_model=FingerprintCreated,
     status_code=201,
+    responses=repeated("the same fingerprint registered again"),
     summary="Register a signed fingerprint envelope",
     openapi_extra={
         "requestBody": {

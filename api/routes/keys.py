@@ -7,7 +7,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import Admin, ReadRecords
 from api.body import body_doc, json_body
-from api.schemas import ERRORS, KeyCreate, KeyList, KeyPublic, KeyRevoke
+from api.schemas import ERRORS, KeyCreate, KeyList, KeyPublic, KeyRevoke, repeated
 from api.state import StateDep
 from ledger.storage import keystore
 
@@ -18,6 +18,7 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=ERRORS)
     "",
     response_model=KeyPublic,
     status_code=201,
+    responses=repeated("the same key registered again: its registration as it stands"),
     summary="Register a signing key",
     description=(
         "An all-zero or other small-order Ed25519 point is refused: 422 `weak_public_key`. "

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import ReadRecords, WriteRecords
 from api.body import parse_json, read_json_bytes
-from api.schemas import ERRORS, RECORD_BATCH_SCHEMA, IngestResponse
+from api.schemas import ERRORS, RECORD_BATCH_SCHEMA, IngestResponse, repeated
 from api.state import AppState, StateDep
 from ledger.compare import VERDICTS
 from ledger.errors import InvalidInput, TooLarge
@@ -25,6 +25,7 @@ router = APIRouter(prefix="/v1/records", tags=["records"], responses=ERRORS)
     "",
     response_model=IngestResponse,
     status_code=201,
+    responses=repeated("every record of the batch was already logged (each a `duplicate`)"),
     summary="Ingest a batch of signed inference records (atomic)",
     description=(
         "The batch is atomic: if any envelope is malformed, fails verification or conflicts "

@@ -10,11 +10,11 @@ from starlette.concurrency import run_in_threadpool
 from api import replayer
 from api.auth import ReadRecords, ReplayScope
 from api.body import body_doc, json_body
-from api.schemas import ERRORS, ReplayCreate
+from api.schemas import ERRORS, UPSTREAM_ERRORS, ReplayCreate
 from api.state import StateDep
 from ledger.storage import verdicts
 
-router = APIRouter(prefix="/v1/replays", tags=["replays"], responses=ERRORS)
+router = APIRouter(prefix="/v1/replays", tags=["replays"], responses={**ERRORS, **UPSTREAM_ERRORS})
 
 
 @router.post(

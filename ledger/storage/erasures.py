@@ -318,6 +318,7 @@ def erase_matching(
     lists exactly what a run would erase, and writes nothing. ``with_content``: read only
     records with stored content (then ``not_erasable`` stays 0: v1 records are not read)."""
     flt.check()
+    check_reason(reason)  # a dry run answers as the run would, even when nothing matches
     result = BulkResult(dry_run)
     for s, page in _scan(db, flt, before, with_content):
         holds = active_holds(s)

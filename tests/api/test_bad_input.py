@@ -9,10 +9,12 @@ import base64
 import json
 from typing import Any
 
+import jsonschema
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from api.routes.workers import HEARTBEAT_MAX_BYTES
+from ledger.heartbeat import build_heartbeat
 from ledger.signing import public_key_pem
 from tests.support.documents import fingerprint_body, record_body, resign
 from tests.support.harness import MAX_BATCH, MAX_BODY, Harness
@@ -229,6 +231,35 @@ def test_openapi_states_the_real_limits(api: Harness):
     assert big.json()["error"]["details"]["limit"] == HEARTBEAT_MAX_BYTES
     keys = spec["paths"]["/v1/keys"]["post"]["requestBody"]["content"]["application/json"]
     assert set(keys["schema"]["properties"]) == {"name", "role", "public_key", "pools"}
+
+
+def test_openapi_states_the_real_answers(api: Harness):
+    """The heartbeat schema refused the spool_pending collectors send; 200 on a repeated
+    registration, 405, 500, 502, the health check's 503 and a streamed hit were undeclared."""
+    spec = _spec(api)
+    body_schema = spec["paths"]["/v1/workers"]["post"]["requestBody"]["content"][
+        "application/json"
+    ]["schema"]["properties"]["body"]
+    sent = build_heartbeat(
+        worker_id="w1", pool="p", url="http://127.0.0.1:1", fingerprint_id="sha256:" + "0" * 64,
+        spool_pending=3,
+    )  # fmt: skip
+    jsonschema.validate(sent, body_schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**sent, "spool_pending": -1}, body_schema)
+    paths = spec["paths"]
+    for path, method in (
+        ("/v1/keys", "post"),
+        ("/v1/fingerprints", "post"),
+        ("/v1/records", "post"),
+        ("/v1/records/{request_id}/erasure", "post"),
+    ):
+        assert {"200", "201"} <= set(paths[path][method]["responses"]), path
+    assert {"405", "500"} <= set(paths["/v1/records"]["get"]["responses"])
+    assert "502" in paths["/v1/replays"]["post"]["responses"]
+    assert "503" in paths["/healthz"]["get"]["responses"]
+    lookup = paths["/v1/cache/lookup"]["post"]["responses"]["200"]["content"]
+    assert {"application/json", "text/event-stream"} <= set(lookup)
 
 
 # ---- strict types -------------------------------------------------------------------------
@@ -488,11 +519,16 @@ def test_a_query_parameter_the_route_does_not_take_is_422_not_ignored(api: Harne
         ("limit=1.0", "limit"),
         ("limit=", "limit"),
         ("model=a&model=b", "model"),
+        ("limit=%2B2", "limit"),
+        ("limit=%202", "limit"),
+        ("aborted=yes", "aborted"),
+        ("held=1", "held"),
+        ("aborted=True", "aborted"),
     ):
         err = assert_error(c.get(f"/v1/records?{query}"), 422, "schema_violation")
         assert err["details"]["errors"][0]["loc"] == ["query", name], query
     assert c.get("/v1/records?limit=2&model=nothing").status_code == 200
-    assert c.get("/v1/records?limit=+2").status_code == 200
+    assert c.get("/v1/records?aborted=false&held=true").status_code == 200
     err = assert_error(
         c.get("/v1/log/proof/inclusion?index=0&tree_size=1&x=1"), 422, "schema_violation"
     )
@@ -501,3 +537,33 @@ def test_a_query_parameter_the_route_does_not_take_is_422_not_ignored(api: Harne
     assert_error(c.get("/v1/log/checkpoint?verbose=1"), 422, "schema_violation")
     # the token is still checked first
     assert c.__class__(base_url=str(c.base_url)).get("/v1/records?modle=x").status_code == 401
+
+
+def test_the_same_mistake_gets_the_same_answer_on_every_route(api: Harness):
+    """A dry run took a blank reason the run refuses; a pool name no pool can have was
+    unknown_pool on replays only; a certification ID of the wrong form was a 404 echoing it;
+    a trailing slash was an empty 307 to a URL built from the Host header, before the token."""
+    c = api.client()
+    for body in (
+        {"filter": {}, "reason": " "},
+        {"filter": {"model": "no-such-model"}, "reason": "a\x00b"},
+        {"filter": {}, "reason": " ", "dry_run": False},
+    ):
+        assert_error(c.post("/v1/erasures", json=body), 422, "invalid_parameters")
+    for pool in ("bad/pool", "p" * 101, "a\x00"):
+        assert_error(
+            c.post("/v1/replays", json={"request_id": "r1", "pool": pool}),
+            422,
+            "invalid_parameters",
+        )
+    for job in ("a%00b", "cert-" + "0" * 5000, "x"):
+        resp = c.get(f"/v1/certifications/{job}")
+        assert_error(resp, 422, "invalid_parameters")
+        assert len(resp.text) < 1000
+    assert_error(c.get("/v1/certifications/cert-" + "0" * 32), 404, "job_not_found")
+    anonymous = c.__class__(base_url=str(c.base_url))
+    for client in (c, anonymous):
+        for method, path in (("GET", "/v1/keys/"), ("POST", "/v1/records/"), ("GET", "/healthz/")):
+            resp = client.request(method, path, headers={"host": "evil.example"})
+            assert_error(resp, 404, "not_found")
+            assert "location" not in resp.headers
