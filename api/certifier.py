@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from api.state import AppState
 from api.workers_client import WorkerAnswer, run_order
 from ledger import certify
+from ledger.clock import rfc3339
 from ledger.compact_json import compact_json
 from ledger.compare import Comparison, Generation, compare
 from ledger.errors import Conflict, InvalidInput, LedgerError
@@ -74,8 +75,8 @@ def to_dict(job: Job) -> dict[str, Any]:
         "total": job.total,
         "parameters": job.parameters,
         "error": job.error,
-        "created_at": job.created_at.isoformat(),
-        "updated_at": job.updated_at.isoformat(),
+        "created_at": rfc3339(job.created_at),
+        "updated_at": rfc3339(job.updated_at),
     }
     if job.certificate is not None:
         out["certificate_id"] = job.certificate_id

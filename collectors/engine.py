@@ -201,22 +201,35 @@ def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
             into[key] = value
 
 
-_PYTHON = re.compile(r"python[0-9.]*")
+_PYTHON = re.compile(r"(python|pypy)[0-9.]*t?")
+_PYTHON_VALUED = frozenset({"--check-hash-based-pycs"})  # long interpreter options with a value
 
 
 def engine_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
     """The arguments vLLM's parser reads: ``argv`` without the program, or, when the program is
-    a Python interpreter, without it, its own options and the module (``-m``) or script."""
+    a Python interpreter, without it, its own options (``-u``, ``-X utf8``, ``-Wignore``,
+    clusters such as ``-um``) and the module (``-m``) or the code (``-c``) or the script.
+    Arguments that start with ``-`` are never dropped unless they are the interpreter's, so
+    applying it twice drops at most a positional (``serve``, the model), which vLLM's flags
+    do not depend on."""
     args = list(argv)
     if not args or args[0].startswith("-"):
         return args
     if not _PYTHON.fullmatch(args[0].rsplit("/", 1)[-1]):
         return args[1:]
     i = 1
-    while i < len(args) and args[i].startswith("-"):
-        if args[i] in ("-m", "-c"):  # what follows the module or the code is the program's
-            return args[i + 2 :]
-        i += 2 if args[i] in ("-W", "-X") else 1
+    while i < len(args) and args[i].startswith("-") and args[i] != "-":
+        arg = args[i]
+        if arg.startswith("--"):
+            i += 2 if arg in _PYTHON_VALUED else 1
+            continue
+        for j, letter in enumerate(arg[1:], start=2):
+            if letter in "mc":  # the module or the code: glued (-mvllm...) or the next argument
+                return args[i + 1 :] if arg[j:] else args[i + 2 :]
+            if letter in "WX":  # a value, glued (-Wignore) or the next argument
+                i += 0 if arg[j:] else 1
+                break
+        i += 1
     return args[i + 1 :]
 
 
@@ -297,7 +310,7 @@ def parse_engine_args(argv: tuple[str, ...] | list[str]) -> tuple[dict[str, Any]
         if spec is not None and spec[1] == "json":
             given[spec[0]] = members
         elif flag not in vllm_flags.DEPLOYMENT_ONLY:
-            other[flag] = members
+            other[flag] = SECRET_VALUE if _is_secret(flag.lstrip("-")) else _redacted(members)
     if other:
         given["other_flags"] = dict(sorted(other.items()))
     return given, unknown
@@ -335,13 +348,40 @@ def _other_flag(
         value = True
     if flag in vllm_flags.DEPLOYMENT_ONLY:
         return i
-    if _is_secret(flag[2:] if flag.startswith("--") else flag):
-        value = SECRET_VALUE
+    value = SECRET_VALUE if _is_secret(flag.lstrip("-")) else _redacted(_json_or_text(value))
     if flag in vllm_flags.APPEND:
         into.setdefault(flag, []).append(value)
     else:
         into[flag] = value
     return i
+
+
+def _json_or_text(value: Any) -> Any:
+    """A JSON object or array given as text, parsed (so spacing and member order, or the same
+    setting from a --config file, give one ID); any other value as it is."""
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    if isinstance(value, list):
+        return [_json_or_text(v) for v in value]
+    return value
+
+
+_USERINFO = re.compile(r"(?<=://)[^/?#@\s]*@")
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` without what may be a secret: a member whose name names one (at any depth:
+    ``{"s3_secret_access_key": ...}``), and the user and password of a URL."""
+    if isinstance(value, dict):
+        return {k: SECRET_VALUE if _is_secret(str(k)) else _redacted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    if isinstance(value, str):
+        return _USERINFO.sub(SECRET_VALUE + "@", value)
+    return value
 
 
 def _dotted(

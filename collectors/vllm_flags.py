@@ -190,7 +190,8 @@ APPEND = frozenset({"--middleware"})
 
 # Flags that cannot change what the engine computes for a request: where the server listens and
 # whom it lets in, what it logs, traces and counts, where and how fast it loads files, how it
-# reaches its peers, and flags the collector reads elsewhere (the model, --config, the chat
+# reaches its peers and which of this host's devices and ranks it takes (the GPU section
+# describes the devices), and flags the collector reads elsewhere (the model, --config, the chat
 # template, the tokenizer, the fingerprint mode). Their long names; --no- forms follow them.
 DEPLOYMENT_ONLY = _names(
     """
@@ -216,11 +217,10 @@ DEPLOYMENT_ONLY = _names(
     --safetensors-prefetch-num-threads --safetensors-prefetch-block-size
     --max-parallel-loading-workers --allowed-local-media-path --allowed-media-domains
     --master-addr --master-port --node-rank --data-parallel-address --data-parallel-rpc-port
-    --data-parallel-rank --data-parallel-start-rank --distributed-timeout-seconds
+    --data-parallel-rank --data-parallel-start-rank --data-parallel-size-local --device-ids
+    --distributed-timeout-seconds
     --cpu-distributed-timeout-seconds --ray-workers-use-nsight --numa-bind --numa-bind-nodes
     --numa-bind-cpus
     --model --config --chat-template --tokenizer --fingerprint-mode --fingerprint-value
     """
 )
-
-KNOWN = SWITCHES | LISTS | OPTIONAL_VALUE | ONE_VALUE

@@ -24,10 +24,10 @@ when ``stream_options.include_usage`` asks, and ``data: [DONE]``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from ledger.cachekey import CHAT, GREEDY_IRRELEVANT, IGNORED
+from ledger.clock import parse_rfc3339
 from ledger.compact_json import compact_json
 from ledger.inference_record import InferenceRecord, RecordChoice
 from ledger.packing import unpack_float32, unpack_int32
@@ -186,10 +186,9 @@ def _refused_by_vllm(endpoint: str, request: Mapping[str, Any]) -> str | None:
 
 
 def _created(record: InferenceRecord) -> int:
-    started = record.timings.get("started_at")
     try:
-        return int(datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp())
-    except ValueError:
+        return int(parse_rfc3339(record.timings.get("started_at")).timestamp())
+    except ValueError:  # validation requires one, in RFC 3339, when a record names it
         return 0
 
 

@@ -61,7 +61,9 @@ def erasure_body(
     reason_code: str,
     reason: str,
     requested_by: str,
+    erased_at: str,
 ) -> dict[str, Any]:
+    """An erasure event's body; ``erased_at`` (RFC 3339) is the time the log appends it at."""
     if reason_code not in ERASURE_REASONS:
         raise InvalidInput(
             f"reason_code must be one of {ERASURE_REASONS}", code="invalid_parameters"
@@ -74,7 +76,7 @@ def erasure_body(
         "reason_code": reason_code,
         "reason": check_reason(reason),
         "requested_by": requested_by,
-        "erased_at": utc_now(),
+        "erased_at": erased_at,
     }
 
 

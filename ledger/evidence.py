@@ -26,7 +26,7 @@ Format ``inference-ledger/evidence/v3``::
       "disclosures": ["<base64url>", …],
       "erasure": {"envelope": {<erasure, signed by the log key>}, "leaf_index": 60,
                   "hashes": ["<base64>", …]},            # only once erased
-      "exported_at": "2026-11-29T10:00:00+00:00"
+      "exported_at": "2026-11-29T10:00:00.000000Z"
     }
 
 Format ``v3`` adds ``"disclosures": ["<base64url>", …]`` (the record's salted disclosures the

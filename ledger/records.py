@@ -38,7 +38,7 @@ import binascii
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from ledger.errors import InvalidInput
@@ -285,7 +285,28 @@ def _check_base64(value: object, field: str) -> None:
         raise _fail(f"{field} must be a base64 string ({exc})", field=field) from exc
 
 
+# How far a collector's clock may run ahead of the ledger's: ingest holds off (503, until its
+# clock catches up) a record whose request starts later than its receive time plus this, and
+# the audit reports a receive time earlier than its start less this (a time moved back).
+STARTED_SKEW = timedelta(seconds=60)
+
+
+def started_at(body: dict[str, Any]) -> datetime | None:
+    """When a record body says its request started, by its collector's clock
+    (``timings.started_at``); None when it does not say, or not as validation requires."""
+    timings = body.get("timings")
+    if not isinstance(timings, dict) or "started_at" not in timings:
+        return None
+    try:
+        return _parse_time(timings["started_at"], "timings.started_at")
+    except InvalidInput:
+        return None
+
+
 def _parse_time(value: object, field: str) -> datetime:
+    """A logged time as records of every ledger version were validated: an ISO 8601 date-time
+    with a zone (``ledger.clock.parse_rfc3339`` is stricter, and ingest applies it to new
+    records: an older record's time stays readable, by the audit and by verify.js alike)."""
     if not isinstance(value, str):
         raise _fail(f"{field} must be an RFC 3339 string")
     try:

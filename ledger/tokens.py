@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from ledger.clock import rfc3339
 from ledger.errors import InvalidInput
 
 SCOPES = ("records:write", "records:read", "cache:read", "replay", "erasure", "holds", "admin")
@@ -84,7 +85,7 @@ def check_expiry(expires: datetime, now: datetime) -> None:
         raise InvalidInput("a token's expiry needs a time zone", code="invalid_expiry")
     if expires <= now:
         raise InvalidInput(
-            f"the expiry {expires.isoformat()} is not in the future", code="invalid_expiry"
+            f"the expiry {rfc3339(expires)} is not in the future", code="invalid_expiry"
         )
 
 

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import Admin, ReadRecords
 from api.schemas import ERRORS
 from api.state import StateDep
+from ledger.clock import rfc3339
 from ledger.errors import NotFound
 from ledger.signing import public_key_pem
 from ledger.storage import checkpoints, proofs
@@ -26,7 +27,7 @@ def _checkpoint(cp: checkpoints.StoredCheckpoint, origin: str) -> dict[str, Any]
         "origin": origin,
         "tree_size": cp.tree_size,
         "root_hash": base64.b64encode(cp.root_hash).decode(),
-        "signed_at": cp.signed_at.isoformat(),
+        "signed_at": rfc3339(cp.signed_at),
         "note": cp.note,
     }
 

@@ -40,6 +40,7 @@ from ledger.audit.rows import (
     ReplayRow,
     as_time,
 )
+from ledger.audit.times import made_at_finding
 from ledger.disclosures import digest_of
 from ledger.disclosures import parse as parse_disclosure
 from ledger.erasure import ERASURE_KIND, HOLD_KIND, RELEASE_KIND
@@ -90,6 +91,7 @@ class Known:
     # fingerprint ID -> (the leaf that first logged it, the chat template digest it names)
     fingerprints: Mapping[str, tuple[int, str | None]]
     sequenced: frozenset[int]  # key-event leaves the main process checked and applied
+    tolerance: Micros = 0  # the clock difference allowed between hosts
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,11 @@ def check_batch(known: Known, batch: Batch) -> list[Finding]:
             finding = signer_finding(known.keys, env, idx, st.verifiers)
             if finding is not None:
                 st.found.append(finding)
-        _index_rows(st, env, idx, leaves.time(pos))
+        at = leaves.time(pos)
+        moved = made_at_finding(env.kind, env.body, idx, at, known.tolerance)
+        if moved is not None:
+            st.found.append(moved)
+        _index_rows(st, env, idx, at)
     for table, by_index in stored.items():
         for idx, rows in by_index.items():
             for row in rows:

@@ -268,7 +268,12 @@ class _Audit:
         """The registry and fingerprints as of now, copied only when they changed."""
         known, keys, fingerprints = self._known
         if known is None or (keys, fingerprints) != (self.timeline.events, len(self.fingerprints)):
-            known = Known(self.timeline.snapshot(), dict(self.fingerprints), frozenset())
+            known = Known(
+                self.timeline.snapshot(),
+                dict(self.fingerprints),
+                frozenset(),
+                round(self.options.clock_tolerance * SECOND),
+            )
             self._known = (known, self.timeline.events, len(self.fingerprints))
         return replace(known, sequenced=sequenced) if sequenced else known
 

@@ -8,7 +8,12 @@ signs it under the append lock after the leaves it covers were appended. So for 
     signed time of the first checkpoint that covers it + tolerance
 
 (``time``), where only verified notes with a time count and the tolerance allows for clocks
-that differ between ledger hosts. A leaf that no verified checkpoint covers must be recent:
+that differ between ledger hosts. The log signs a checkpoint only when it has grown, so after
+an idle hour the first bound is an hour old; what a leaf's signed body says it was made at
+closes that gap (``made_at_finding``): a leaf is appended no earlier than that, less the
+tolerance (a record: less ``STARTED_SKEW``, which its collector's clock may run ahead).
+
+A leaf that no verified checkpoint covers must be recent:
 the ledger signs a checkpoint every interval while the log grows, so a leaf appended more than
 the interval plus the tolerance before the audit began, and still uncovered, means the
 checkpoints that covered it were deleted or never signed (``coverage``, one finding naming the
@@ -20,10 +25,16 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from datetime import timedelta
+from typing import Any, cast
 
+from ledger.audit.derive import CERTIFICATE_KIND
 from ledger.audit.report import Finding
-from ledger.audit.rows import LeafChunk, Micros, as_time
+from ledger.audit.rows import LeafChunk, Micros, as_time, micros
+from ledger.clock import parse_rfc3339
+from ledger.erasure import ERASURE_KIND, HOLD_KIND, RELEASE_KIND
+from ledger.records import RECORD_KIND, STARTED_SKEW, started_at
+from ledger.replay import VERDICT_KIND
 
 SECOND = 1_000_000  # Micros
 
@@ -163,6 +174,47 @@ class TimeBounds:
                 "checkpoints",
             )
         ]
+
+
+# the member of a body the log made that says when it made it
+_MADE_AT = {
+    VERDICT_KIND: "replayed_at",
+    CERTIFICATE_KIND: "issued_at",
+    ERASURE_KIND: "erased_at",
+    HOLD_KIND: "placed_at",
+    RELEASE_KIND: "released_at",
+}
+_SKEW: Micros = STARTED_SKEW // timedelta(microseconds=1)
+
+
+def made_at_finding(
+    kind: str, body: dict[str, Any], idx: int, at: Micros | None, tolerance: Micros
+) -> Finding | None:
+    """A ``time`` finding when leaf ``idx`` was appended (``at``) before its signed body says
+    it was made: a receive time moved back, past what the checkpoints around it bound after
+    an idle stretch. A body that does not say, or not as a time, is left to its own checks."""
+    if at is None:
+        return None
+    if kind == RECORD_KIND:  # by its collector's clock: before ingest held off a record that
+        # started more than _SKEW after it arrived, a collector whose clock ran ahead did this
+        made, what, slack = started_at(body), "its request started", max(tolerance, _SKEW)
+    elif kind in _MADE_AT:
+        try:
+            made = parse_rfc3339(body.get(_MADE_AT[kind]))
+        except ValueError:
+            return None
+        what, slack = f"its {_MADE_AT[kind]}", tolerance
+    else:
+        return None
+    if made is None or at >= micros(made) - slack:
+        return None
+    ahead = " (or, in a log an older ledger wrote, the collector's clock ran ahead)"
+    return _finding(
+        idx,
+        f"appended at {as_time(at)}, before {what} ({as_time(micros(made))}) less "
+        f"{slack / SECOND:g} s: the receive time was moved back"
+        + (ahead if kind == RECORD_KIND else ""),
+    )
 
 
 def _finding(idx: int, message: str) -> Finding:

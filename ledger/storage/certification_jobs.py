@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import aliased
 
+from ledger.clock import rfc3339
 from ledger.errors import IndexMismatch, NotFound
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import Certificate, CertificationJob, LogEntry
@@ -69,7 +70,7 @@ def interrupted_error(job: Job) -> dict[str, Any]:
     return {
         "code": INTERRUPTED,
         "message": "the ledger process running it stopped (its lease ran out at "
-        f"{job.lease_until.isoformat()}); start a new certification",
+        f"{rfc3339(job.lease_until)}); start a new certification",
         "details": {"runner": job.runner, "done": job.done, "total": job.total},
     }
 

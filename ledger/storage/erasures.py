@@ -193,6 +193,7 @@ def _erase_in(
         .where(content)
     ):
         stored.setdefault(verdict_of or rid, set()).add(digest)
+    at = utcnow()  # the event's time is its leaf's: erased_at is appended_at
     bodies = [
         erasure_body(
             request_id=r.request_id,
@@ -202,10 +203,10 @@ def _erase_in(
             reason_code=reason_code,
             reason=reason,
             requested_by=requested_by,
+            erased_at=rfc3339(at),
         )
         for r in records
     ]
-    at = utcnow()
     indexes = log.append(session, [sign_envelope(ERASURE_KIND, b, log_key) for b in bodies], at)
     session.execute(
         insert(Erasure),

@@ -9,19 +9,29 @@ success (``"duplicate"``); with different content the batch is refused with a 40
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from ledger.cachekey import CHAT
-from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound, VerificationError
+from ledger.clock import parse_rfc3339, rfc3339
+from ledger.errors import (
+    Conflict,
+    InvalidInput,
+    LedgerError,
+    NotFound,
+    Pushback,
+    VerificationError,
+)
 from ledger.fingerprint import FINGERPRINT_KIND, validate_fingerprint_body
 from ledger.inference_record import InferenceRecord, parse_record
 from ledger.nesting import check_depth
-from ledger.records import RECORD_KIND, RecordSummary
+from ledger.records import RECORD_KIND, STARTED_SKEW, RecordSummary
 from ledger.signing import Envelope
 from ledger.storage import cache, keystore, log, registered
 from ledger.storage.bulk import insert_rows
@@ -126,9 +136,7 @@ def get_fingerprint(db: Database, fingerprint_id: str) -> StoredFingerprint:
             raise NotFound(f"no fingerprint {fingerprint_id}", code="fingerprint_not_found")
         env = log.read_envelope(s, row.log_index)
     assert env is not None
-    return StoredFingerprint(
-        fingerprint_id, row.log_index, as_utc(row.registered_at).isoformat(), env
-    )
+    return StoredFingerprint(fingerprint_id, row.log_index, rfc3339(as_utc(row.registered_at)), env)
 
 
 def _check_items(items: Sequence[RecordItem]) -> list[_Checked]:
@@ -272,9 +280,10 @@ def _write(s: Session, batches: Sequence[CheckedBatch]) -> list[Outcome]:
     new: list[tuple[CheckedBatch, _Checked]] = []
     position: dict[str, int] = {}  # request ID -> position in new
     plans: list[_Plan | LedgerError] = []
+    at = utcnow()  # under the append lock: the receive time of every record appended here
     for b in batches:
         try:
-            plan = _plan(b, revoked, known, existing, new, position)
+            plan = _plan(b, revoked, known, existing, new, position, at)
             _rekey_late_templates(s, b, known)
             plans.append(plan)
         except LedgerError as exc:
@@ -284,7 +293,6 @@ def _write(s: Session, batches: Sequence[CheckedBatch]) -> list[Outcome]:
             if place < 0:  # new in this batch: its place among the group's appends
                 plan.new[rid] = position[rid] = len(new)
                 new.append((b, b.checked[b.first[rid]]))
-    at = utcnow()
     indexes = log.append(s, [c.envelope for _, c in new], at)
     insert_rows(
         s,
@@ -326,6 +334,33 @@ def _write(s: Session, batches: Sequence[CheckedBatch]) -> list[Outcome]:
     ]
 
 
+def _check_started(c: _Checked, item: int, at: datetime) -> None:
+    """A new record's start time is RFC 3339 (``ledger.clock``; older records were read more
+    loosely, and still are), and no later than ``at`` plus ``STARTED_SKEW``: else its receive
+    time would be before its start, which the audit reports as a time moved back. That
+    collector's clock runs ahead, so the record is held off (503 with Retry-After, which every
+    shipper retries) until the ledger's clock catches up."""
+    timings = c.envelope.body.get("timings")
+    if not isinstance(timings, dict) or "started_at" not in timings:
+        return
+    try:
+        started = parse_rfc3339(timings["started_at"])
+    except ValueError as exc:
+        raise InvalidInput(
+            f"timings.started_at: {exc}", code="schema_violation", details={"item": item}
+        ) from None
+    if started > at + STARTED_SKEW:
+        wait = (started - at - STARTED_SKEW).total_seconds()
+        raise Pushback(
+            f"record {c.summary.request_id!r} says its request started at "
+            f"{rfc3339(started)}, more than {STARTED_SKEW.seconds} s after the ledger received "
+            f"it ({rfc3339(at)}): is the collector's clock right? Send it again later",
+            code="record_from_the_future",
+            retry_after=math.ceil(wait),
+            details={"item": item, "started_at": rfc3339(started)},
+        )
+
+
 def _plan(
     b: CheckedBatch,
     revoked: set[str],
@@ -333,9 +368,10 @@ def _plan(
     existing: dict[str, tuple[int, str]],
     new: list[tuple[CheckedBatch, _Checked]],
     position: dict[str, int],
+    at: datetime,
 ) -> _Plan:
     """Where each record of ``b`` stands against what is held and what the group appends
-    before it; raises the batch's refusal."""
+    before it (at ``at``); raises the batch's refusal."""
     for key_id in sorted(b.key_ids & revoked):
         raise VerificationError(
             f"key {key_id} is revoked (read again when the batch was appended): "
@@ -362,6 +398,7 @@ def _plan(
             continue
         held = existing.get(rid)
         if held is None:
+            _check_started(c, i, at)
             plan.new[rid] = -1  # a new record, placed by the caller
         elif held[1] != c.content_hash:
             raise _held_conflict(rid, i, held[1], c.content_hash, held[0])

@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import Row, Select, insert, select
 from sqlalchemy.orm import Session
 
+from ledger.clock import rfc3339
 from ledger.erasure import check_reason
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound, VerificationError
 from ledger.key_scope import MEMBER as POOLS_MEMBER
@@ -64,10 +65,10 @@ class KeyInfo:
             "role": self.role,
             "public_key": self.public_key,
             "pools": list(self.pools) if self.pools is not None else None,
-            "registered_at": self.registered_at.isoformat(),
+            "registered_at": rfc3339(self.registered_at),
             "log_index": self.log_index,
             "revoked": self.revoked,
-            "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+            "revoked_at": rfc3339(self.revoked_at) if self.revoked_at else None,
             "revocation_reason": self.revocation_reason,
         }
 
@@ -211,7 +212,7 @@ def _register(
         "name": name,
         "role": role,
         "public_key": encode_public(raw),
-        "registered_at": at.isoformat(),
+        "registered_at": rfc3339(at),
     }
     if pools is not None:  # absent, not null: an unscoped key's registration is unchanged
         body[POOLS_MEMBER] = list(pools)
@@ -315,7 +316,7 @@ def revoke_key(db: Database, log_key: SigningKey, key_id: str, reason: str) -> t
             "schema_version": 1,
             "key_id": key_id,
             "reason": reason,
-            "revoked_at": at.isoformat(),
+            "revoked_at": rfc3339(at),
         }
         (idx,) = log.append(s, [sign_envelope(REVOCATION_KIND, body, log_key)], at)
         s.execute(

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, aliased
 from ledger import merkle
 from ledger.canonical import digest_of
 from ledger.checkpoint import verifier_key
+from ledger.clock import rfc3339
 from ledger.disclosures import parse
 from ledger.errors import IndexMismatch, LedgerError, StorageError
 from ledger.evidence import b64 as _b64
@@ -260,7 +261,7 @@ def _evidence(
             row.fp_key_index,
         ),
         log_key=log_key_entry(log_key, origin),
-        exported_at=utcnow().isoformat(),
+        exported_at=rfc3339(utcnow()),
         replays=[proven(json.loads(r.envelope), r.log_index) for r in replays],
         disclosures=[d for d in disclosures if not is_redacted(parse(d).member, redact)],
         erasure=(

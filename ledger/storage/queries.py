@@ -16,7 +16,7 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
 import orjson
@@ -24,6 +24,7 @@ from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from ledger.canonical import canonicalize, sha256_digest
+from ledger.clock import LOCAL_TIME, parse_rfc3339, rfc3339
 from ledger.errors import IndexMismatch, InvalidInput, LedgerError, NotFound
 from ledger.inference_record import InferenceRecord, parse_record
 from ledger.lazy import lazy
@@ -40,9 +41,6 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,200}")
 FINGERPRINT_ID = re.compile(r"sha256:[0-9a-f]{64}")
 NAME = re.compile(r"[A-Za-z0-9._\-]{1,100}")
 MAX_MODEL = 300
-_TIME = r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]{1,9}))?"
-_RFC3339 = re.compile(_TIME + r"([Zz]|[+-][0-9]{2}:[0-9]{2})")
-_RFC3339_LOCAL = re.compile(_TIME)
 
 logger = logging.getLogger("ledger.storage")
 
@@ -124,7 +122,7 @@ class StoredRecord:
             "worker_id": self.worker_id,
             "endpoint": self.endpoint,
             "aborted": self.aborted,
-            "received_at": self.received_at.isoformat(),
+            "received_at": rfc3339(self.received_at),
             "schema_version": self.body.get("schema_version"),
             "content": self.content,
         }
@@ -349,26 +347,16 @@ def parse_time(text: str | None, name: str) -> datetime | None:
     then hold exactly as they would for the finer time."""
     if text is None:
         return None
-    m = _RFC3339.fullmatch(text)
-    if m is None:
-        if _RFC3339_LOCAL.fullmatch(text):
-            raise InvalidInput(f"{name} must carry a time zone (e.g. Z)", code="invalid_time_range")
-        raise InvalidInput(
-            f"{name} must be an RFC 3339 time such as 2026-12-01T09:00:00Z",
-            code="invalid_time_range",
-        )
-    date, clock, fraction, zone = m.groups()
-    micros = (fraction or "")[:6].ljust(6, "0")
-    zone = "+00:00" if zone in ("Z", "z") else zone
-    finer = (fraction or "")[6:].strip("0") != ""
     try:
-        at = datetime.fromisoformat(f"{date}T{clock}.{micros}{zone}").astimezone(UTC)
-        return at + timedelta(microseconds=1) if finer else at
-    except ValueError:  # month 13, hour 25, offset +25:00
-        raise InvalidInput(f"{name} is not a valid time", code="invalid_time_range") from None
-    except OverflowError:  # 0001-01-01T00:00:00+00:01 is before year 1 in UTC
+        return parse_rfc3339(text, round_up=True)
+    except ValueError as exc:
+        if LOCAL_TIME.fullmatch(text):
+            raise InvalidInput(
+                f"{name} must carry a time zone (e.g. Z)", code="invalid_time_range"
+            ) from None
         raise InvalidInput(
-            f"{name} is outside the years 1-9999 once converted to UTC", code="invalid_time_range"
+            f"{name} must be an RFC 3339 time such as 2026-12-01T09:00:00Z ({exc})",
+            code="invalid_time_range",
         ) from None
 
 

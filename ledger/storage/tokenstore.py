@@ -7,6 +7,7 @@ from datetime import datetime
 
 from sqlalchemy import delete, func, insert, select, update
 
+from ledger.clock import rfc3339
 from ledger.errors import AuthenticationError, InvalidInput, NotFound
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import ApiToken
@@ -130,7 +131,7 @@ def authenticate(db: Database, secret: str) -> Principal:
     if info.expired(utcnow()):
         assert info.expires_at is not None
         raise AuthenticationError(
-            f"the bearer token expired at {info.expires_at.isoformat()}",
+            f"the bearer token expired at {rfc3339(info.expires_at)}",
             code="token_expired",
             details={"token_id": info.token_id},
         )

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
+from ledger.clock import rfc3339
 from ledger.disclosures import digest_of
 from ledger.errors import Gone, NotFound
 from ledger.replay import VERDICT_KIND
@@ -90,7 +91,7 @@ def _append(
                     for rid, encoded in content
                 ],
             )
-    return Stored(row[id_column], idx, at.isoformat(), env.canonical)
+    return Stored(row[id_column], idx, rfc3339(at), env.canonical)
 
 
 def _logged(
@@ -128,7 +129,7 @@ def _get(db: Database, model: type[Any], column: Any, key: str, what: str, kind:
             raise mismatch(
                 f"the output of {what} {key!r}", row.log_index, "a disclosure opens no digest"
             )
-    return Stored(key, row.log_index, as_utc(row.created_at).isoformat(), envelope, content)
+    return Stored(key, row.log_index, rfc3339(as_utc(row.created_at)), envelope, content)
 
 
 def append_verdict(
@@ -179,7 +180,7 @@ def verdicts_of(db: Database, request_id: str) -> list[dict[str, Any]]:
                 "pool": body.get("pool"),
                 "worker_id": body.get("worker_id"),
                 "log_index": r.log_index,
-                "created_at": as_utc(r.created_at).isoformat(),
+                "created_at": rfc3339(as_utc(r.created_at)),
             }
         )
     return out

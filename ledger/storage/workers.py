@@ -27,6 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger.canonical import digest_of
+from ledger.clock import rfc3339
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.heartbeat import (
@@ -73,8 +74,8 @@ class WorkerInfo:
             "fingerprint_id": self.fingerprint_id,
             "batch_invariance": self.batch_invariance,
             "key_id": self.key_id,
-            "registered_at": self.registered_at.isoformat(),
-            "last_seen": self.last_seen.isoformat(),
+            "registered_at": rfc3339(self.registered_at),
+            "last_seen": rfc3339(self.last_seen),
             "heartbeat_issued_at": format_time(self.heartbeat_issued_at),
             "live": self.live,
             "problem": self.problem,

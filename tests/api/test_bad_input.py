@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonschema
@@ -14,6 +15,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from api.routes.workers import HEARTBEAT_MAX_BYTES
+from ledger.clock import rfc3339
 from ledger.heartbeat import build_heartbeat
 from ledger.signing import public_key_pem
 from tests.support.documents import fingerprint_body, record_body, resign
@@ -567,3 +569,46 @@ def test_the_same_mistake_gets_the_same_answer_on_every_route(api: Harness):
             resp = client.request(method, path, headers={"host": "evil.example"})
             assert_error(resp, 404, "not_found")
             assert "location" not in resp.headers
+
+
+@pytest.mark.parametrize(
+    "started",
+    [
+        "2026-W01-1T00:00:00Z",  # an ISO week date
+        "2026-12-02T09:00Z",  # no seconds
+        "2026-12-02T09:00:00",  # no zone
+        "0001-01-01T00:00:00+01:00",  # before year 1 in UTC
+        "9999-12-31T23:59:59-14:00",  # after year 9999 in UTC
+        "2026-02-30T00:00:00Z",
+    ],
+)
+def test_a_start_time_that_is_not_rfc_3339_is_refused(api: Harness, started: str):
+    """Python's fromisoformat took week dates, spaces and instants outside years 1-9999 in
+    UTC, and a cache hit served them as its `created` (-62135600400 for year 0)."""
+    key, fp = api.setup_collector()
+    body = record_body(fp)
+    body["timings"]["started_at"] = started
+    err = assert_error(api.post([resign(key, body)]), 422, "schema_violation")
+    assert err["message"].startswith("timings.started_at")
+
+
+def test_a_record_that_starts_after_the_ledger_received_it_waits(api: Harness):
+    """Received more than a minute before it started (its collector's clock runs ahead): the
+    audit would report its receive time as moved back, so ingest holds it off (503: every
+    shipper, of any version, retries) until the ledger's clock catches up."""
+    key, fp = api.setup_collector()
+    now = datetime.now(UTC)
+    body = record_body(fp)
+    body["timings"]["started_at"] = rfc3339(now + timedelta(minutes=5))
+    resp = api.post([resign(key, body)])
+    err = assert_error(resp, 503, "record_from_the_future")
+    assert err["details"]["item"] == 0 and "clock" in err["message"]
+    assert 235 <= int(resp.headers["retry-after"]) <= 241
+    assert api.client().get(f"/v1/records/{body['request_id']}").status_code == 404
+    for started in (now + timedelta(seconds=30), now - timedelta(days=30)):
+        body = record_body(fp)
+        body["timings"]["started_at"] = rfc3339(started)
+        assert api.post([resign(key, body)]).status_code == 201
+    body = record_body(fp)
+    body["timings"]["started_at"] = "2026-12-02T09:00:00.123456789+01:00"  # nanoseconds: read
+    assert api.post([resign(key, body)]).status_code == 201

@@ -464,6 +464,7 @@ BAD_TIMES = [
     "20200101T000000Z",  # ISO 8601 basic format, not RFC 3339
     "2020-01-01T00:00Z",
     "2020-01-01T23:59:60Z",
+    "9999-12-31T23:59:59.9999999Z",  # rounded up to the next microsecond: past year 9999
 ]
 
 

@@ -127,8 +127,8 @@ def test_every_flag_the_collector_does_not_interpret_is_in_the_body() -> None:
             "--tokenizer-revision": "t1",
         },
         ("--lora-modules", "a=/x", "b=/y", "--enforce-eager"): {"--lora-modules": ["a=/x", "b=/y"]},
-        ("-dpl", "2"): {"--data-parallel-size-local": "2"},
-        ("--data_parallel_size_local=2",): {"--data-parallel-size-local": "2"},
+        ("-dpb", "ray"): {"--data-parallel-backend": "ray"},
+        ("--data_parallel_backend=ray",): {"--data-parallel-backend": "ray"},
         ("--kernel-config.linear_backend", "x"): {"--kernel-config": {"linear_backend": "x"}},
         ("--middleware", "a.B", "--middleware", "c.D"): {"--middleware": ["a.B", "c.D"]},
         ("--a-flag-of-a-later-vllm", "v"): {"--a-flag-of-a-later-vllm": "v"},
@@ -139,6 +139,20 @@ def test_every_flag_the_collector_does_not_interpret_is_in_the_body() -> None:
         assert body["other_flags"] == other, argv
         assert "hunter2" not in json.dumps(body)
         assert diff({"engine": base}, {"engine": body}), argv
+    # what may be a secret is never in the body, whatever the flag's name
+    for argv in (
+        ["--model-loader-extra-config", '{"s3_secret_access_key": "hunter2", "n": 1}'],
+        ["--tool-server", "https://user:hunter2@tools.example/mcp"],
+        ["--a-later-secret-token.value", "hunter2"],
+        ["--kv-transfer-config.auth.password", "hunter2"],
+    ):
+        body = snapshot_engine(None, engine(argv)).body
+        assert "hunter2" not in json.dumps(body), argv
+        assert SECRET_VALUE in json.dumps(body), argv
+    # a JSON value is read as JSON: spacing and order do not change the ID
+    spaced = snapshot_engine(None, engine(["--kernel-config", '{"b": 1, "a": 2}'])).body
+    tight = snapshot_engine(None, engine(["--kernel-config", '{"a":2,"b":1}'])).body
+    assert spaced == tight and spaced["other_flags"] == {"--kernel-config": {"a": 2, "b": 1}}
     # the flag that takes a value swallows it, a switch does not
     given, _ = parse_engine_args(["--api-key", "k1", "k2", "--max-num-seqs", "1"])
     assert given == {"max_num_seqs": 1}
@@ -148,18 +162,23 @@ def test_every_flag_the_collector_does_not_interpret_is_in_the_body() -> None:
     deployment = [
         *("--host", "0.0.0.0", "--port", "9000", "--api-key", "s3cret", "--enable-log-requests"),
         *("--uvicorn-log-level", "debug", "--download-dir", "/d", "--hf-token", "hf_x", "-asc"),
-        *("4", "--disable-log-stats", "--otlp-traces-endpoint", "http://t:4317"),
+        *("4", "--disable-log-stats", "--otlp-traces-endpoint", "http://t:4317", "-dpl", "2"),
+        *("--device-ids", "0,1"),
     ]
     assert snapshot_engine(None, engine(deployment)).body == base
-    # the interpreter's own options are not the engine's
-    python = EngineProcess(
-        os.getpid(),
+    # the interpreter's own options are not the engine's, in any spelling
+    tp2 = snapshot_engine(None, engine(["-tp", "2", "--enforce-eager"])).body
+    for interpreter in (
         ("/usr/bin/python3.11", "-X", "utf8", "-u", "-m", "vllm.entrypoints.openai.api_server"),
-        {},
-        None,
-        None,
-    )
-    assert snapshot_engine(None, python).body == base
+        ("python3", "-mvllm.entrypoints.openai.api_server"),
+        ("python3.13t", "-um", "vllm.entrypoints.openai.api_server"),
+        ("pypy3", "-Wignore", "--check-hash-based-pycs", "always", "-m", "vllm.x"),
+        ("/opt/venv/bin/python", "-c", "import vllm", "serve"),
+        ("/opt/venv/bin/vllm", "serve", "/model"),
+    ):
+        argv = (*interpreter, "-tp", "2", "--enforce-eager")
+        process = EngineProcess(os.getpid(), argv, {}, None, None)
+        assert snapshot_engine(None, process).body == tp2, interpreter
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,23 @@ def test_a_spool_that_cannot_be_opened_is_named(tmp_path: Path):
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(StorageError, match="cannot open the spool"):
         Spool(tmp_path / "file" / "spool.sqlite")
+
+
+def test_a_record_from_a_clock_that_runs_ahead_waits_and_gets_in(api: Harness, spool: Spool):
+    """The ledger refuses, for now, a record that starts more than a minute after it receives
+    it; the shipper keeps it (never a dead letter) and it gets in once that is no longer so."""
+    from ledger.clock import rfc3339
+    from ledger.records import RECORD_KIND, STARTED_SKEW
+    from ledger.signing import sign_envelope
+    from tests.support.documents import record_body
+
+    key, fp_id = api.setup_collector()
+    body = record_body(fp_id)
+    ahead = datetime.now(UTC) + STARTED_SKEW + timedelta(seconds=1.5)
+    body["timings"]["started_at"] = rfc3339(ahead)
+    env = sign_envelope(RECORD_KIND, body, key)
+    shipped = ship(api, spool, [env])
+    assert shipped.failures[0] == "record_from_the_future", shipped.failures
+    assert spool.pending() == 0 and spool.dead_letters() == 0
+    assert held(api, [env]) == [200]
+    assert datetime.now(UTC) >= ahead - STARTED_SKEW

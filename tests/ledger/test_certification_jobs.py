@@ -338,11 +338,15 @@ def test_a_process_that_lost_the_lease_stops_the_job_and_logs_nothing(api: Harne
         worker.close()
 
 
-def test_polls_of_unknown_jobs_are_404(api: Harness) -> None:
+def test_a_poll_of_an_unknown_job_is_404_and_of_a_malformed_id_422(api: Harness) -> None:
+    """An ID no job can have is refused as a malformed ID is on every route (422)."""
     client = api.client()
-    for job_id in ("cert-" + "0" * 32, "cert-nope", "x" * 300):
+    response = client.get("/v1/certifications/cert-" + "0" * 32)
+    assert response.status_code == 404 and response.json()["error"]["code"] == "job_not_found"
+    for job_id in ("cert-nope", "x" * 300):
         response = client.get(f"/v1/certifications/{job_id}")
-        assert response.status_code == 404 and response.json()["error"]["code"] == "job_not_found"
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["code"] == "invalid_parameters"
 
 
 def test_a_worker_that_does_not_answer_fails_the_job_with_its_reason(api: Harness) -> None:
