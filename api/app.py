@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from api import certifier, errors, ui
 from api.cache_fast import CacheFastPath
 from api.gate import Gate
+from api.head import HeadAsGet
 from api.metrics import LogGauges, Metrics, MetricsMiddleware, utc_now
 from api.openapi_doc import install as document_openapi
 from api.request_ids import RequestIds
@@ -143,6 +144,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     errors.install(app, pages=ui.routes.error_page, page_headers=ui.routes.SECURITY_HEADERS)
     app.add_middleware(errors.UnexpectedErrors, handler=app.state.unexpected_error)
+    app.add_middleware(HeadAsGet)  # HEAD as GET, its body dropped: before anything matches
     app.add_middleware(RequestIds)  # outermost: every log line of a request names it
     for module in (
         health,

@@ -109,6 +109,8 @@ def allowed_methods(request: Request) -> str:
         found, _ = route.matches(request.scope)
         if found is not Match.NONE:
             methods |= route.methods or set()
+    if "GET" in methods:  # api.head answers HEAD wherever GET is served
+        methods.add("HEAD")
     return ", ".join(sorted(methods))
 
 

@@ -161,10 +161,11 @@ def test_a_complete_body_is_not_timed_out_by_slow_work_after_it(api: Harness, sh
 def test_405_names_every_allowed_method(api: Harness):
     c = api.client()
     cases = {
-        ("DELETE", "/v1/records"): {"GET", "POST"},  # two routes share the path
-        ("PUT", "/v1/log/checkpoint"): {"GET", "POST"},
-        ("PATCH", "/v1/keys/ed25519:x"): {"GET"},
-        ("HEAD", "/v1/keys"): {"GET", "POST"},
+        ("DELETE", "/v1/records"): {"GET", "HEAD", "POST"},  # two routes share the path
+        ("PUT", "/v1/log/checkpoint"): {"GET", "HEAD", "POST"},
+        ("PATCH", "/v1/keys/ed25519:x"): {"GET", "HEAD"},
+        ("DELETE", "/v1/erasures"): {"POST"},
+        ("HEAD", "/v1/erasures"): {"POST"},  # no GET here: no HEAD either
         ("GET", "/v1/cache/key"): None,  # GET /v1/cache/{key} serves it
     }
     for (method, path), allowed in cases.items():
@@ -173,10 +174,29 @@ def test_405_names_every_allowed_method(api: Harness):
             assert resp.status_code != 405
             continue
         if method == "HEAD":  # an answer without a body
-            assert resp.status_code == 405
+            assert resp.status_code == 405 and resp.content == b""
         else:
             assert_error(resp, 405, "method_not_allowed")
         assert set(resp.headers["allow"].split(", ")) == allowed, resp.headers
+
+
+def test_head_answers_as_get_without_a_body(api: Harness):
+    """A load balancer's HEAD /healthz, or curl -I, got 405 on every route FastAPI serves."""
+    c = api.client()
+    anonymous = c.__class__(base_url=str(c.base_url))
+    for client, path, status in (
+        (anonymous, "/healthz", 200),
+        (c, "/v1/records?limit=1", 200),
+        (anonymous, "/v1/log/key", 200),
+        (anonymous, "/v1/records", 401),  # the token is checked as for GET
+        (c, "/v1/records/no-such-record", 404),
+        (c, "/v1/records?modle=x", 422),
+    ):
+        head, get = client.head(path), client.get(path)
+        assert (head.status_code, get.status_code) == (status, status), path
+        assert head.content == b"" and get.content != b"", path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+        assert head.headers.get("www-authenticate") == get.headers.get("www-authenticate")
 
 
 def test_openapi_declares_the_bearer_scheme_on_exactly_the_protected_routes(api: Harness):
