@@ -489,8 +489,11 @@ def test_certify_refusals(pools: Pools) -> None:
     too_long = client.post("/v1/certifications", json={"pool": "strict", "max_tokens": [1000]})
     assert too_long.status_code == 422
     assert too_long.json()["error"]["code"] == "invalid_parameters"
-    missing = client.get("/v1/certifications/cert-nope")
-    assert missing.status_code == 404
+    missing = client.get("/v1/certifications/cert-" + "0" * 32)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "job_not_found"
+    malformed = client.get("/v1/certifications/cert-nope")
+    assert malformed.status_code == 422
+    assert malformed.json()["error"]["code"] == "invalid_parameters"
 
 
 def test_evidence_carries_the_replay_verdicts(pools: Pools) -> None:
