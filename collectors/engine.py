@@ -330,8 +330,8 @@ def _other_flag(
     i += 1
     if name in vllm_flags.SWITCHES:
         value = False if switch_off else (inline if eq else True)
-    elif eq:
-        value = inline
+    elif eq:  # argparse: an inline value is the list's only item
+        value = [inline] if name in vllm_flags.LISTS else inline
     elif name in vllm_flags.LISTS:
         value = []
         while i < len(args) and not args[i].startswith("-"):

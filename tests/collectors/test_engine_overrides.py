@@ -127,6 +127,7 @@ def test_every_flag_the_collector_does_not_interpret_is_in_the_body() -> None:
             "--tokenizer-revision": "t1",
         },
         ("--lora-modules", "a=/x", "b=/y", "--enforce-eager"): {"--lora-modules": ["a=/x", "b=/y"]},
+        ("--lora-modules=a=/x",): {"--lora-modules": ["a=/x"]},
         ("-dpb", "ray"): {"--data-parallel-backend": "ray"},
         ("--data_parallel_backend=ray",): {"--data-parallel-backend": "ray"},
         ("--kernel-config.linear_backend", "x"): {"--kernel-config": {"linear_backend": "x"}},
@@ -153,6 +154,10 @@ def test_every_flag_the_collector_does_not_interpret_is_in_the_body() -> None:
     spaced = snapshot_engine(None, engine(["--kernel-config", '{"b": 1, "a": 2}'])).body
     tight = snapshot_engine(None, engine(["--kernel-config", '{"a":2,"b":1}'])).body
     assert spaced == tight and spaced["other_flags"] == {"--kernel-config": {"a": 2, "b": 1}}
+    # a list given inline is the list of one item, as given apart: one ID
+    inline = snapshot_engine(None, engine(["--lora-modules=a=/x"])).body
+    apart = snapshot_engine(None, engine(["--lora-modules", "a=/x"])).body
+    assert inline == apart
     # the flag that takes a value swallows it, a switch does not
     given, _ = parse_engine_args(["--api-key", "k1", "k2", "--max-num-seqs", "1"])
     assert given == {"max_num_seqs": 1}
