@@ -33,7 +33,11 @@ class ErrorResponse(StrictOutput):
 
 
 class KeyCreate(StrictInput):
-    name: str = Field(min_length=1, max_length=100)
+    name: str = Field(
+        min_length=1,
+        max_length=100,
+        description="visible text, not only spaces; no control or invisible format characters",
+    )
     role: str = Field(description="collector | replayer")
     public_key: str = Field(description="PEM (SubjectPublicKeyInfo) or ed25519:<base64 raw>")
     pools: list[str] | None = Field(

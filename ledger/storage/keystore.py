@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,6 +16,7 @@ from ledger.erasure import check_reason
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound, VerificationError
 from ledger.key_scope import MEMBER as POOLS_MEMBER
 from ledger.key_scope import out_of_scope, parse_pools, registered_pools
+from ledger.names import MAX_NAME, is_name
 from ledger.signing import (
     SIGNABLE_KINDS,
     Envelope,
@@ -274,9 +274,10 @@ def register_key(
         raise InvalidInput(
             "pools scope a collector key; a replayer key names no pool", code="invalid_pools"
         )
-    if not name or len(name) > 100 or not _is_text(name):
+    if not is_name(name):
         raise InvalidInput(
-            "key name must be 1-100 characters of text, without control characters",
+            f"key name must be 1-{MAX_NAME} characters of visible text (not only spaces), "
+            "without control or invisible format characters",
             code="schema_violation",
         )
     pk = load_public_key(public_key)
@@ -391,8 +392,3 @@ def require_unrevoked(session: Session, checked_key_ids: Iterable[str]) -> None:
             code="revoked_key",
             details={"key_id": revoked},
         )
-
-
-def _is_text(value: str) -> bool:
-    """Printable text: no control characters (NUL included), no lone surrogates."""
-    return not any(unicodedata.category(c) in ("Cc", "Cs") for c in value)

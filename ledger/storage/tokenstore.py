@@ -9,6 +9,7 @@ from sqlalchemy import delete, func, insert, select, update
 
 from ledger.clock import rfc3339
 from ledger.errors import AuthenticationError, InvalidInput, NotFound
+from ledger.names import MAX_NAME, is_name
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import ApiToken
 from ledger.tokens import (
@@ -48,8 +49,12 @@ def prepare_token(
     """Validate and generate a token without storing it, so a caller can first make sure its
     secret can be kept (staged in a file) and store it only then (:func:`store_token`)."""
     parsed = parse_scopes(scopes)
-    if not name or len(name) > 100:
-        raise InvalidInput("token name must be 1-100 characters", code="schema_violation")
+    if not is_name(name):
+        raise InvalidInput(
+            f"token name must be 1-{MAX_NAME} characters of visible text (not only spaces), "
+            "without control or invisible format characters",
+            code="schema_violation",
+        )
     now = utcnow()
     if expires_at is not None:
         check_expiry(expires_at, now)

@@ -16,8 +16,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from api.routes.workers import HEARTBEAT_MAX_BYTES
 from ledger.clock import rfc3339
+from ledger.errors import InvalidInput
 from ledger.heartbeat import build_heartbeat
 from ledger.signing import public_key_pem
+from ledger.storage.tokenstore import prepare_token
 from tests.support.documents import fingerprint_body, record_body, resign
 from tests.support.harness import MAX_BATCH, MAX_BODY, Harness
 from tests.support.http import assert_error
@@ -450,11 +452,17 @@ def test_names_and_reasons_that_are_not_text_are_422(api: Harness):
     """A key's name is shown in bundles and the console, a reason is logged: NUL and other
     control characters are refused there, and nothing is registered or logged."""
     c = api.client()
-    for name in ("a\x00b", "tab\tname", "bell\x07"):
+    hidden = ("   ", "admin\u202e", "a\u200bb", "line\u2028two", "\u00a0")
+    for name in ("a\x00b", "tab\tname", "bell\x07", *hidden):
         pem = public_key_pem(Ed25519PublicKey.from_public_bytes(bytes(range(1, 33))))
         body = json.dumps({"name": name, "role": "collector", "public_key": pem}).encode()
         assert_error(c.post("/v1/keys", content=body, headers=JSON), 422, "schema_violation")
     assert all("\x00" not in k["name"] for k in c.get("/v1/keys").json()["items"])
+    # a token's name is signed into the erasures it makes: the same rule
+    for name in ("a\x00b", "esc\x1b[31m", *hidden):
+        with pytest.raises(InvalidInput, match="token name"):
+            prepare_token(name, ["records:read"])
+    assert prepare_token("ops team · café", ["records:read"]).info.name == "ops team · café"
     holds = api.client(api.token("holds"))
     before = holds.get("/v1/holds").json()["holds"]
     body = json.dumps({"request_id": "req-x", "reason": "\x00"}).encode()

@@ -1077,7 +1077,7 @@
       `${String(date.getUTCFullYear()).padStart(4, "0")}-${p2(date.getUTCMonth() + 1)}-` +
       `${p2(date.getUTCDate())}T${p2(date.getUTCHours())}:${p2(date.getUTCMinutes())}:` +
       p2(date.getUTCSeconds());
-    return base + (frac ? "." + String(frac).padStart(6, "0") : "") + "+00:00";
+    return `${base}.${String(frac).padStart(6, "0")}Z`; // as the ledger writes times (RFC 3339)
   }
 
   // --- record bodies (ledger/records.py, ledger/record_v2.py) -----------------------------

@@ -31,6 +31,7 @@ import pytest
 from ledger import merkle
 from ledger.canonical import canonicalize, digest_of
 from ledger.checkpoint import Checkpoint, parse_checkpoint, sign_checkpoint, verifier_key
+from ledger.clock import rfc3339
 from ledger.disclosures import parse as parse_disclosure
 from ledger.errors import LedgerError, VerificationError
 from ledger.evidence import CHECKS, VerifiedBundle, verify_bundle
@@ -212,7 +213,7 @@ def _summary(result: VerifiedBundle) -> dict[str, Any]:
         "tree_size": result.tree_size,
         "root_hash": base64.b64encode(result.root_hash).decode(),
         "origin": result.origin,
-        "checkpoint_signed_at": signed_at.isoformat() if signed_at else None,
+        "checkpoint_signed_at": rfc3339(signed_at) if signed_at else None,
         "collector_key_id": result.collector_key_id,
         "collector_name": result.collector_name,
         "collector_role": result.collector_role,
