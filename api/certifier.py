@@ -86,10 +86,14 @@ def to_dict(job: Job) -> dict[str, Any]:
 
 
 def _validate(concurrency: list[int], max_tokens: list[int]) -> None:
-    if any(not 1 <= c <= 256 for c in concurrency):
-        raise InvalidInput("concurrency values must be 1..256", code="invalid_parameters")
-    if any(not 1 <= m <= 4096 for m in max_tokens):
-        raise InvalidInput("max_tokens values must be 1..4096", code="invalid_parameters")
+    if any(not 1 <= c <= certify.MAX_CONCURRENCY for c in concurrency):
+        raise InvalidInput(
+            f"concurrency values must be 1..{certify.MAX_CONCURRENCY}", code="invalid_parameters"
+        )
+    if any(not 1 <= m <= certify.MAX_TOKENS for m in max_tokens):
+        raise InvalidInput(
+            f"max_tokens values must be 1..{certify.MAX_TOKENS}", code="invalid_parameters"
+        )
 
 
 def _total(prompts: int, concurrency: list[int], max_tokens: list[int]) -> int:

@@ -89,6 +89,7 @@ def document(schema: dict[str, Any], rules: RouteRules, settings: Settings) -> d
                 for form in body["oneOf"]:  # {"records": [...]} or {"envelopes": [...]}
                     for items in form["properties"].values():
                         items["maxItems"] = settings.max_batch_records
+                        items["minItems"] = 1  # 422 empty_batch
     return schema
 
 

@@ -6,7 +6,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ledger.certify import MAX_CONCURRENCY, MAX_TOKENS
 from ledger.heartbeat import MAX_PENDING
+from ledger.key_scope import MAX_POOLS, POOL_PATTERN
+from ledger.records import REQUEST_ID_PATTERN
+
+
+def _items(**limits: Any) -> dict[str, Any]:
+    """OpenAPI for a list's bounds that the route checks itself (with its own error code)."""
+    return {"json_schema_extra": limits}
 
 
 class StrictInput(BaseModel):
@@ -45,6 +53,12 @@ class KeyCreate(StrictInput):
         description=(
             "collector keys only: the 1-64 pools whose records and worker heartbeats the key "
             "may sign (422 `invalid_pools` otherwise); absent or null: any pool"
+        ),
+        **_items(
+            minItems=1,
+            maxItems=MAX_POOLS,
+            uniqueItems=True,
+            items={"type": "string", "pattern": POOL_PATTERN},
         ),
     )
 
@@ -215,8 +229,18 @@ class CacheLookupRequest(StrictInput):
 class CertifyCreate(StrictInput):
     pool: str = Field(min_length=1, max_length=100)
     prompts: int = Field(default=8, ge=1, le=256)
-    concurrency: list[int] = Field(default=[1, 8, 32], min_length=1, max_length=8)
-    max_tokens: list[int] = Field(default=[16, 128], min_length=1, max_length=8)
+    concurrency: list[int] = Field(
+        default=[1, 8, 32],
+        min_length=1,
+        max_length=8,
+        **_items(items={"type": "integer", "minimum": 1, "maximum": MAX_CONCURRENCY}),
+    )
+    max_tokens: list[int] = Field(
+        default=[16, 128],
+        min_length=1,
+        max_length=8,
+        **_items(items={"type": "integer", "minimum": 1, "maximum": MAX_TOKENS}),
+    )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
 
 
@@ -242,6 +266,6 @@ class BulkErasureCreate(StrictInput):
 
 
 class HoldCreate(StrictInput):
-    request_id: str | None = None
+    request_id: str | None = Field(default=None, **_items(pattern=REQUEST_ID_PATTERN))
     filter: RecordFilterInput | None = None
     reason: str = Field(min_length=1, max_length=1000)

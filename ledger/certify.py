@@ -27,6 +27,8 @@ from ledger.clock import utc_now
 from ledger.compare import BITWISE, Comparison, Generation
 
 SCHEMA_VERSION = 1
+MAX_CONCURRENCY = 256  # a wave's size
+MAX_TOKENS = 4096  # a probe's output length
 _WORDS = [
     "ledger",
     "record",

@@ -27,7 +27,8 @@ from ledger.errors import InvalidInput
 MEMBER = "pools"
 MAX_POOLS = 64
 # A pool name as records and heartbeats spell it (ledger.records._NAME).
-_POOL = re.compile(r"^[A-Za-z0-9._\-]{1,100}$")
+POOL_PATTERN = r"^[A-Za-z0-9._\-]{1,100}$"
+_POOL = re.compile(POOL_PATTERN)
 # The kinds a collector key signs that name a pool, and the member that names it.
 POOL_MEMBER = {"inference_record": "pool", "worker_heartbeat": "pool"}
 

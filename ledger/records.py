@@ -57,7 +57,8 @@ ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MAX_TOP_K = 64
 
 # "." and ".." are refused: no URL path can name them (clients resolve them away).
-_REQUEST_ID = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._:\-]{1,200}$")
+REQUEST_ID_PATTERN = r"^(?!\.{1,2}$)[A-Za-z0-9._:\-]{1,200}$"
+_REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 
 
 def is_request_id(value: str) -> bool:

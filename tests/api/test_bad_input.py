@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,9 +16,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from api.routes.workers import HEARTBEAT_MAX_BYTES
+from ledger.certify import MAX_CONCURRENCY, MAX_TOKENS
 from ledger.clock import rfc3339
 from ledger.errors import InvalidInput
 from ledger.heartbeat import build_heartbeat
+from ledger.key_scope import MAX_POOLS
 from ledger.signing import public_key_pem
 from ledger.storage.tokenstore import prepare_token
 from tests.support.documents import fingerprint_body, record_body, resign
@@ -255,6 +258,40 @@ def test_openapi_states_the_real_limits(api: Harness):
     assert big.json()["error"]["details"]["limit"] == HEARTBEAT_MAX_BYTES
     keys = spec["paths"]["/v1/keys"]["post"]["requestBody"]["content"]["application/json"]
     assert set(keys["schema"]["properties"]) == {"name", "role", "public_key", "pools"}
+    assert [
+        f["properties"][m]["minItems"]
+        for f, m in zip(schema["oneOf"], ("records", "envelopes"), strict=True)
+    ] == [1, 1]
+
+    # the bounds each route checks itself are stated, with the values it checks
+    def body(path: str) -> dict[str, Any]:
+        return spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+    pools = body("/v1/keys")["properties"]["pools"]
+    assert (pools["minItems"], pools["maxItems"], pools["uniqueItems"]) == (1, MAX_POOLS, True)
+    assert re.fullmatch(pools["items"]["pattern"], "pool-a.1")
+    assert not re.fullmatch(pools["items"]["pattern"], "pool a")
+    certify = body("/v1/certifications")["properties"]
+    assert certify["concurrency"]["items"]["maximum"] == MAX_CONCURRENCY
+    assert certify["max_tokens"]["items"]["maximum"] == MAX_TOKENS
+    hold = body("/v1/holds")["properties"]["request_id"]["pattern"]
+    assert re.fullmatch(hold, "req-1:a") and not re.fullmatch(hold, "..")
+    c = api.client()
+    pem = public_key_pem(Ed25519PublicKey.from_public_bytes(bytes(range(2, 34))))
+    for listed in ([], ["p"] * 2, [f"p{i}" for i in range(MAX_POOLS + 1)], ["pool a"]):
+        key = {"name": "k", "role": "collector", "public_key": pem, "pools": listed}
+        assert_error(c.post("/v1/keys", json=key), 422, "invalid_pools")
+    holds = api.client(api.token("holds"))
+    assert_error(
+        holds.post("/v1/holds", json={"request_id": "..", "reason": "r"}), 422, "invalid_parameters"
+    )
+    assert_error(
+        api.client(api.token("admin")).post(
+            "/v1/certifications", json={"pool": "p", "concurrency": [MAX_CONCURRENCY + 1]}
+        ),
+        422,
+        "invalid_parameters",
+    )
 
 
 def test_openapi_states_the_real_answers(api: Harness):

@@ -11,7 +11,7 @@ import migrations
 from ledger.errors import Conflict, InvalidInput, NotFound, VerificationError
 from ledger.merkle import leaf_hash
 from ledger.signing import SigningKey
-from ledger.storage import checkpoints, erasures, ingest, keystore, queries, verdicts
+from ledger.storage import checkpoints, erasures, ingest, keystore, log, queries, verdicts
 from ledger.storage.audit import audit
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database
@@ -302,3 +302,24 @@ def test_a_chunked_audit_rebuilds_every_checkpoint(ledger, monkeypatch):
             report = audit(db, log_key.public_key, signatures=signatures)
             assert report.ok, [f.to_dict() for f in report.findings]
             assert (report.leaves, report.checkpoints) == (25, 5)
+
+
+def test_a_hold_on_a_name_no_record_can_have_logs_nothing(ledger):
+    """The API checked a hold's request ID, the core did not: a caller of the library could
+    sign a NUL, a path or 10 KB into the log as the ID a hold covers."""
+    db, log_key, _, _ = ledger
+
+    def size() -> int:
+        with db.read() as s:
+            return log.log_size(s)
+
+    before = size()
+    for request_id in ("a\x00b", "../x", "..", "x" * 201, "a b"):
+        with pytest.raises(InvalidInput) as err:
+            erasures.place_hold(
+                db, log_key, request_id=request_id, filter=None, reason="r", placed_by="t"
+            )
+        assert err.value.code == "invalid_parameters"
+    assert size() == before
+    erasures.place_hold(db, log_key, request_id="req-ok", filter=None, reason="r", placed_by="t")
+    assert size() == before + 1
