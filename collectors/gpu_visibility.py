@@ -5,10 +5,14 @@ Two variables of the engine's environment narrow the list, in this order:
 
 ``NVIDIA_VISIBLE_DEVICES``
     The NVIDIA container runtime's choice of devices for the engine's container: ``all``,
-    ``none``/``void``/empty (no device), or a comma-separated list of host indexes or UUIDs.
-    Applied only when it differs from the collector's own value: a collector whose container
-    holds the same devices (compose gives both the same ``device_ids``) already enumerates
-    exactly those, and host indexes would not apply to its container-relative list.
+    ``none``/``void``/empty (no device), or a comma-separated list of ``GPU-`` UUIDs, ``MIG-``
+    UUIDs of MIG instances, host indexes ``N`` and MIG devices ``N:M`` (GPU ``N``'s MIG device
+    ``M``). Applied only when it differs from the collector's own value: a collector whose
+    container holds the same devices (compose gives both the same ``device_ids``) already
+    enumerates exactly those. Host indexes apply only when the collector's NVML numbers devices
+    as the host does (its own value unset or ``all``); in a container of its own they would name
+    other devices, so they are reported and not applied. A path (the runtime's volume-mounts
+    strategy) is reported and not applied.
 ``CUDA_VISIBLE_DEVICES``
     What CUDA shows the process, relative to that list, in the order given: device ordinals,
     ``GPU-`` UUIDs or unique prefixes of them, and ``MIG-`` UUIDs of MIG instances. Unset: every
@@ -37,6 +41,7 @@ class Visibility:
 
     cuda: str | None = None
     container: str | None = None
+    host_indexes: bool = True  # whether NVML's indexes here are the host's
 
     @classmethod
     def of_engine(
@@ -48,9 +53,11 @@ class Visibility:
             return None
         own = os.environ if own is None else own
         container = env.get(CONTAINER)
-        if container is not None and container.strip() == own.get(CONTAINER, "").strip():
+        mine = own.get(CONTAINER)
+        if container is not None and container.strip() == (mine or "").strip():
             container = None  # the collector's container holds the same devices
-        return cls(cuda=env.get(CUDA), container=container)
+        host = mine is None or mine.strip().lower() == "all"
+        return cls(cuda=env.get(CUDA), container=container, host_indexes=host)
 
     def describe(self) -> dict[str, str | None]:
         return {CUDA: self.cuda, CONTAINER: self.container}
@@ -79,39 +86,76 @@ def select(
 ) -> tuple[list[Chosen], list[str]]:
     """The engine's devices in its order, and the reasons for entries that were not applied."""
     reasons: list[str] = []
+    units = [Chosen(d.index) for d in devices]
     if visibility is None:
-        return [Chosen(d.index) for d in devices], reasons
-    pool = list(devices)
+        return units, reasons
     if visibility.container is not None:
-        pool = _container(pool, visibility.container, reasons)
+        units = _container(devices, visibility, reasons)
     if visibility.cuda is None:
-        return [Chosen(d.index) for d in pool], reasons
-    return _cuda(pool, visibility.cuda, reasons), reasons
+        return units, reasons
+    return _cuda(devices, units, visibility.cuda, reasons), reasons
 
 
 def _entries(value: str) -> list[str]:
     return [] if not value.strip() else [part.strip() for part in value.split(",")]
 
 
-def _container(pool: list[Device], value: str, reasons: list[str]) -> list[Device]:
-    if value.strip().lower() == "all":
-        return pool
-    if value.strip().lower() in _NO_DEVICES:
+def _container(
+    devices: Sequence[Device], visibility: Visibility, reasons: list[str]
+) -> list[Chosen]:
+    value = str(visibility.container).strip()
+    if value.lower() == "all":
+        return [Chosen(d.index) for d in devices]
+    if value.lower() in _NO_DEVICES:
         return []
-    kept: list[Device] = []
+    if value.startswith("/"):
+        reasons.append(
+            f"{CONTAINER} is {value!r}: the runtime gives the devices as volume mounts, which "
+            "the collector does not read; every device NVML lists is reported"
+        )
+        return [Chosen(d.index) for d in devices]
+    kept: list[Chosen] = []
     for entry in _entries(value):
-        found = [d for d in pool if str(d.index) == entry or d.uuid == entry]
-        if not found:
-            reasons.append(f"{CONTAINER} entry {entry!r} names no device NVML lists")
-        elif found[0] not in kept:
-            kept.append(found[0])
-    return sorted(kept, key=lambda d: d.index)  # the runtime mounts them in host order
+        found = _container_entry(devices, entry, visibility.host_indexes)
+        if isinstance(found, str):
+            reasons.append(f"{CONTAINER} entry {entry!r} {found}")
+        elif found not in kept:
+            kept.append(found)
+    # the runtime mounts them in host order
+    return sorted(kept, key=lambda c: (c.index, -1 if c.mig_slot is None else c.mig_slot))
 
 
-def _cuda(pool: list[Device], value: str, reasons: list[str]) -> list[Chosen]:
+def _container_entry(devices: Sequence[Device], entry: str, host_indexes: bool) -> Chosen | str:
+    """The device an entry names, or why it names none."""
+    gpu, colon, slot = entry.partition(":")
+    if gpu.isdigit() and (not colon or slot.isdigit()):
+        if not host_indexes:
+            return (
+                "is a host index, and this collector's container numbers its own devices: "
+                "name devices by UUID, or give the collector the engine's devices"
+            )
+        for d in devices:
+            if d.index == int(gpu):
+                if not colon:
+                    return Chosen(d.index)
+                if any(at == int(slot) and uuid is not None for at, uuid in d.mig):
+                    return Chosen(d.index, int(slot))
+        return "names no device NVML lists"
+    for d in devices:
+        if d.uuid is not None and d.uuid == entry:
+            return Chosen(d.index)
+        for at, uuid in d.mig:
+            if uuid is not None and uuid == entry:
+                return Chosen(d.index, at)
+    return "names no device NVML lists"
+
+
+def _cuda(
+    devices: Sequence[Device], units: list[Chosen], value: str, reasons: list[str]
+) -> list[Chosen]:
     chosen: list[Chosen] = []
     for entry in _entries(value):
-        device = _resolve(pool, entry)
+        device = _resolve(devices, units, entry)
         if device is None or device in chosen:
             why = "names no device" if device is None else "repeats a device"
             reasons.append(
@@ -122,19 +166,30 @@ def _cuda(pool: list[Device], value: str, reasons: list[str]) -> list[Chosen]:
     return chosen
 
 
-def _resolve(pool: list[Device], entry: str) -> Chosen | None:
+def _resolve(devices: Sequence[Device], units: list[Chosen], entry: str) -> Chosen | None:
     if entry.isdigit():
         ordinal = int(entry)
-        return Chosen(pool[ordinal].index) if ordinal < len(pool) else None
-    if entry.startswith("MIG-"):
-        hits = [
-            Chosen(d.index, slot)
-            for d in pool
-            for slot, uuid in d.mig
-            if uuid is not None and uuid.startswith(entry)
-        ]
-    elif entry.startswith("GPU-"):
-        hits = [Chosen(d.index) for d in pool if d.uuid is not None and d.uuid.startswith(entry)]
-    else:
-        return None
+        return units[ordinal] if ordinal < len(units) else None
+    by_index = {d.index: d for d in devices}
+    hits: list[Chosen] = []
+    for unit in units:
+        device = by_index[unit.index]
+        if entry.startswith("MIG-"):
+            slots = (
+                device.mig
+                if unit.mig_slot is None
+                else [(at, uuid) for at, uuid in device.mig if at == unit.mig_slot]
+            )
+            hits += [
+                Chosen(unit.index, at)
+                for at, uuid in slots
+                if uuid is not None and uuid.startswith(entry)
+            ]
+        elif (
+            entry.startswith("GPU-")
+            and unit.mig_slot is None
+            and device.uuid is not None
+            and device.uuid.startswith(entry)
+        ):
+            hits.append(unit)
     return hits[0] if len(hits) == 1 else None  # a prefix must name one device

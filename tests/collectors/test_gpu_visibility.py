@@ -153,3 +153,42 @@ def test_an_unreadable_environment_is_not_a_visibility() -> None:
         "CUDA_VISIBLE_DEVICES": "0",
         "NVIDIA_VISIBLE_DEVICES": "1",
     }
+
+
+def test_a_container_given_mig_instances_or_host_indexes_it_cannot_map() -> None:
+    """Kubernetes' mixed MIG strategy gives a container ``MIG-`` UUIDs, Compose ``N:M``; the
+    engine's CUDA then counts within those instances. A host index is applied only where this
+    collector's NVML numbers devices as the host does."""
+    parent = h200(
+        0,
+        mig_mode=MIG_ON,
+        mig_instances=(FakeMig(MIG_A), None, FakeMig(MIG_B, 2, 2, 32768, 32)),
+    )
+    board = [parent, h200(1)]
+    for container in (MIG_B, "0:2"):
+        s = snap(visible(None, container), board)
+        assert uuids(s) == [MIG_B], container
+        assert s.body["gpus"][0]["mig_instance"]["gpu_instance_slices"] == 2
+        assert "visible_devices" not in s.body["unknown"]
+        assert uuids(snap(visible("0", container), board)) == [MIG_B]  # cuda:0 is that instance
+    two = snap(visible("1", f"{MIG_A},{MIG_B}"), board)
+    assert uuids(two) == [MIG_B]
+    assert uuids(snap(visible(MIG_A[:12], f"{MIG_A},{MIG_B}"), board)) == [MIG_A]
+    # a slot that is empty names nothing, and says so
+    empty = snap(visible(None, "0:1"), board)
+    assert (
+        empty.body["gpus"] == []
+        and "'0:1' names no device" in empty.body["unknown"]["visible_devices"]
+    )
+    # a collector in a container of its own (another device): the engine's host index 0 is
+    # not this container's device 0; reported, never guessed
+    own = snap(visible(None, "0", own="1"))
+    assert own.body["gpus"] == []
+    assert "is a host index" in own.body["unknown"]["visible_devices"]
+    by_uuid = snap(visible(None, BOARD[2].uuid, own="1"))
+    assert by_uuid.identity["nvml_indexes"] == [2]
+    assert snap(visible(None, "3", own="all")).identity["nvml_indexes"] == [3]
+    # the volume-mounts strategy: not read, every device reported with the reason
+    mounted = snap(visible(None, "/var/run/nvidia-container-devices"))
+    assert mounted.identity["nvml_indexes"] == [0, 1, 2, 3]
+    assert "volume mounts" in mounted.body["unknown"]["visible_devices"]
