@@ -32,19 +32,30 @@ def compose_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+PASSWORDS = {
+    "POSTGRES_PASSWORD": "superuser-secret",
+    "LEDGER_OWNER_PASSWORD": "owner-secret",
+    "LEDGER_APP_PASSWORD": "app-secret",
+}
+
+
 @pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     models = tmp_path_factory.mktemp("model")
-    proc = compose_config({"POSTGRES_PASSWORD": "secret", "MODEL_DIR": str(models)})
+    proc = compose_config({**PASSWORDS, "MODEL_DIR": str(models)})
     assert proc.returncode == 0, proc.stderr
     parsed: dict[str, Any] = yaml.safe_load(proc.stdout)
     return parsed
 
 
-def test_required_settings_are_demanded() -> None:
+def test_required_settings_are_demanded(tmp_path: Path) -> None:
     proc = compose_config({})
     assert proc.returncode != 0
     assert "POSTGRES_PASSWORD" in proc.stderr
+    for name in PASSWORDS:
+        rest = {k: v for k, v in PASSWORDS.items() if k != name}
+        proc = compose_config({**rest, "MODEL_DIR": str(tmp_path)})
+        assert proc.returncode != 0 and name in proc.stderr, name
 
 
 def test_services(config: dict[str, Any]) -> None:
@@ -59,7 +70,7 @@ def test_services(config: dict[str, Any]) -> None:
     } <= set(services)
     ledger = services["ledger"]
     assert ledger["environment"]["LEDGER_ENVIRONMENT"] == "production"
-    assert ledger["environment"]["LEDGER_DATABASE_URL"].startswith("postgresql://ledger:secret@")
+    assert ledger["environment"]["LEDGER_DATABASE_URL"].startswith("postgresql://ledger_app:")
     assert ledger["command"] == ["serve"]  # `ledger serve` runs migrations at start
     assert ledger["depends_on"]["ledger-setup"]["condition"] == "service_completed_successfully"
     assert "ledger db upgrade" in services["ledger-setup"]["command"][0]
@@ -123,7 +134,7 @@ def test_the_fingerprint_value_comes_from_the_environment(tmp_path: Path) -> Non
         "THROUGHPUT_FINGERPRINT_ID": "sha256:" + "a" * 64,
         "STRICT_FINGERPRINT_ID": "sha256:" + "b" * 64,
     }
-    proc = compose_config({"POSTGRES_PASSWORD": "s", "MODEL_DIR": str(tmp_path), **ids})
+    proc = compose_config({**PASSWORDS, "MODEL_DIR": str(tmp_path), **ids})
     assert proc.returncode == 0, proc.stderr
     services = yaml.safe_load(proc.stdout)["services"]
     for pool in POOLS:
@@ -191,8 +202,10 @@ def test_long_running_services_have_health_checks_with_start_periods(
 
 def test_images_hold_no_secrets_or_local_state() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
-    for pattern in (".venv*", "*.pem", "*.token", "*.sqlite", ".git"):
+    # at any depth (a pattern without **/ matches only at the context's root)
+    for pattern in (".venv*", "**/*.pem", "**/*.token", "**/*.sqlite", "**/.env", ".git"):
         assert pattern in ignored
+    assert {"ledger-data", ".fixtures"} <= set(ignored)
     for dockerfile in ("Dockerfile", "Dockerfile.collector"):
         text = (ROOT / dockerfile).read_text()
         assert "HEALTHCHECK" in text and "start-period" in text
@@ -204,3 +217,42 @@ def test_only_the_strict_pool_runs_batch_invariant_kernels(config: dict[str, Any
     services = config["services"]
     assert services["vllm-strict"]["environment"]["VLLM_BATCH_INVARIANT"] == "1"
     assert "VLLM_BATCH_INVARIANT" not in (services["vllm-throughput"].get("environment") or {})
+
+
+def test_the_ledger_serves_as_a_role_that_cannot_lift_the_triggers(config: dict[str, Any]) -> None:
+    """Migrations run as the tables' owner; the server as ledger_app (deploy/postgres makes
+    both on Postgres' first start); the superuser's password stays in the postgres service."""
+    services = config["services"]
+    setup_url = services["ledger-setup"]["environment"]["LEDGER_DATABASE_URL"]
+    assert setup_url == "postgresql://ledger_owner:owner-secret@postgres:5432/ledger"
+    assert services["ledger"]["environment"]["LEDGER_DATABASE_URL"] == (
+        "postgresql://ledger_app:app-secret@postgres:5432/ledger"
+    )
+    postgres = services["postgres"]
+    assert ("/docker-entrypoint-initdb.d", True) in [(t, ro) for _, t, ro in mounts_of(postgres)]
+    assert "POSTGRES_USER" not in postgres["environment"]  # the image's superuser, postgres
+    for name, service in services.items():
+        text = str(service.get("environment"))
+        if name != "postgres":
+            assert "superuser-secret" not in text, name
+        if name not in ("postgres", "ledger-setup"):
+            assert "owner-secret" not in text, name
+
+
+def test_each_service_has_what_it_needs_and_no_more(config: dict[str, Any]) -> None:
+    services = config["services"]
+    setup = services["ledger-setup"]["command"][0]
+    # a collector posts records, fingerprints and heartbeats; it reads nothing back
+    assert "--scope records:write --name collector-$$pool" in setup
+    assert "records:read" not in setup
+    for pool in POOLS:
+        engine = services[f"vllm-{pool}"]
+        assert "ipc" not in engine and engine["shm_size"]  # not the host's IPC namespace
+        args = engine["command"]
+        assert args[args.index("--host") + 1] == "127.0.0.1"  # reached only by its collector
+    image = services["vllm-strict"]["image"]
+    assert services["vllm-throughput"]["image"] == image
+    for pool in POOLS:  # the collector is built on the image its engine runs
+        assert services[f"collector-{pool}"]["build"]["args"]["VLLM_IMAGE"] == image
+    for one_shot in ("ledger-setup", "collector-keys"):
+        assert services[one_shot]["healthcheck"] == {"test": ["NONE"]}  # disable: true

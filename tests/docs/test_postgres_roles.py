@@ -12,23 +12,20 @@ write. Roles and database are dropped at the end.
 
 from __future__ import annotations
 
-import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from tests.support.databases import require_postgres
 from tests.support.docblocks import ROOT, BlockShells, reader_env, shell_blocks
 from tests.support.engine import free_port
+from tests.support.pg_roles import assert_app_cannot_unprotect, renamed, run_names, url_as
 
 pytestmark = pytest.mark.postgres
 OPERATIONS = ROOT / "docs" / "OPERATIONS.md"
-ROLES = ("ledger_owner", "ledger_app", "ledger_auditor")
 
 
 def _roles_block() -> tuple[int, str]:
@@ -39,28 +36,8 @@ def _roles_block() -> tuple[int, str]:
 
 @pytest.fixture
 def names() -> Iterator[dict[str, str]]:
-    """This run's role and database names; dropped afterwards, whatever the block did."""
-    admin = require_postgres()
-    if shutil.which("psql") is None:
-        pytest.skip("psql is not installed (`make tools` installs it where it can)")
-    suffix = uuid.uuid4().hex[:8]
-    names = {role: f"{role}_{suffix}" for role in ROLES} | {"database": f"ledger_roles_{suffix}"}
-    try:
+    with run_names() as names:
         yield names
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(names["database"])
-                )
-            )
-            for role in ROLES:
-                conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(names[role])))
-
-
-def _as(role: str, names: dict[str, str]) -> str:
-    admin = urlsplit(require_postgres())
-    return f"postgresql://{names[role]}@{admin.hostname}:{admin.port or 5432}/{names['database']}"
 
 
 def test_the_postgres_roles_of_operations_md_work_as_it_says(tmp_path: Path, names: dict[str, str]):
@@ -68,15 +45,12 @@ def test_the_postgres_roles_of_operations_md_work_as_it_says(tmp_path: Path, nam
     admin = urlsplit(admin_url)
     line, code = _roles_block()
     port = str(free_port())
-    code = (
+    code = renamed(
         code.replace("psql -h db-host -U postgres", f"psql -v ON_ERROR_STOP=1 '{admin_url}'")
-        .replace("CREATE DATABASE ledger OWNER", f"CREATE DATABASE {names['database']} OWNER")
-        .replace("\\c ledger\n", f"\\c {names['database']}\n")
         .replace("@db-host/ledger", f"@{admin.hostname}:{admin.port or 5432}/{names['database']}")
-        .replace("127.0.0.1:8700", f"127.0.0.1:{port}")
+        .replace("127.0.0.1:8700", f"127.0.0.1:{port}"),
+        names,
     )
-    for role in ROLES:  # no role's name holds another's
-        code = code.replace(role, names[role])
     env = reader_env(tmp_path) | {"LEDGER_PORT": port}
     shells = BlockShells(tmp_path, env)
     try:
@@ -86,13 +60,12 @@ def test_the_postgres_roles_of_operations_md_work_as_it_says(tmp_path: Path, nam
     assert "every check passed" in output, output  # the audit, as the auditor
 
     # What the page says these grants prevent.
-    with psycopg.connect(_as("ledger_app", names), autocommit=True) as app:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="must be owner"):
-            app.execute("ALTER TABLE log_entries DISABLE TRIGGER ALL")
+    assert_app_cannot_unprotect(names)
+    with psycopg.connect(url_as("ledger_app", names), autocommit=True) as app:
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="is append-only"):
             app.execute("DELETE FROM log_entries")
         assert app.execute("SELECT count(*) FROM log_entries").fetchone()[0] >= 1
-    with psycopg.connect(_as("ledger_auditor", names), autocommit=True) as auditor:
+    with psycopg.connect(url_as("ledger_auditor", names), autocommit=True) as auditor:
         assert auditor.execute("SELECT count(*) FROM log_entries").fetchone()[0] >= 1
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
             auditor.execute("DELETE FROM api_tokens")
