@@ -82,3 +82,21 @@ def snapshot_runtime(
     body: dict[str, Any] = {field: found.get(field) for field in FIELDS}
     body["unknown"] = dict(found.get("unknown") or {})
     return RuntimeSnapshot(body, engine_python)
+
+
+def engines_own(runtime: RuntimeSnapshot, served_version: str | None) -> RuntimeSnapshot:
+    """``runtime``, unless the interpreter probed has another vLLM than the engine answers
+    ``/version`` with (a collector image built on another engine image than the one the engine
+    runs): then no field of it describes the engine, and the reason says so."""
+    probed = runtime.body.get("vllm")
+    if probed is None or served_version is None or probed == served_version:
+        return runtime
+    return RuntimeSnapshot(
+        _unknown_body(
+            f"the interpreter probed ({runtime.interpreter}) has vLLM {probed}, the engine "
+            f"answers vLLM {served_version}: not the engine's runtime (run the probe in the "
+            "engine's environment: build the collector's image on the engine's image)"
+        ),
+        runtime.interpreter,
+    )
+

@@ -20,7 +20,7 @@ from collectors.gpu import snapshot_gpus
 from collectors.gpu_visibility import Visibility
 from collectors.overrides import chat_template
 from collectors.procinfo import EngineProcess, ProcessUnreadable, find_pid_by_port, read_process
-from collectors.runtime import snapshot_runtime
+from collectors.runtime import engines_own, snapshot_runtime
 from ledger.fingerprint import (
     FINGERPRINT_KIND,
     FINGERPRINT_SCHEMA_VERSION,
@@ -126,6 +126,7 @@ def take_snapshot(
         unseen=f"the engine's environment is unknown ({lookup.reason})",
     )
     engine = snapshot_engine(engine_url, process, lookup.reason, info=info)
+    runtime = engines_own(runtime, engine.body.get("version"))
     model = artifacts.body
     template_identity: dict[str, Any] = {}
     if process is not None:

@@ -116,6 +116,20 @@ def test_identical_workers_share_an_id(snapshots, engines):
     assert again.fingerprint_id == snapshots["default"].fingerprint_id
 
 
+def test_a_probe_with_another_vllm_than_the_engine_is_not_the_runtime(engines, tmp_path: Path):
+    """The collector's interpreter is not the engine's when its image was built on another
+    engine image: what it finds is not recorded as the engine's runtime."""
+    other = tmp_path / "python"
+    other.write_text('#!/bin/sh\necho \'{"vllm": "0.31.0", "torch": "2.8.0"}\'\n')
+    other.chmod(0o755)
+    server = engines["default"]
+    snap = take_snapshot(server.model_dir, engine_url=server.url, engine_python=str(other))
+    runtime = snap.body["runtime"]
+    assert runtime["vllm"] is None and runtime["torch"] is None
+    assert "answers vLLM 0.32.0" in runtime["unknown"]["runtime"]
+    assert snap.body["engine"]["version"] == "0.32.0"
+
+
 def test_gpu_section_with_nvml_values(engines):
     snap = take_snapshot(
         engines["strict"].model_dir, engine_url=engines["strict"].url, nvml=FakeNvml()

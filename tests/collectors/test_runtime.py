@@ -7,7 +7,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from collectors.runtime import FIELDS, snapshot_runtime
+from collectors.runtime import FIELDS, engines_own, snapshot_runtime
 
 
 def test_the_probe_reports_the_interpreter_it_runs_in():
@@ -47,3 +47,20 @@ def test_a_probe_that_prints_garbage(tmp_path: Path):
     assert snapshot_runtime(str(noisy)).body["unknown"]["runtime"] == (
         "the runtime probe printed no JSON"
     )
+
+
+def test_an_interpreter_with_another_vllm_than_the_engine_describes_nothing(tmp_path: Path):
+    """A collector image built on another engine image than the engine's runs the probe with
+    its own vLLM and torch: the runtime section would name versions the engine does not run."""
+    other = tmp_path / "python"
+    other.write_text('#!/bin/sh\necho \'{"vllm": "0.31.0", "torch": "2.8.0"}\'\n')
+    other.chmod(0o755)
+    snap = snapshot_runtime(str(other))
+    assert snap.body["vllm"] == "0.31.0"
+    assert engines_own(snap, "0.31.0") is snap  # the engine's own: kept
+    assert engines_own(snap, None) is snap  # the engine's version not known: nothing to compare
+    stale = engines_own(snap, "0.32.0")
+    assert all(stale.body[f] is None for f in FIELDS)
+    reason = stale.body["unknown"]["runtime"]
+    assert "vLLM 0.31.0" in reason and "vLLM 0.32.0" in reason and str(other) in reason
+    assert stale.interpreter == str(other)
