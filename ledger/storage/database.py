@@ -63,6 +63,10 @@ def as_utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+# (dialect, driver) pairs the ledger runs on: its triggers and migrations are written for these
+_STORES = {("sqlite", "pysqlite"), ("postgresql", "psycopg")}
+
+
 class Database:
     """Owns the engine. ``write()`` transactions are serialized across processes."""
 
@@ -73,6 +77,12 @@ class Database:
         except (ArgumentError, ValueError) as exc:
             raise InvalidInput(f"not a database URL: {url!r}", code="invalid_database_url") from exc
         self.dialect = parsed.get_backend_name()
+        if (self.dialect, parsed.get_driver_name()) not in _STORES:
+            raise InvalidInput(
+                f"the ledger keeps its log in SQLite (sqlite:///PATH) or Postgres "
+                f"(postgresql://USER@HOST/DB), not {parsed.drivername}",
+                code="invalid_database_url",
+            )
         kwargs: dict[str, Any] = {"future": True}
         if self.dialect == "sqlite":
             if parsed.database and parsed.database != ":memory:":

@@ -323,3 +323,16 @@ def test_a_hold_on_a_name_no_record_can_have_logs_nothing(ledger):
     assert size() == before
     erasures.place_hold(db, log_key, request_id="req-ok", filter=None, reason="r", placed_by="t")
     assert size() == before + 1
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mysql://x@y/z", "postgresql+psycopg2://u@h/db", "oracle://u@h/db", "sqlite+pysqlcipher:///x"],
+)
+def test_a_database_the_ledger_does_not_run_on_is_named_as_such(url: str):
+    """A scheme SQLAlchemy knows but the ledger does not run on was a storage_error naming a
+    missing Python module."""
+    with pytest.raises(InvalidInput) as err:
+        Database(url)
+    assert err.value.code == "invalid_database_url"
+    assert "SQLite" in err.value.message and "Postgres" in err.value.message
