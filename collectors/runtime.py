@@ -99,4 +99,3 @@ def engines_own(runtime: RuntimeSnapshot, served_version: str | None) -> Runtime
         ),
         runtime.interpreter,
     )
-
