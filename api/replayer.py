@@ -93,7 +93,7 @@ def choose_worker(
     everyone = workers.list_workers(db, ttl)
     live = [w for w in everyone if w.live]
     if pool is not None and not any(w.pool == pool for w in everyone):
-        raise InvalidInput(f"no pool {pool!r}: no worker has registered in it", code="unknown_pool")
+        raise NotFound(f"no pool {pool!r}: no worker has registered in it", code="pool_not_found")
     in_pool = [w for w in live if pool is None or w.pool == pool]
     # the workers the request may be sent to; the nearest pools are listed from all of them
     candidates = _trusted_for(db, in_pool, record_pool) if pool is None else in_pool

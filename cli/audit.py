@@ -25,6 +25,8 @@ from cli.common import (
     table,
 )
 from ledger.audit import DEFAULT_CLOCK_TOLERANCE, AuditReport
+from ledger.checkpoint import parse_checkpoint
+from ledger.errors import VerificationError
 from ledger.storage.audit import audit
 
 # More processes than this only add start-up and memory: each verifies on a CPU of its own.
@@ -97,6 +99,7 @@ def run_audit(
                 TimeRemainingColumn(),
                 console=err_console,
                 transient=True,
+                disable=not err_console.is_terminal,
             ) as bar:
                 task = bar.add_task("leaves", total=None)
                 report = audit(
@@ -114,16 +117,19 @@ def run_audit(
 
 
 def _read_checkpoint(path: Path) -> str:
-    text = read_text_file(path, "checkpoint")
-    if text.lstrip().startswith("{"):
+    note = read_text_file(path, "checkpoint")
+    if note.lstrip().startswith("{"):
         try:
-            note = json.loads(text)["checkpoint"]
+            note = json.loads(note)["checkpoint"]
         except (ValueError, KeyError, TypeError):
-            fail(f"{path} is JSON but not an evidence bundle with a checkpoint")
+            fail(f"{path} is JSON but not an evidence bundle with a checkpoint [bad_checkpoint]")
         if not isinstance(note, str):
-            fail(f"{path}: the bundle's checkpoint is not a signed note")
-        return note
-    return text
+            fail(f"{path}: the bundle's checkpoint is not a signed note [bad_checkpoint]")
+    try:
+        parse_checkpoint(note)
+    except VerificationError as exc:
+        fail(f"{path} holds no checkpoint: {exc.message} [{exc.code}]")
+    return note
 
 
 def _count(n: int, one: str, many: str) -> str:
@@ -140,9 +146,10 @@ def _print(report: AuditReport) -> None:
     if report.ok:
         console.print(f"[bold green]OK[/] {summary}: every check passed")
         return
+    first = report.first_bad_index
     console.print(
-        f"[bold red]FAILED[/] {summary}: {len(report.findings)} finding(s); "
-        f"first bad leaf index: {report.first_bad_index}"
+        f"[bold red]FAILED[/] {summary}: {len(report.findings)} finding(s)"
+        + ("" if first is None else f"; first bad leaf index: {first}")
     )
     out = table("check", "leaf", "table.column", "what differs")
     for f in report.findings[:50]:

@@ -68,18 +68,10 @@ def load_settings(**overrides: Any) -> Settings:
         fail(f"invalid settings: {name}{first.get('msg')}")
 
 
-def open_database(url: str | None, *, migrate: bool = False) -> tuple[Settings, Database]:
-    """Open the configured database; with ``migrate`` bring its schema up to date first. A new
-    SQLite file is announced on stderr, so that a mistyped ``--db`` does not pass unseen."""
+def open_database(url: str | None) -> tuple[Settings, Database]:
+    """Open the configured database, whether or not it holds a ledger yet (``db upgrade``)."""
     settings = load_settings(database_url=url)
-    resolved = settings.resolved_database_url
-    path = sqlite_file(resolved)
-    if migrate and path is not None and not path.exists():
-        err_console.print(f"note: no ledger database at {escape(str(path))}: creating a new one")
-    db = Database(resolved)
-    if migrate:
-        migrations.upgrade(db)
-    return settings, db
+    return settings, Database(settings.resolved_database_url)
 
 
 def open_existing_database(url: str | None) -> tuple[Settings, Database]:
@@ -93,6 +85,7 @@ def open_existing_database(url: str | None) -> tuple[Settings, Database]:
         fail(f"no ledger database at {path}: {hint}, or name the right one with --db", 2)
     db = Database(resolved)
     if migrations.current_revision(db) is None:
+        migrations.check_no_other_tables(db)
         fail(f"no ledger schema in {db.describe()}: {hint}", 2)
     migrations.check_current(db)
     return settings, db

@@ -38,13 +38,18 @@ def upgrade(
 
 @app.command("current")
 def current(db_url: str | None = DbOption, as_json: bool = JsonOption) -> None:
-    """Show the database's revision and the latest one (creates nothing)."""
+    """Show the database's revision and the latest one (creates nothing; exit 2 when it
+    holds no ledger)."""
     with ledger_errors():
         settings = load_settings(database_url=db_url)
         path = sqlite_file(settings.resolved_database_url)
         if path is not None and not path.is_file():
             fail(f"no ledger database at {path}: create one with `ledger db upgrade` or use --db")
-        _show(Database(settings.resolved_database_url), as_json)
+        db = Database(settings.resolved_database_url)
+        if migrations.current_revision(db) is None:
+            migrations.check_no_other_tables(db)
+            fail(f"no ledger schema in {db.describe()}: create one with `ledger db upgrade`")
+        _show(db, as_json)
 
 
 def _show(db: Database, as_json: bool) -> None:
@@ -52,5 +57,4 @@ def _show(db: Database, as_json: bool) -> None:
     if as_json:
         print_json({"database": db.describe(), "revision": at, "head": head})
         return
-    shown = at or "no ledger schema (run `ledger db upgrade`)"
-    console.print(f"{db.describe()}: at revision {shown}, latest {head}")
+    console.print(f"{db.describe()}: at revision {at}, latest {head}")

@@ -12,6 +12,7 @@ from cli.common import (
     JsonOption,
     TokenFileOption,
     console,
+    fail,
     ledger_errors,
     print_json,
     refuse_existing,
@@ -24,7 +25,7 @@ from client.ledger_client import LedgerClient, read_token_file
 
 def evidence(
     request_id: str = typer.Argument(..., help="the record's request ID (its X-Request-ID)"),
-    out: Path = typer.Option(..., "--out", "-o", help="where to write the bundle"),
+    out: Path = typer.Option(..., "--out", "-o", help="the file to write the bundle to"),
     redact: str | None = typer.Option(
         None,
         "--redact",
@@ -37,6 +38,8 @@ def evidence(
     as_json: bool = JsonOption,
 ) -> None:
     """Download the evidence bundle of a record (verify it with `ledger verify`)."""
+    if str(out) == "-":
+        fail("-o - names no file: the bundle is written to a file (-o bundle.json)")
     refuse_existing(out, force)
     with (
         ledger_errors(),

@@ -58,7 +58,9 @@ def new(
     try:
         key.write(private, public, overwrite=force)
     except SecretFileExists as exc:
-        fail(f"{exc.message} (--force replaces it: a symlink itself, never its target)")
+        fail(
+            f"{exc.message} (--force replaces it: a symlink itself, never its target) [{exc.code}]"
+        )
     except LedgerError as exc:
         fail(f"{exc.message} [{exc.code}]")
     if as_json:

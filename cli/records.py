@@ -99,7 +99,8 @@ def search(
                 break
     items = items[:limit]
     if as_json:
-        sys.stdout.write(json.dumps({"items": items, "count": len(items)}, indent=2) + "\n")
+        found = {"items": items, "count": len(items), "next_cursor": cursor}
+        sys.stdout.write(json.dumps(found, indent=2) + "\n")
         return
     if as_csv:
         sys.stdout.write(record_export.csv_header())

@@ -45,11 +45,9 @@ def replay(
         try:
             result = client.replay(request_id, pool, force)
         except Conflict as exc:
-            if as_json:
-                print_json({"error": exc.to_dict()})
-            else:
-                _print_nearest(exc.message, exc.details.get("nearest_pools") or [])
-            raise typer.Exit(2) from None
+            if not as_json:
+                _print_nearest(exc.details.get("nearest_pools") or [])
+            raise
     verdict = result["envelope"]["body"]
     if as_json:
         print_json(result)
@@ -104,8 +102,10 @@ def _dash(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def _print_nearest(message: str, pools: list[dict[str, Any]]) -> None:
-    console.print(f"[bold red]no matching pool:[/] {shown(message)}")
+def _print_nearest(pools: list[dict[str, Any]]) -> None:
+    """The pools nearest to the record's fingerprint, on stdout (the error line goes to stderr)."""
+    if pools:
+        console.print("nearest pools:")
     for p in pools:
         console.print(
             f"  pool {shown(p['pool'])} ({shown(p['batch_invariance'])}): "

@@ -15,7 +15,6 @@ from cli.common import (
     console,
     fail,
     ledger_errors,
-    open_database,
     open_existing_database,
     print_json,
     table,
@@ -57,6 +56,7 @@ def create(
     with ledger_errors():
         expires_at = parse_expiry(expires, datetime.now(UTC)) if expires is not None else None
         token = tokenstore.prepare_token(name, [s.value for s in scope], expires_at)
+        _, db = open_existing_database(db_url)
         # The file is written (not yet visible) before the token is stored, so a token whose
         # secret could not be kept is never created; it appears once the token exists.
         staged = None
@@ -64,9 +64,11 @@ def create(
             try:
                 staged = secretfile.stage_secret_file(out, token.secret + "\n", overwrite=force)
             except secretfile.SecretFileExists as exc:
-                fail(f"{exc.message} (--force replaces it: a symlink itself, never its target)")
+                fail(
+                    f"{exc.message} (--force replaces it: a symlink itself, never its target) "
+                    f"[{exc.code}]"
+                )
         try:
-            _, db = open_database(db_url, migrate=True)
             info = tokenstore.store_token(db, token)
             if staged is not None:
                 try:

@@ -132,9 +132,9 @@ def check_redact(names: Sequence[str]) -> tuple[str, ...]:
     bad = [n for n in names if n not in known and not MEMBER.fullmatch(n)]
     if bad:
         raise InvalidInput(
-            f"cannot redact {bad}: name members (request, request_raw, prompt_token_ids, "
-            f"choices[N].token_ids, text, logprobs, top_logprobs) or groups "
-            f"{sorted(REDACT_GROUPS)}",
+            f"cannot redact {', '.join(bad)}: name members (request, request_raw, "
+            "prompt_token_ids, choices[N].token_ids, text, logprobs, top_logprobs) or groups "
+            f"({', '.join(sorted(REDACT_GROUPS))})",
             code="invalid_parameters",
         )
     return tuple(names)

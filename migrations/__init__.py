@@ -58,13 +58,7 @@ def upgrade(db: Database, revision: str = "head") -> None:
     known = revisions()
     at = current_revision(db)
     if at is None:
-        others = _tables(db) - {"alembic_version"}
-        if others:
-            raise InvalidInput(
-                f"{db.describe()} holds tables ({', '.join(sorted(others)[:5])}) but no ledger "
-                "schema: name an empty database for a new ledger",
-                code="not_a_ledger_database",
-            )
+        check_no_other_tables(db)
     else:
         check_known(db, at)
         target = known[-1] if revision == "head" else revision
@@ -76,6 +70,18 @@ def upgrade(db: Database, revision: str = "head") -> None:
             )
     with translated_errors():
         command.upgrade(alembic_config(db), revision)
+
+
+def check_no_other_tables(db: Database) -> None:
+    """For a database without a ledger schema: it holds no other application's tables either;
+    InvalidInput ``not_a_ledger_database`` otherwise."""
+    others = _tables(db) - {"alembic_version"}
+    if others:
+        raise InvalidInput(
+            f"{db.describe()} holds tables ({', '.join(sorted(others)[:5])}) but no ledger "
+            "schema: name an empty database for a new ledger",
+            code="not_a_ledger_database",
+        )
 
 
 def check_known(db: Database, at: str) -> None:

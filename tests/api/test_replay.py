@@ -253,7 +253,7 @@ def test_replay_refusals(pools: Pools) -> None:
     no_pool = replay(pools.api, request_id, force=True)
     assert no_pool.status_code == 422 and no_pool.json()["error"]["code"] == "pool_required"
     unknown = replay(pools.api, request_id, pool="nowhere")
-    assert unknown.status_code == 422 and unknown.json()["error"]["code"] == "unknown_pool"
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "pool_not_found"
     reader = pools.api.client(pools.api.token("records:read"))
     denied = reader.post("/v1/replays", json={"request_id": request_id})
     assert denied.status_code == 403
@@ -540,6 +540,6 @@ def test_the_replay_cli_prints_the_verdict_and_exits_by_it(pools: Pools, tmp_pat
     assert forced.returncode == 1 and "not_comparable" in forced.stdout
     assert "engine.dtype" in forced.stdout
     refused = ledger("replay", throughput_id, *common, check=False, timeout=300)
-    assert refused.returncode == 2 and "no matching pool" in refused.stdout
+    assert refused.returncode == 2 and "[no_matching_pool]" in refused.stderr
     missing = ledger("replay", "req-nothing", *common, check=False)
     assert missing.returncode == 2 and "record_not_found" in missing.stderr

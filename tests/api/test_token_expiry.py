@@ -142,6 +142,7 @@ def test_an_expiry_past_the_calendar_or_an_impossible_date_says_so():
 
 def test_tokens_cli_expires_and_lists_expiry(tmp_path: Path):
     db = ["--db", f"sqlite:///{tmp_path / 'l.db'}"]
+    ledger("db", "upgrade", *db)
     made = json.loads(
         ledger("tokens", "create", "--scope", "admin", "--expires", "30d", *db, "--json").stdout
     )

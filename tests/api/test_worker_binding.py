@@ -253,6 +253,18 @@ def test_revoked_and_non_collector_keys_are_refused(api: Harness) -> None:
     _error(response, 409, "no_matching_pool")
 
 
+def test_a_pool_no_worker_registered_in_is_pool_not_found_to_replays_and_certifications(
+    api: Harness,
+) -> None:
+    key, fp = api.setup_collector()
+    request_id = _record(api, key, fp)["request_id"]
+    pool = _name("support")
+    for forced in (False, True):
+        body = {"request_id": request_id, "pool": pool, "force": forced}
+        _error(api.client().post("/v1/replays", json=body), 404, "pool_not_found")
+    _error(api.client().post("/v1/certifications", json={"pool": pool}), 404, "pool_not_found")
+
+
 def test_an_edited_worker_row_is_not_trusted(api: Harness, fakes: list[FakeWorker]) -> None:
     """A database superuser points the victim's worker at a fake signing with its own key."""
     victim, attacker = api.collector(), api.collector()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from cli.main import COMMANDS, load_command, main
+from ledger.checkpoint import Checkpoint, sign_checkpoint
 from ledger.signing import SigningKey
 from tests.support.cli import ledger, serve
 
@@ -298,13 +299,113 @@ def test_audit_seconds_must_be_finite_and_not_negative(tmp_path: Path, option: s
     assert "Traceback" not in proc.stderr and "this is a bug" not in proc.stderr
 
 
-def test_tokens_create_says_when_it_creates_a_new_database(tmp_path: Path):
-    url = f"sqlite:///{tmp_path}/typo.db"
-    first = ledger("tokens", "create", "--scope", "admin", "--db", url, "--json")
-    assert f"no ledger database at {tmp_path}/typo.db: creating a new one" in first.stderr
-    assert json.loads(first.stdout)["scopes"] == ["admin"]  # stdout stays JSON
-    again = ledger("tokens", "create", "--scope", "admin", "--db", url, "--json")
-    assert "creating" not in again.stderr
+@pytest.mark.parametrize(
+    "content", ["", "not a checkpoint\n", '{"checkpoint": "x"}', "[1]"], ids=repr
+)
+def test_audit_a_checkpoint_file_that_holds_none_is_one_line_and_exit_2(
+    tmp_path: Path, content: str
+):
+    url = f"sqlite:///{tmp_path}/l.db"
+    ledger("db", "upgrade", "--db", url)
+    bad = tmp_path / "cp.json"
+    bad.write_text(content)
+    for as_json in ([], ["--json"]):
+        proc = ledger("audit", "--db", url, "--checkpoint", str(bad), *as_json, check=False)
+        line = one_error_line(proc)
+        assert str(bad) in line and "[bad_checkpoint]" in line, line
+        assert proc.stdout == "", proc.stdout
+
+
+def test_audit_writes_nothing_on_stderr_and_never_none(tmp_path: Path):
+    url = f"sqlite:///{tmp_path}/l.db"
+    ledger("db", "upgrade", "--db", url)
+    for as_json in ([], ["--json"]):
+        ok = ledger("audit", "--db", url, *as_json)
+        assert ok.stderr == "", repr(ok.stderr)
+    note = tmp_path / "elsewhere.note"
+    note.write_text(sign_checkpoint(Checkpoint("elsewhere", 1, bytes(32)), SigningKey.generate()))
+    failed = ledger("audit", "--db", url, "--checkpoint", str(note), check=False)
+    assert failed.returncode == 1 and "FAILED" in failed.stdout, failed.stdout
+    assert "None" not in failed.stdout and failed.stderr == "", failed.stdout + failed.stderr
+
+
+def test_a_secret_file_already_there_is_refused_with_its_code(tmp_path: Path):
+    ledger("keys", "new", "k", "--dir", str(tmp_path))
+    line = one_error_line(ledger("keys", "new", "k", "--dir", str(tmp_path), check=False))
+    assert "already exists" in line and line.endswith("[file_exists]"), line
+    url = f"sqlite:///{tmp_path}/l.db"
+    ledger("db", "upgrade", "--db", url)
+    taken = tmp_path / "t.token"
+    taken.write_text("keep\n")
+    args = ["tokens", "create", "--scope", "admin", "--out", str(taken), "--db", url]
+    line = one_error_line(ledger(*args, check=False))
+    assert "already exists" in line and line.endswith("[file_exists]"), line
+
+
+def test_evidence_to_dash_is_refused_before_any_work(tmp_path: Path):
+    token = tmp_path / "t.token"
+    token.write_text("lgr_x\n")
+    args = ["evidence", "req-1", "-o", "-", "--api", DOWN, "--token-file", str(token)]
+    for extra in ([], ["--json"], ["--force"]):
+        proc = ledger(*args, *extra, check=False)
+        line = one_error_line(proc)
+        assert "-o - names no file" in line and "-o bundle.json" in line, line
+        assert proc.stdout == ""
+    assert not (ROOT / "-").exists()
+
+
+TOKENS = [
+    ["tokens", "create", "--scope", "admin"],
+    ["tokens", "list"],
+    ["tokens", "revoke", "tok_x"],
+]
+
+
+@pytest.mark.parametrize("args", TOKENS, ids=lambda a: a[1])
+def test_tokens_never_create_or_migrate_a_ledger(tmp_path: Path, args: list[str]):
+    """Every `ledger tokens` command reads an existing ledger at this version's schema, as
+    `ledger serve` or `ledger db upgrade` left it; it creates or migrates none."""
+    missing = tmp_path / "typo.db"
+    line = one_error_line(ledger(*args, "--db", f"sqlite:///{missing}", check=False))
+    assert "no ledger database at" in line and "ledger db upgrade" in line, line
+    assert not missing.exists()
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    line = one_error_line(ledger(*args, "--db", f"sqlite:///{empty}", check=False))
+    assert "no ledger schema" in line and "ledger db upgrade" in line, line
+    old = f"sqlite:///{tmp_path}/old.db"
+    ledger("db", "upgrade", "--db", old, "--revision", "0008")
+    line = one_error_line(ledger(*args, "--db", old, check=False))
+    assert "[schema_outdated]" in line and "ledger db upgrade" in line, line
+    assert "0008" in ledger("db", "current", "--db", old).stdout
+    default = tmp_path / "fresh"
+    default.mkdir()
+    line = one_error_line(ledger(*args, env={"LEDGER_DATA_DIR": str(default)}, check=False))
+    assert "no ledger database at" in line, line
+    assert not list(default.iterdir())
+
+
+@pytest.mark.parametrize("args", [["db", "current"], ["db", "current", "--json"], TOKENS[1]])
+def test_a_database_without_a_ledger_schema_is_exit_2_with_the_right_advice(
+    tmp_path: Path, args: list[str]
+):
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    line = one_error_line(ledger(*args, "--db", f"sqlite:///{empty}", check=False))
+    assert "no ledger schema" in line and "ledger db upgrade" in line, line
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER)")
+    line = one_error_line(ledger(*args, "--db", f"sqlite:///{other}", check=False))
+    assert "[not_a_ledger_database]" in line and "name an empty database" in line, line
+
+
+@pytest.mark.postgres
+def test_tokens_and_db_current_refuse_an_empty_postgres_database(postgres_databases):
+    url = postgres_databases.create()
+    for args in (TOKENS[0], ["db", "current"]):
+        line = one_error_line(ledger(*args, "--db", url, check=False))
+        assert "no ledger schema" in line and "ledger db upgrade" in line, (args, line)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ledger.signing import public_key_pem
+from tests.cli.test_cli_contract import one_error_line
 from tests.conftest import fresh_url
 from tests.support.cli import ledger
 from tests.support.documents import record_v2
@@ -50,7 +51,7 @@ def test_erase_redact_and_verify_from_the_command_line(api: Harness, tmp_path: P
     bad = ledger(
         "evidence", rid, "-o", str(tmp_path / "x.json"), "--redact", "secrets", *common, check=False
     )
-    assert bad.returncode == 2 and "cannot redact ['secrets']" in bad.stderr
+    assert bad.returncode == 2 and "cannot redact secrets:" in bad.stderr
 
     erased = ledger("erase", rid, "--reason", "GDPR Art. 17 request", *common)
     assert "content erased" in erased.stdout
@@ -85,3 +86,17 @@ def test_erase_redact_and_verify_from_the_command_line(api: Harness, tmp_path: P
         "erase", kept, "--reason", "x", "--api", api.url, "--token-file", str(reader), check=False
     )
     assert refused.returncode == 2 and "insufficient_scope" in refused.stderr
+
+
+def test_unknown_redact_names_are_named_plainly(api: Harness, tmp_path: Path):
+    token = tmp_path / "reader.token"
+    token.write_text(api.token("records:read"))
+    rid = _post(api)
+    out = tmp_path / "x.json"
+    args = ["evidence", rid, "-o", str(out), "--redact", "bogus,text,nope"]
+    bad = ledger(*args, "--api", api.url, "--token-file", str(token), check=False)
+    line = one_error_line(bad)
+    assert "cannot redact bogus, nope: " in line, line
+    assert "groups (logprobs, output, prompt, text, token_ids)" in line, line
+    assert "[" not in line.removesuffix("[invalid_parameters]").replace("choices[N]", ""), line
+    assert not out.exists()

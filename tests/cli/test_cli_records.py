@@ -47,7 +47,7 @@ def test_search_prints_what_the_api_answers(api: Harness, tmp_path: Path):
     common = _common(api, tmp_path)
     expected = api.client().get("/v1/records", params={"fields": "meta"}).json()["items"]
     got = json.loads(ledger("records", "search", *common, "--json").stdout)
-    assert got == {"items": expected, "count": 3}
+    assert got == {"items": expected, "count": 3, "next_cursor": None}
     rows = list(csv.reader(io.StringIO(ledger("records", "search", *common, "--csv").stdout)))
     assert rows[0] == list(record_export.COLUMNS)
     assert [r[0] for r in rows[1:]] == [i["request_id"] for i in expected]
@@ -71,7 +71,20 @@ def test_filters_order_and_limit_pass_through(api: Harness, tmp_path: Path):
             "records", "search", *common, "--verdict", "bitwise", "--not-aborted", "--json"
         ).stdout
     )
-    assert none == {"items": [], "count": 0}
+    assert none == {"items": [], "count": 0, "next_cursor": None}
+
+
+def test_json_says_where_a_search_cut_short_by_limit_continues(api: Harness, tmp_path: Path):
+    common = _common(api, tmp_path)
+    first = json.loads(ledger("records", "search", *common, "--limit", "2", "--json").stdout)
+    page = api.client().get("/v1/records", params={"fields": "meta", "limit": 2}).json()
+    assert first["count"] == 2 and first["next_cursor"] == page["next_cursor"] is not None
+    rest = (
+        api.client()
+        .get("/v1/records", params={"fields": "meta", "cursor": first["next_cursor"]})
+        .json()
+    )
+    assert len(rest["items"]) == 1 and rest["next_cursor"] is None
 
 
 @pytest.mark.parametrize(

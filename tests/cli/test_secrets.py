@@ -55,6 +55,7 @@ def refused(proc: subprocess.CompletedProcess[str], *words: str) -> str:
 
 def test_token_file_is_0600_under_umask_0_and_an_existing_file_is_refused(tmp_path: Path):
     db = ["--db", f"sqlite:///{tmp_path / 'l.db'}"]
+    ledger("db", "upgrade", *db)
     out = tmp_path / "reader.token"
     with umask(0):
         made = json.loads(
@@ -91,7 +92,7 @@ def test_token_file_symlink_is_refused_and_its_target_untouched(tmp_path: Path, 
         target.chmod(0o644)
     link = tmp_path / "t.token"
     link.symlink_to(target)
-    ledger("db", "upgrade", *db)  # tokens list reads an existing ledger only
+    ledger("db", "upgrade", *db)
     args = ["tokens", "create", "--scope", "admin", "--out", str(link), *db]
     with umask(0):
         refused(ledger(*args, check=False), "symbolic link")
