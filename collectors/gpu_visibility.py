@@ -128,7 +128,7 @@ def _container(
 def _container_entry(devices: Sequence[Device], entry: str, host_indexes: bool) -> Chosen | str:
     """The device an entry names, or why it names none."""
     gpu, colon, slot = entry.partition(":")
-    if gpu.isdigit() and (not colon or slot.isdigit()):
+    if _digits(gpu) and (not colon or _digits(slot)):
         if not host_indexes:
             return (
                 "is a host index, and this collector's container numbers its own devices: "
@@ -167,7 +167,7 @@ def _cuda(
 
 
 def _resolve(devices: Sequence[Device], units: list[Chosen], entry: str) -> Chosen | None:
-    if entry.isdigit():
+    if _digits(entry):
         ordinal = int(entry)
         return units[ordinal] if ordinal < len(units) else None
     by_index = {d.index: d for d in devices}
@@ -192,4 +192,10 @@ def _resolve(devices: Sequence[Device], units: list[Chosen], entry: str) -> Chos
             and device.uuid.startswith(entry)
         ):
             hits.append(unit)
+    hits = list(dict.fromkeys(hits))  # one instance, held whole and by itself, is one
     return hits[0] if len(hits) == 1 else None  # a prefix must name one device
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only, as CUDA and the container runtime read indexes."""
+    return text.isascii() and text.isdigit()

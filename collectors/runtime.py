@@ -89,7 +89,10 @@ def engines_own(runtime: RuntimeSnapshot, served_version: str | None) -> Runtime
     ``/version`` with (a collector image built on another engine image than the one the engine
     runs): then no field of it describes the engine, and the reason says so."""
     probed = runtime.body.get("vllm")
-    if probed is None or served_version is None or probed == served_version:
+    if probed is None or served_version in (None, "dev"):  # "dev": vLLM without its version
+        return runtime
+    # the package's version may carry a build label (0.32.0+cu126) that /version leaves out
+    if probed.split("+")[0] == served_version.split("+")[0]:
         return runtime
     return RuntimeSnapshot(
         _unknown_body(

@@ -66,6 +66,17 @@ def is_request_id(value: str) -> bool:
     return _REQUEST_ID.fullmatch(value) is not None
 
 
+def check_request_id(value: object) -> str:
+    """``value``, if it can name a record; InvalidInput ``invalid_parameters`` otherwise (a
+    lookup or a hold by a name no record can have; never echoes it back)."""
+    if not isinstance(value, str) or not is_request_id(value):
+        raise InvalidInput(
+            "a request ID is 1-200 characters of A-Z a-z 0-9 . _ : - (not . or ..)",
+            code="invalid_parameters",
+        )
+    return value
+
+
 _FINGERPRINT_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9._\-]{1,100}$")
 _INT_STRING = re.compile(r"^(0|[1-9][0-9]{0,19})$")

@@ -76,8 +76,12 @@ class Database:
             parsed = make_url(self.url)
         except (ArgumentError, ValueError) as exc:
             raise InvalidInput(f"not a database URL: {url!r}", code="invalid_database_url") from exc
-        self.dialect = parsed.get_backend_name()
-        if (self.dialect, parsed.get_driver_name()) not in _STORES:
+        try:
+            store = (parsed.get_backend_name(), parsed.get_driver_name())
+        except ArgumentError:  # NoSuchModuleError: a scheme SQLAlchemy does not know
+            store = ("", "")
+        self.dialect = store[0]
+        if store not in _STORES:
             raise InvalidInput(
                 f"the ledger keeps its log in SQLite (sqlite:///PATH) or Postgres "
                 f"(postgresql://USER@HOST/DB), not {parsed.drivername}",

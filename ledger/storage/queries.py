@@ -29,6 +29,7 @@ from ledger.errors import IndexMismatch, InvalidInput, LedgerError, NotFound
 from ledger.inference_record import InferenceRecord, parse_record
 from ledger.lazy import lazy
 from ledger.records import RECORD_KIND
+from ledger.records import check_request_id as check_request_id  # routes check IDs here
 from ledger.storage.database import Database, as_utc
 from ledger.storage.models import Disclosure, Erasure, LogEntry, Record
 
@@ -211,10 +212,6 @@ def check_name(value: str, form: re.Pattern[str], message: str) -> None:
     NUL that SQLite would look up), and never echoes 10 KB back."""
     if not isinstance(value, str) or not form.fullmatch(value):
         raise InvalidInput(message, code="invalid_parameters")
-
-
-def check_request_id(request_id: str) -> None:
-    check_name(request_id, REQUEST_ID, "a request ID is 1-200 characters of A-Z a-z 0-9 . _ : -")
 
 
 def get_record(db: Database, request_id: str) -> StoredRecord:

@@ -489,7 +489,17 @@ def test_names_and_reasons_that_are_not_text_are_422(api: Harness):
     """A key's name is shown in bundles and the console, a reason is logged: NUL and other
     control characters are refused there, and nothing is registered or logged."""
     c = api.client()
-    hidden = ("   ", "admin\u202e", "a\u200bb", "line\u2028two", "\u00a0")
+    hidden = (
+        "   ",
+        "admin\u202e",
+        "a\u200bb",
+        "line\u2028two",
+        "\u00a0",
+        "\u0301",  # a combining mark alone
+        "\u3164",  # a filler: a letter by category that shows nothing
+        "\u2800",
+        "\ue000",  # private use
+    )
     for name in ("a\x00b", "tab\tname", "bell\x07", *hidden):
         pem = public_key_pem(Ed25519PublicKey.from_public_bytes(bytes(range(1, 33))))
         body = json.dumps({"name": name, "role": "collector", "public_key": pem}).encode()
@@ -499,7 +509,8 @@ def test_names_and_reasons_that_are_not_text_are_422(api: Harness):
     for name in ("a\x00b", "esc\x1b[31m", *hidden):
         with pytest.raises(InvalidInput, match="token name"):
             prepare_token(name, ["records:read"])
-    assert prepare_token("ops team · café", ["records:read"]).info.name == "ops team · café"
+    for name in ("ops team · café", "x\u0301", "\U0001f44d"):
+        assert prepare_token(name, ["records:read"]).info.name == name
     holds = api.client(api.token("holds"))
     before = holds.get("/v1/holds").json()["holds"]
     body = json.dumps({"request_id": "req-x", "reason": "\x00"}).encode()

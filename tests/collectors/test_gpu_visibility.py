@@ -174,6 +174,11 @@ def test_a_container_given_mig_instances_or_host_indexes_it_cannot_map() -> None
     two = snap(visible("1", f"{MIG_A},{MIG_B}"), board)
     assert uuids(two) == [MIG_B]
     assert uuids(snap(visible(MIG_A[:12], f"{MIG_A},{MIG_B}"), board)) == [MIG_A]
+    # one instance held whole and by itself is one device, not an ambiguous prefix
+    assert uuids(snap(visible(MIG_B, "0,0:2"), board)) == [MIG_B]
+    # an index is ASCII digits
+    assert snap(visible(None, "\uff11"), board).body["gpus"] == []
+    assert snap(visible("\uff11"), board).body["gpus"] == []
     # a slot that is empty names nothing, and says so
     empty = snap(visible(None, "0:1"), board)
     assert (

@@ -59,6 +59,11 @@ def test_an_interpreter_with_another_vllm_than_the_engine_describes_nothing(tmp_
     assert snap.body["vllm"] == "0.31.0"
     assert engines_own(snap, "0.31.0") is snap  # the engine's own: kept
     assert engines_own(snap, None) is snap  # the engine's version not known: nothing to compare
+    assert engines_own(snap, "dev") is snap  # vLLM answers "dev" when it has no version file
+    labelled = snapshot_runtime(str(other))
+    labelled.body["vllm"] = "0.31.0+cu126"  # the package's build label, not in /version
+    assert engines_own(labelled, "0.31.0") is labelled
+    assert engines_own(labelled, "0.32.0").body["vllm"] is None
     stale = engines_own(snap, "0.32.0")
     assert all(stale.body[f] is None for f in FIELDS)
     reason = stale.body["unknown"]["runtime"]

@@ -327,7 +327,14 @@ def test_a_hold_on_a_name_no_record_can_have_logs_nothing(ledger):
 
 @pytest.mark.parametrize(
     "url",
-    ["mysql://x@y/z", "postgresql+psycopg2://u@h/db", "oracle://u@h/db", "sqlite+pysqlcipher:///x"],
+    [
+        "mysql://x@y/z",
+        "postgresql+psycopg2://u@h/db",
+        "oracle://u@h/db",
+        "sqlite+pysqlcipher:///x",
+        "foo://x",
+        "Postgresql://u@h/db",
+    ],
 )
 def test_a_database_the_ledger_does_not_run_on_is_named_as_such(url: str):
     """A scheme SQLAlchemy knows but the ledger does not run on was a storage_error naming a

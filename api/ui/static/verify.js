@@ -1067,7 +1067,7 @@
     throw new LedgerError(`checkpoint carries no signature by the log key '${name}'`, "bad_checkpoint_signature");
   }
 
-  /** The checkpoint's signed time as Python's datetime.isoformat() writes it (UTC). */
+  /** The checkpoint's signed time as the ledger writes times (RFC 3339, UTC, Z, microseconds). */
   function isoFromNs(ns) {
     const micros = ns / 1000n;
     const date = new Date(Number(micros / 1000n));
