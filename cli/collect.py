@@ -42,7 +42,9 @@ def collect(
         ..., "--engine-url", help="the vLLM server, e.g. http://127.0.0.1:8000"
     ),
     listen: str = typer.Option("127.0.0.1:8100", "--listen", help="HOST:PORT clients connect to"),
-    ledger_url: str = typer.Option(..., "--ledger", envvar="LEDGER_API_URL", help="ledger API URL"),
+    ledger_url: str = typer.Option(
+        ..., "--ledger", "--api", envvar="LEDGER_API_URL", help="ledger API URL"
+    ),
     token_file: Path = typer.Option(..., "--token-file", help="bearer token with records:write"),
     key: Path = typer.Option(
         ..., "--key", help="this collector's signing key (PEM, role collector)"

@@ -83,7 +83,8 @@ def verify(
         if as_json:
             print_json({"valid": False, "check": check, "code": exc.code, "message": exc.message})
         else:
-            err_console.print(
+            # the verdict is the command's output, valid or not (the exit status tells which)
+            console.print(
                 f"[bold red]INVALID[/] check failed: [bold]{check}[/] — {escape(exc.message)}"
             )
         raise typer.Exit(1) from None

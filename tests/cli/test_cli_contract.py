@@ -189,8 +189,13 @@ def test_an_unreachable_database_is_one_line_and_exit_2(args: list[str]):
             *("--token-file", "{tmp}/t"),
         ],
         ["keys", "register", "{tmp}/missing.pem", "--name", "k", "--api", DOWN],
+        [  # --api, as every other command names the ledger, is collect's --ledger too
+            *("collect", "--engine-url", DOWN, "--api", DOWN, "--key", "{tmp}/missing.pem"),
+            *("--pool", "p", "--worker-id", "w", "--model-dir", "{tmp}/m"),
+            *("--token-file", "{tmp}/t"),
+        ],
     ],
-    ids=lambda a: " ".join(a[:2]),
+    ids=lambda a: " ".join(a[:4]),
 )
 def test_a_missing_key_is_named_before_any_work(tmp_path: Path, args: list[str]):
     (tmp_path / "m").mkdir()
@@ -594,7 +599,9 @@ def test_a_negative_verdict_is_exit_1(tmp_path: Path):
     bundle.write_text(json.dumps(example))
     out = ledger("verify", str(bundle), "--trust-bundled-log-key", check=False)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "INVALID" in out.stdout + out.stderr and "inclusion_proof" in out.stdout + out.stderr
+    # the verdict is on stdout, as VALID is: `ledger verify b.json > verdict.txt` keeps either
+    assert "INVALID" in out.stdout and "inclusion_proof" in out.stdout, out.stdout
+    assert "INVALID" not in out.stderr
     assert "Traceback" not in out.stdout + out.stderr
 
 
