@@ -12,9 +12,10 @@ from ledger.key_scope import MAX_POOLS, POOL_PATTERN
 from ledger.records import REQUEST_ID_PATTERN
 
 
-def _items(**limits: Any) -> dict[str, Any]:
-    """OpenAPI for a list's bounds that the route checks itself (with its own error code)."""
-    return {"json_schema_extra": limits}
+def _stated(**schema: Any) -> dict[str, Any]:
+    """OpenAPI for a bound the route checks itself, with its own error code (pydantic would
+    answer schema_violation)."""
+    return {"json_schema_extra": schema}
 
 
 class StrictInput(BaseModel):
@@ -54,7 +55,7 @@ class KeyCreate(StrictInput):
             "collector keys only: the 1-64 pools whose records and worker heartbeats the key "
             "may sign (422 `invalid_pools` otherwise); absent or null: any pool"
         ),
-        **_items(
+        **_stated(
             minItems=1,
             maxItems=MAX_POOLS,
             uniqueItems=True,
@@ -233,13 +234,13 @@ class CertifyCreate(StrictInput):
         default=[1, 8, 32],
         min_length=1,
         max_length=8,
-        **_items(items={"type": "integer", "minimum": 1, "maximum": MAX_CONCURRENCY}),
+        **_stated(items={"type": "integer", "minimum": 1, "maximum": MAX_CONCURRENCY}),
     )
     max_tokens: list[int] = Field(
         default=[16, 128],
         min_length=1,
         max_length=8,
-        **_items(items={"type": "integer", "minimum": 1, "maximum": MAX_TOKENS}),
+        **_stated(items={"type": "integer", "minimum": 1, "maximum": MAX_TOKENS}),
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
 
@@ -266,6 +267,6 @@ class BulkErasureCreate(StrictInput):
 
 
 class HoldCreate(StrictInput):
-    request_id: str | None = Field(default=None, **_items(pattern=REQUEST_ID_PATTERN))
+    request_id: str | None = Field(default=None, **_stated(pattern=REQUEST_ID_PATTERN))
     filter: RecordFilterInput | None = None
     reason: str = Field(min_length=1, max_length=1000)
