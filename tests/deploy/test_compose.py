@@ -109,15 +109,23 @@ def test_each_pool_is_a_gpu_worker_with_a_collector_beside_it(
 ) -> None:
     services = config["services"]
     engine, collector = services[f"vllm-{pool}"], services[f"collector-{pool}"]
-    # the collector is a sidecar: the engine's network and processes are its own
-    assert collector["pid"] == f"service:vllm-{pool}"
-    assert collector["network_mode"] == f"service:vllm-{pool}"
-    assert "ports" not in collector and any(p["target"] == 8100 for p in engine["ports"])
+    pod = services[f"pod-{pool}"]
+    # a pod: engine and collector share the network and processes of a container that holds
+    # only those, so an engine that restarts comes back beside the same collector
+    for member in (engine, collector):
+        assert member["pid"] == f"service:pod-{pool}"
+        assert member["network_mode"] == f"service:pod-{pool}"
+        assert "ports" not in member
+    assert any(p["target"] == 8100 for p in pod["ports"])  # the collector's port, nothing else
+    assert len(pod["ports"]) == 1
+    assert pod["init"] is True and pod["cap_drop"] == ["ALL"] and pod["user"] != "0:0"
+    assert pod["entrypoint"] == ["sleep", "infinity"] and not pod.get("volumes")
+    assert pod["image"] == engine["image"]  # a new ledger image does not restart the engine
     args = collector["command"]
     assert args[0] == "collect"
     assert args[args.index("--engine-url") + 1] == "http://127.0.0.1:8000"  # found by port
     assert args[args.index("--pool") + 1] == pool
-    assert args[args.index("--advertise-url") + 1] == f"http://vllm-{pool}:8100"
+    assert args[args.index("--advertise-url") + 1] == f"http://pod-{pool}:8100"
     assert collector["depends_on"][f"vllm-{pool}"]["condition"] == "service_healthy"
     # built on the engine's image, so the engine's interpreter and libraries are there
     assert collector["build"]["dockerfile"] == "Dockerfile.collector"
