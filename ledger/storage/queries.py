@@ -38,7 +38,7 @@ MAX_PAGE = 1000
 # ones it dropped; past it the page ends early and ``next_cursor`` continues the scan.
 MAX_DROPPED = 1000
 _CURSOR_VALUE = re.compile(r"0|[1-9][0-9]{0,18}")
-REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,200}")
+EVENT_ID = re.compile(r"[A-Za-z0-9._:\-]{1,200}")  # replay and certificate IDs
 FINGERPRINT_ID = re.compile(r"sha256:[0-9a-f]{64}")
 NAME = re.compile(r"[A-Za-z0-9._\-]{1,100}")
 MAX_MODEL = 300

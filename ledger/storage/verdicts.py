@@ -18,7 +18,7 @@ from ledger.storage import log
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import Certificate, Disclosure, Erasure, LogEntry, Replay
 from ledger.storage.queries import (
-    REQUEST_ID,
+    EVENT_ID,
     check_name,
     disclosures_at,
     logged_envelope,
@@ -112,7 +112,7 @@ def _logged(
 def _get(db: Database, model: type[Any], column: Any, key: str, what: str, kind: str) -> Stored:
     """A verdict or certificate as logged, and the replay output its leaf commits to (each
     disclosure must open the leaf's ``output_digest``)."""
-    check_name(key, REQUEST_ID, f"a {what} ID is 1-200 characters of A-Z a-z 0-9 . _ : -")
+    check_name(key, EVENT_ID, f"a {what} ID is 1-200 characters of A-Z a-z 0-9 . _ : -")
     with db.read() as s:
         found = s.execute(
             select(model, LogEntry.envelope)
