@@ -4,14 +4,22 @@ The append-only triggers do not make the log trustworthy (``ledger audit`` does)
 database superuser can also change what the application *reads* without changing a row:
 row-level security with a policy hides a logged record from the ledger's role only, a rule
 rewrites a query, a trigger function replaced by one that lets an UPDATE through turns the
-guard off without ``DISABLE TRIGGER``. None of these edits a row, so no check of the rows
-sees them; :func:`problems` reads the catalog for each, and the audit reports what it finds.
+guard off without ``DISABLE TRIGGER``, a view named ``records`` in a schema the server's
+role searches first answers in the table's place (:mod:`ledger.storage.search_path`), a table
+that inherits from a ledger table adds its rows to every query of it, and a column default
+fills what an insert leaves out. None of these edits a row, so no check of the rows sees
+them; :func:`problems` reads the catalog for each, and the audit reports what it finds.
 
 Expected, per ledger table: on Postgres a ``{table}_append_only`` row trigger (calling
 ``ledger_delete_only_erased()`` for the two tables erasure deletes from, else
 ``ledger_refuse_mutation()``) and a ``{table}_no_truncate`` statement trigger, both enabled
-ALWAYS, the two functions as the migrations wrote them, no row-level security, no policy
-and no rule; on SQLite the ``{table}_no_update`` trigger and a ``{table}_no_delete`` (or
+ALWAYS, the two functions as the migrations wrote them, no row-level security, no policy,
+no rule, no column default and no inheritance; every login role that may read the table
+finds this schema's table by its name first, and no function or operator of another schema
+ahead of ``pg_catalog``'s. Event triggers are not read: they fire on DDL, and what one could
+change (a trigger, a function, a policy) is catalog state these checks read.
+
+On SQLite the ``{table}_no_update`` trigger and a ``{table}_no_delete`` (or
 ``{table}_erasure_only``) trigger.
 """
 
@@ -22,6 +30,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from ledger.storage import search_path
 from ledger.storage.models import APPEND_ONLY_TABLES, ERASABLE_TABLES
 
 TABLES = APPEND_ONLY_TABLES + ERASABLE_TABLES
@@ -52,9 +61,9 @@ _TRUNCATE_GUARD = 2 | 32  # BEFORE TRUNCATE, FOR EACH STATEMENT
 
 def _postgres(conn: Connection) -> list[tuple[str | None, str]]:
     found: list[tuple[str | None, str]] = []
-    # By name (pg_namespace), not current_schema()::regnamespace, which folds "Ledger" to ledger.
-    in_schema = "n.nspname = current_schema() AND c.relname = ANY(:tables)"
-    tables = {"tables": list(TABLES)}
+    # By name (pg_namespace), not a regnamespace cast, which folds "Ledger" to ledger.
+    in_schema = "n.nspname = :schema AND c.relname = ANY(:tables)"
+    tables = {"tables": list(TABLES), "schema": conn.execute(_LEDGER_SCHEMA).scalar_one()}
     triggers = {
         (row.relname, row.tgname): row
         for row in conn.execute(
@@ -99,7 +108,186 @@ def _postgres(conn: Connection) -> list[tuple[str | None, str]]:
             )
         if row.rules:
             found.append((row.relname, f"{row.rules} rules rewrite queries on {row.relname}"))
+    found += _defaults(conn, tables) + _inheritance(conn, tables)
+    return found + _own_lookup(conn, tables) + _name_lookup(conn, tables)
+
+
+def _defaults(conn: Connection, tables: dict[str, Any]) -> list[tuple[str | None, str]]:
+    """The migrations give no ledger column a default: one set fills what an insert omits."""
+    return [
+        (
+            row.relname,
+            f"column {row.relname}.{row.attname} has a default ({row.expr}) the migrations "
+            "did not set: it fills what an insert leaves out",
+        )
+        for row in conn.execute(
+            text(
+                "SELECT c.relname, a.attname, pg_get_expr(d.adbin, d.adrelid) AS expr "
+                "FROM pg_attrdef d JOIN pg_class c ON c.oid = d.adrelid "
+                "JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = :schema AND c.relname = ANY(:tables) "
+                "ORDER BY c.relname, a.attnum"
+            ),
+            tables,
+        )
+    ]
+
+
+def _inheritance(conn: Connection, tables: dict[str, Any]) -> list[tuple[str | None, str]]:
+    """A child table's rows are read by every query of its parent (and a ledger table made
+    a child reads as its parent's part)."""
+    found: list[tuple[str | None, str]] = []
+    for row in conn.execute(
+        text(
+            "SELECT pc.relname AS parent, pn.nspname AS parent_schema, cc.relname AS child, "
+            "cn.nspname AS child_schema, pn.nspname = :schema "
+            "AND pc.relname = ANY(:tables) AS ledger_parent FROM pg_inherits i "
+            "JOIN pg_class pc ON pc.oid = i.inhparent "
+            "JOIN pg_namespace pn ON pn.oid = pc.relnamespace "
+            "JOIN pg_class cc ON cc.oid = i.inhrelid "
+            "JOIN pg_namespace cn ON cn.oid = cc.relnamespace "
+            "WHERE (pn.nspname = :schema AND pc.relname = ANY(:tables)) "
+            "OR (cn.nspname = :schema AND cc.relname = ANY(:tables)) "
+            "ORDER BY 1, 3"
+        ),
+        tables,
+    ):
+        parent, child = f"{row.parent_schema}.{row.parent}", f"{row.child_schema}.{row.child}"
+        if row.ledger_parent:
+            found.append(
+                (
+                    row.parent,
+                    f"table {child} inherits from {row.parent}: every query of "
+                    f"{row.parent} also reads its rows",
+                )
+            )
+        else:
+            found.append(
+                (row.child, f"{row.child} inherits from {parent}: it is not a table of its own")
+            )
     return found
+
+
+# The ledger's schema: where this connection finds the log (a shadow of every table, the log
+# included, has no guard trigger, which the checks above name).
+_LEDGER_SCHEMA = text(
+    "SELECT coalesce((SELECT n.nspname FROM pg_class c "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('log_entries')), "
+    "current_schema())"
+)
+_SHADOWS = text(
+    "SELECT n.nspname, c.relname FROM pg_class c "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.relname = ANY(:tables) AND c.relkind IN ('r', 'v', 'm', 'f', 'p') "
+    "AND n.nspname <> :schema"
+)
+_READERS = text(  # login roles, and the ledger tables each may read
+    "SELECT r.rolname, c.relname FROM pg_roles r CROSS JOIN pg_class c "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE r.rolcanlogin AND n.nspname = :schema AND c.relname = ANY(:tables) "
+    "AND has_table_privilege(r.oid, c.oid, 'SELECT') ORDER BY c.relname"
+)
+_CATALOG_NAMES = text(
+    "SELECT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+    "WHERE n.nspname = :schema AND p.proname IN "
+    "(SELECT proname FROM pg_proc WHERE pronamespace = 'pg_catalog'::regnamespace)) "
+    "OR EXISTS (SELECT 1 FROM pg_operator o JOIN pg_namespace n ON n.oid = o.oprnamespace "
+    "WHERE n.nspname = :schema AND o.oprname IN "
+    "(SELECT oprname FROM pg_operator WHERE oprnamespace = 'pg_catalog'::regnamespace))"
+)
+
+
+def _own_lookup(conn: Connection, tables: dict[str, Any]) -> list[tuple[str | None, str]]:
+    """What this connection itself reads under each table's name."""
+    return [
+        (
+            row.relname,
+            f"this connection reads {row.nspname}.{row.relname}, not the ledger's "
+            f"{row.relname} (in "
+            f"{tables['schema']}): {row.nspname} comes first on its search_path",
+        )
+        for row in conn.execute(
+            text(
+                "SELECT t.relname, n.nspname FROM unnest(CAST(:tables AS text[])) AS t(relname) "
+                "JOIN pg_class c ON c.oid = to_regclass(quote_ident(t.relname)) "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname <> :schema ORDER BY t.relname"
+            ),
+            tables,
+        )
+    ]
+
+
+def _name_lookup(conn: Connection, tables: dict[str, Any]) -> list[tuple[str | None, str]]:
+    """What each login role that may read a ledger table finds under the table's name, and
+    whether functions or operators it calls can be another schema's."""
+    ledger = tables["schema"]
+    elsewhere: dict[str, set[str]] = {}
+    for row in conn.execute(_SHADOWS, tables):
+        elsewhere.setdefault(row.nspname, set()).add(row.relname)
+    readable: dict[str, list[str]] = {}
+    for row in conn.execute(_READERS, tables):
+        readable.setdefault(row.rolname, []).append(row.relname)
+    usable = _Usable(conn)
+    found: list[tuple[str | None, str]] = []
+    for path in search_path.paths(conn):
+        if path.role not in readable:
+            continue
+        # A path without the ledger's schema: a shadow anywhere on it answers instead.
+        ahead = (
+            path.schemas[: path.schemas.index(ledger)] if ledger in path.schemas else path.schemas
+        )
+        for table in readable[path.role]:
+            first = next(
+                (s for s in ahead if table in elsewhere.get(s, ()) and usable.uses(path.role, s)),
+                None,
+            )
+            if first is not None:
+                found.append(
+                    (
+                        table,
+                        f"role {path.role} reads {first}.{table}, not the ledger's {table}: "
+                        f"{first} comes first on its search_path",
+                    )
+                )
+        before_catalog = path.schemas[: path.schemas.index("pg_catalog")]
+        for schema in before_catalog:
+            if (
+                usable.uses(path.role, schema)
+                and conn.execute(_CATALOG_NAMES, {"schema": schema}).scalar_one()
+            ):
+                found.append(
+                    (
+                        None,
+                        f"role {path.role} searches {schema} before pg_catalog, and {schema} "
+                        "holds functions or operators named as built-in ones: they answer "
+                        "in their place",
+                    )
+                )
+    return found
+
+
+class _Usable:
+    """Whether a role may use a schema (Postgres skips, on a search path, the schemas a role
+    may not use), asked once per pair."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.answers: dict[tuple[str, str], bool] = {}
+
+    def uses(self, role: str, schema: str) -> bool:
+        if (role, schema) not in self.answers:
+            self.answers[role, schema] = bool(
+                self.conn.execute(
+                    text(
+                        "SELECT coalesce(bool_or(has_schema_privilege(:role, oid, 'USAGE')), "
+                        "false) FROM pg_namespace WHERE nspname = :schema"
+                    ),
+                    {"role": role, "schema": schema},
+                ).scalar_one()
+            )
+        return self.answers[role, schema]
 
 
 def _trigger(row: Any, function: str, kind: int) -> list[str]:

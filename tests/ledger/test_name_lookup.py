@@ -1,0 +1,226 @@
+"""A superuser who changes what the server's role reads without touching the ledger's tables:
+a view in a schema its search path reaches first, a child table, a column default. Each is
+shown to change what that role reads (or writes), then `ledger audit`, connecting as another
+role, names it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from ledger.storage import checkpoints, ingest
+from ledger.storage.audit import audit
+from ledger.storage.database import Database
+from ledger.storage.search_path import searched, split
+from tests.support.documents import record_envelope
+from tests.support.seed import seed_ledger
+
+ORIGIN = "test.example/log"
+NOT_DUE = {"checkpoint_interval": 3600}
+RECORDS = 4
+
+
+class Cluster:
+    """A migrated, seeded ledger database, a login role of this test's own that reads it as
+    the server's role does, and the superuser's connection to it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.db = Database(url)
+        seeded = seed_ledger(self.db)
+        self.log_key = seeded.log_key
+        envs = [
+            record_envelope(seeded.collector, seeded.fingerprint_id).to_dict()
+            for _ in range(RECORDS)
+        ]
+        self.request_ids = [r.request_id for r in ingest.ingest_records(self.db, envs)]
+        checkpoints.sign_if_new(self.db, self.log_key, ORIGIN)
+        self.role = f"ledger_app_{uuid.uuid4().hex[:8]}"
+        self.superuser(
+            sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(self.role)),
+            sql.SQL("GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA public TO {}").format(
+                sql.Identifier(self.role)
+            ),
+        )
+
+    def superuser(self, *statements: str | sql.Composable) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            for stmt in statements:
+                conn.execute(stmt)
+
+    def as_role(self, query: str) -> int:
+        """What the role's own connection reads (a fresh login: its settings apply)."""
+        parts = urlsplit(self.url.replace("postgresql+psycopg://", "postgresql://"))
+        url = urlunsplit(
+            parts._replace(netloc=f"{self.role}@{parts.hostname}:{parts.port or 5432}")
+        )
+        with psycopg.connect(url) as conn:
+            return conn.execute(query).fetchone()[0]  # type: ignore[index]
+
+    def findings(self) -> list[tuple[str | None, str]]:
+        """The database findings of an audit that logs in afresh, as `ledger audit` does."""
+        db = Database(self.url)
+        try:
+            report = audit(db, self.log_key.public_key, **NOT_DUE)
+        finally:
+            db.dispose()
+        return [(f.table, f.message) for f in report.findings if f.check == "database"]
+
+    def drop(self) -> None:
+        self.db.dispose()
+        role = sql.Identifier(self.role)
+        self.superuser(
+            sql.SQL("DROP OWNED BY {}").format(role), sql.SQL("DROP ROLE {}").format(role)
+        )
+
+
+@pytest.fixture
+def cluster(postgres_databases) -> Iterator[Cluster]:
+    made = Cluster(postgres_databases.fresh())
+    assert made.findings() == []
+    assert made.as_role("SELECT count(*) FROM records") == RECORDS
+    try:
+        yield made
+    finally:
+        made.drop()
+
+
+def _shadow(cluster: Cluster, schema: str) -> None:
+    """A view of every record but the first, in ``schema``, that the role may read."""
+    cluster.superuser(
+        sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)),
+        sql.SQL(
+            "CREATE VIEW {}.records AS SELECT * FROM public.records WHERE request_id <> {}"
+        ).format(sql.Identifier(schema), sql.Literal(cluster.request_ids[0])),
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+            sql.Identifier(schema), sql.Identifier(cluster.role)
+        ),
+        sql.SQL("GRANT SELECT ON {}.records TO {}").format(
+            sql.Identifier(schema), sql.Identifier(cluster.role)
+        ),
+    )
+
+
+@pytest.mark.postgres
+def test_a_view_in_the_schema_named_for_the_role_is_named(cluster: Cluster):
+    """The default search path is ``"$user", public``: a schema named after the server's
+    role, holding a view called records, answers for the table with no setting changed."""
+    _shadow(cluster, cluster.role)
+    assert cluster.as_role("SELECT count(*) FROM records") == RECORDS - 1  # the attack works
+    found = cluster.findings()
+    assert (
+        "records",
+        f"role {cluster.role} reads {cluster.role}.records, not the ledger's records: "
+        f"{cluster.role} comes first on its search_path",
+    ) in found
+    assert len(found) == 1, found  # the auditor's own connection is not fooled
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("scope", ["role", "role in database", "database"])
+def test_a_search_path_set_for_the_role_is_followed(cluster: Cluster, scope: str):
+    _shadow(cluster, "Evil")
+    target = {
+        "role": sql.SQL("ROLE {}").format(sql.Identifier(cluster.role)),
+        "role in database": sql.SQL("ROLE {} IN DATABASE {}").format(
+            sql.Identifier(cluster.role), sql.Identifier(urlsplit(cluster.url).path[1:])
+        ),
+        "database": sql.SQL("DATABASE {}").format(sql.Identifier(urlsplit(cluster.url).path[1:])),
+    }[scope]
+    cluster.superuser(sql.SQL('ALTER {} SET search_path = "Evil", public').format(target))
+    assert cluster.as_role("SELECT count(*) FROM records") == RECORDS - 1
+    found = cluster.findings()
+    assert any(
+        table == "records" and f"role {cluster.role} reads Evil.records" in message
+        for table, message in found
+    )
+    # The auditor logs in under the database's setting too: it names what it reads itself.
+    assert (scope == "database") == any(
+        message.startswith("this connection reads Evil.records") for _, message in found
+    )
+
+
+@pytest.mark.postgres
+def test_a_search_path_without_the_ledger_schema_is_followed(cluster: Cluster):
+    _shadow(cluster, "elsewhere")
+    cluster.superuser(
+        sql.SQL("ALTER ROLE {} SET search_path = elsewhere").format(sql.Identifier(cluster.role))
+    )
+    assert cluster.as_role("SELECT count(*) FROM records") == RECORDS - 1
+    assert any("reads elsewhere.records" in m for _, m in cluster.findings())
+
+
+@pytest.mark.postgres
+def test_a_shadow_the_role_may_not_use_is_not_a_finding(cluster: Cluster):
+    """Postgres skips a schema the role has no USAGE on, so such a view answers nothing."""
+    _shadow(cluster, cluster.role)
+    cluster.superuser(
+        sql.SQL("REVOKE USAGE ON SCHEMA {} FROM {}").format(
+            sql.Identifier(cluster.role), sql.Identifier(cluster.role)
+        )
+    )
+    assert cluster.as_role("SELECT count(*) FROM records") == RECORDS
+    assert cluster.findings() == []
+
+
+@pytest.mark.postgres
+def test_built_in_functions_shadowed_ahead_of_pg_catalog_are_named(cluster: Cluster):
+    cluster.superuser(
+        "CREATE SCHEMA tricks",
+        "CREATE FUNCTION tricks.length(bytea) RETURNS integer LANGUAGE sql AS 'SELECT 0'",
+        sql.SQL("GRANT USAGE ON SCHEMA tricks TO {}").format(sql.Identifier(cluster.role)),
+        sql.SQL("ALTER ROLE {} SET search_path = tricks, pg_catalog, public").format(
+            sql.Identifier(cluster.role)
+        ),
+    )
+    assert cluster.as_role("SELECT max(length(envelope)) FROM log_entries") == 0
+    assert (
+        None,
+        f"role {cluster.role} searches tricks before pg_catalog, and tricks holds functions "
+        "or operators named as built-in ones: they answer in their place",
+    ) in cluster.findings()
+
+
+@pytest.mark.postgres
+def test_a_child_table_adds_rows_to_the_ledger_table_and_is_named(cluster: Cluster):
+    cluster.superuser(
+        "CREATE TABLE ghost_records () INHERITS (records)",
+        "INSERT INTO ghost_records SELECT * FROM records LIMIT 1",
+    )
+    assert cluster.as_role("SELECT count(*) FROM records") == RECORDS + 1
+    assert any(
+        t == "records" and "ghost_records inherits from records" in m for t, m in cluster.findings()
+    )
+
+
+@pytest.mark.postgres
+def test_a_column_default_is_named(cluster: Cluster):
+    cluster.superuser("ALTER TABLE checkpoints ALTER COLUMN note SET DEFAULT 'forged'")
+    assert any(
+        t == "checkpoints" and "column checkpoints.note has a default ('forged'::text)" in m
+        for t, m in cluster.findings()
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "schemas"),
+    [
+        ('"$user", public', ("pg_catalog", "app", "public")),
+        ("public", ("pg_catalog", "public")),
+        ('Evil, "Evil", "a""b" ,, pg_catalog', ("evil", "Evil", 'a"b', "pg_catalog")),
+        ("pg_temp, x", ("pg_catalog", "x")),
+        ("", ("pg_catalog",)),
+        ("x, x", ("pg_catalog", "x")),
+    ],
+)
+def test_a_search_path_is_read_as_postgres_reads_it(value: str, schemas: tuple[str, ...]):
+    assert searched(value, "app") == schemas
+
+
+def test_split_keeps_quoted_commas():
+    assert split('"a,b", c') == ["a,b", "c"]
