@@ -24,7 +24,7 @@ from client.ledger_client import read_token_file
 from collectors.collector import Collector, CollectorConfig
 from collectors.digest_cache import default_cache_path
 from collectors.proxy import create_proxy
-from collectors.shipper import LINGER
+from collectors.shipper import DEADLINE, LINGER
 from collectors.tiers import TIERS
 from ledger.logs import LogFormat, LogLevel, logging_config
 from ledger.malloc import fix_mmap_threshold
@@ -87,6 +87,12 @@ def collect(
         "--ship-linger",
         help="seconds to wait for more records before shipping a partial batch (0-10)",
     ),
+    ship_deadline: float = typer.Option(
+        DEADLINE,
+        "--ship-deadline",
+        help="seconds a request to the ledger may take in all, however slowly the ledger "
+        "answers, before it is abandoned and retried (1-3600)",
+    ),
     content_retention_days: int | None = typer.Option(
         None,
         "--content-retention-days",
@@ -106,6 +112,8 @@ def collect(
         fail("--tier must be 0, 1 or 2")
     if not 0 <= ship_linger <= 10:
         fail("--ship-linger must be between 0 and 10 seconds")
+    if not 1 <= ship_deadline <= 3600:
+        fail("--ship-deadline must be between 1 and 3600 seconds")
     host, port = _listen(listen)
     check_listen(host, port)
     signing_key = read_signing_key(key)
@@ -129,6 +137,7 @@ def collect(
             advertise_url=None if no_register else advertise_url,
             log_public_key=read_public_key(log_key) if log_key else None,
             ship_linger=ship_linger,
+            ship_deadline=ship_deadline,
             content_retention_days=content_retention_days,
         )
         collector = Collector(config).start()

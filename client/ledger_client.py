@@ -2,18 +2,21 @@
 
 Errors are translated where they enter: an ``{"error": {...}}`` answer becomes the matching
 :class:`ledger.errors.LedgerError` subclass with the server's code and message; a network
-failure becomes :class:`ledger.errors.Pushback` (retryable).
+failure becomes :class:`ledger.errors.Pushback` (retryable): ``ledger_unreachable``, or
+``ledger_too_slow`` for a request past the client's deadline.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from client.deadline import DeadlineTransport, within
 from ledger.errors import (
     AuthenticationError,
     Conflict,
@@ -85,15 +88,33 @@ def request_id_segment(value: str) -> str:
 
 
 class LedgerClient:
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        deadline: float | None = None,
+    ) -> None:
+        """``timeout`` bounds each network operation (connecting, one read, one write);
+        ``deadline`` (seconds; None: none) bounds each request in all, however slowly the
+        ledger or a proxy in front of it answers: past it the request is abandoned, its
+        connection closed, and it fails with :class:`Pushback` ``ledger_too_slow``. A client
+        with a deadline takes no proxy from the environment (``client.deadline``)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # http(s), a host, no userinfo (httpx would send it as Basic credentials beside the
         # token), no query or fragment: refused here with invalid_url, not at the first request
         # as "unreachable".
         parse_worker_url(base_url, "ledger URL")
         self.base_url = base_url.rstrip("/")
+        self.deadline = deadline
         try:
-            self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+            self._http = httpx.Client(
+                base_url=self.base_url,
+                headers=headers,
+                timeout=timeout,
+                transport=None if deadline is None else DeadlineTransport(),
+            )
         except (httpx.InvalidURL, TypeError, ValueError) as exc:
             raise InvalidInput(
                 f"{base_url!r} is not a usable ledger URL: {exc}", code="invalid_url"
@@ -109,13 +130,22 @@ class LedgerClient:
         self.close()
 
     def _request(self, method: str, path: str, **kw: Any) -> Any:
+        started = time.monotonic()
         try:
-            resp = self._http.request(method, path, **kw)
+            with within(self.deadline):
+                resp = self._http.request(method, path, **kw)
         except httpx.InvalidURL as exc:
             raise InvalidInput(
                 f"{self.base_url!r} is not a usable ledger URL: {exc}", code="invalid_url"
             ) from exc
         except httpx.HTTPError as exc:
+            late = self.deadline is not None and time.monotonic() - started >= self.deadline
+            if late and isinstance(exc, httpx.TimeoutException):
+                raise Pushback(
+                    f"the ledger at {self.base_url} did not answer {method} {path} within "
+                    f"{self.deadline:g} s; the request was abandoned",
+                    code="ledger_too_slow",
+                ) from exc
             raise Pushback(
                 f"cannot reach the ledger at {self.base_url}: {exc}", code="ledger_unreachable"
             ) from exc

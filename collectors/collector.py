@@ -22,7 +22,7 @@ from collectors.digest_cache import DigestCache
 from collectors.engine import CUSTOM_FINGERPRINT, engine_port
 from collectors.metrics import CollectorMetrics
 from collectors.procinfo import ProcessUnreadable, find_pid_by_port
-from collectors.shipper import LINGER, Shipper
+from collectors.shipper import DEADLINE, LINGER, Shipper
 from collectors.snapshot import Snapshot, is_local, take_snapshot
 from collectors.spool import Spool
 from collectors.tokens import TokenRenderer
@@ -55,6 +55,8 @@ class CollectorConfig:
     heartbeat_interval: float = 5.0
     # Seconds the shipper waits for more records before posting a partial batch.
     ship_linger: float = LINGER
+    # Seconds a request to the ledger may take in all before it is abandoned and retried.
+    ship_deadline: float = DEADLINE
     # The ledger's log key, pinned; None: fetched from the ledger (GET /v1/log/key) at start.
     log_public_key: Ed25519PublicKey | None = None
     # Delete spooled records and dead letters older than this (LEDGER_CONTENT_RETENTION_DAYS).
@@ -77,9 +79,14 @@ class Collector:
         # What can be checked at once is, before the spool is created or the model hashed.
         parse_worker_url(config.engine_url, "engine url")
         check_model_dir(config.model_dir)
-        self.client = LedgerClient(config.ledger_url, config.ledger_token)
+        self.client = LedgerClient(
+            config.ledger_url, config.ledger_token, deadline=config.ship_deadline
+        )
         # The heartbeat thread has a client of its own: a ship batch never delays a beat.
-        self._beat_client = LedgerClient(config.ledger_url, config.ledger_token, timeout=10)
+        # A beat that cannot be delivered within 30 s is stale anyway: the next one replaces it.
+        self._beat_client = LedgerClient(
+            config.ledger_url, config.ledger_token, timeout=10, deadline=30
+        )
         self.metrics = CollectorMetrics()
         self.spool = Spool(config.spool_path)
         self.cache = DigestCache(config.digest_cache)

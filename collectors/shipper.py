@@ -8,8 +8,12 @@ refuses one item for good (invalid, too large on its own, or a different record 
 request ID), that item goes to the spool's dead letters with the reason and the rest is
 retried at once. A record under a fingerprint the ledger does not know (one queued as this
 batch formed, when the engine restarted) waits for the fingerprint to be registered again.
-Anything else (the ledger down, overloaded, the network, a credential problem, an unexpected
-error) keeps every record and retries with exponential backoff and jitter.
+Anything else (the ledger down, overloaded, too slow, the network, a credential problem, an
+unexpected error) keeps every record and retries with exponential backoff and jitter. Too slow:
+the collector's client gives each request :data:`DEADLINE` seconds in all (``--ship-deadline``),
+however slowly the ledger or a proxy in front of it answers, then abandons it
+(``ledger_too_slow``); a batch the ledger took before its answer was cut off is answered
+``duplicate`` when sent again, and acknowledged then.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ _KEY_LEVEL = frozenset({"unknown_key", "key_role_not_allowed"})
 # spool meanwhile, and each ledger round trip costs both sides a few milliseconds of CPU
 # whatever its size (docs/PERFORMANCE.md, collector overhead).
 LINGER = 0.25
+# Seconds a request to the ledger may take in all, however slowly the ledger (or a proxy in
+# front of it) answers: four times the client's timeout for one read (30 s). httpx's timeouts
+# bound each read and write, so an answer that trickles in a byte at a time never trips them.
+DEADLINE = 120.0
 FORGET_EVERY = 3600.0
 
 

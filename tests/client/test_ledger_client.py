@@ -3,13 +3,16 @@ errors (one line from the CLI), never a traceback."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from client.ledger_client import LedgerClient, segment
-from ledger.errors import InvalidInput, NotFound
+from ledger.errors import InvalidInput, NotFound, Pushback
 from tests.support.harness import Harness
 
 
@@ -99,3 +102,31 @@ def test_ledger_evidence_refuses_an_answer_that_is_not_a_bundle_and_writes_nothi
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "[unexpected_answer]" in proc.stderr and "this is a bug" not in proc.stderr
     assert not out.exists()
+
+
+def test_a_ledger_that_reads_the_request_slowly_is_given_up_on_at_the_deadline():
+    """A server that takes a few KiB of the body at a time and never answers: httpx's write
+    timeout bounds each send only, so without a deadline it holds this request for most of a
+    minute. With a deadline the client gives up at it, with ``ledger_too_slow``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the accepted socket's
+    done = threading.Event()
+
+    def read_slowly() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            while not done.wait(0.05) and conn.recv(65536):
+                pass
+
+    threading.Thread(target=read_slowly, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        with LedgerClient(url, "t", deadline=1.0) as client, pytest.raises(Pushback) as err:
+            started = time.monotonic()
+            client.post_fingerprint(b" " * (4 << 20))
+        elapsed = time.monotonic() - started
+    finally:
+        done.set()
+        listener.close()
+    assert err.value.code == "ledger_too_slow", err.value.message
+    assert 1.0 <= elapsed < 2.0, elapsed

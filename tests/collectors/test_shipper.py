@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -41,12 +42,13 @@ def ship(
     envs: list[Envelope],
     *,
     client_class: type[LedgerClient] = LedgerClient,
+    deadline: float | None = None,
     **options: Any,
 ) -> Shipped:
     """Spool ``envs``, then run a shipper until the spool is empty (or 60 s passed)."""
     for env in envs:
         spool.put(env.body["request_id"], env.canonical)
-    client = client_class(api.url, api.token("records:write"))
+    client = client_class(api.url, api.token("records:write"), deadline=deadline)
     batches: list[int] = []
     failures: list[str] = []
     shipper = Shipper(
@@ -275,3 +277,52 @@ def test_a_record_from_a_clock_that_runs_ahead_waits_and_gets_in(api: Harness, s
     # taken only once its start was no longer more than the skew after the ledger's clock
     got = api.client().get(f"/v1/records/{body['request_id']}").json()
     assert datetime.fromisoformat(got["received_at"]) >= ahead - STARTED_SKEW
+
+
+@pytest.mark.parametrize("trickle_after", [b"", b"\r\n\r\n"], ids=["head", "body"])
+def test_an_answer_that_trickles_is_abandoned_at_the_deadline_and_shipped_again(
+    api: Harness, spool: Spool, caplog: pytest.LogCaptureFixture, trickle_after: bytes
+):
+    """A proxy in front of the ledger passes the batch on, then relays the ledger's answer a
+    byte every 0.2 s (its head, or its body after the head): httpx's timeouts, which bound
+    each read, never fire. The shipper gives the POST up at its deadline, closes the
+    connection, counts and logs the failure and keeps the record; shipped again to a ledger
+    that answers, the record the ledger took the first time is answered duplicate and
+    acknowledged, held once."""
+    from tests.support.tcp_relay import TcpRelay
+
+    key, fp_id = api.setup_collector()
+    env = api.record(key, fp_id)
+    spool.put(env.body["request_id"], env.canonical)
+    ledger = urlsplit(api.url)
+    relay = TcpRelay(
+        (str(ledger.hostname), int(ledger.port or 80)), trickle=0.2, trickle_after=trickle_after
+    )
+    failures: list[str] = []
+    client = LedgerClient(relay.url, api.token("records:write"), deadline=1.0)
+    shipper = Shipper(spool, client, linger=0, on_failure=failures.append)
+    try:
+        with caplog.at_level("WARNING", logger="ledger.collector.shipper"):
+            started = time.monotonic()
+            shipper.start()
+            while not failures and time.monotonic() < started + 5:
+                time.sleep(0.02)
+            gave_up = time.monotonic() - started
+            # the abandoned POST's connection was closed by the shipper, not left to trickle
+            relay.wait_for(lambda c: c.closed_by_client.is_set(), timeout=1)
+    finally:
+        relay.close()
+        shipper.stop()
+        client.close()
+    assert failures[:1] == ["ledger_too_slow"], failures
+    assert 1.0 <= gave_up < 3.0, gave_up
+    assert "ledger_too_slow" in caplog.text and "within 1 s" in caplog.text, caplog.text
+    assert spool.pending() == 1 and spool.dead_letters() == 0
+    taken = api.client().get(f"/v1/records/{env.body['request_id']}")
+    assert taken.status_code == 200  # the ledger took the batch; its answer never came
+
+    run = ship(api, spool, [], deadline=5.0)
+    assert run.batches == [1] and run.failures == []
+    assert spool.pending() == 0 and spool.dead_letters() == 0
+    again = api.client().get(f"/v1/records/{env.body['request_id']}")
+    assert again.json()["log_index"] == taken.json()["log_index"]

@@ -1,7 +1,9 @@
 """A TCP relay between a client and a server that shows what passed each way and who closed.
 
 Tests put it between the collector and its engine to see, without timing anything, what the
-collector sent the engine and whether it closed the engine's connection before an answer came.
+collector sent the engine and whether it closed the engine's connection before an answer came;
+and, trickling the server's answers a byte at a time, between the shipper and the ledger as a
+proxy that answers too slowly.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ class RelayedConnection:
     """One connection through the relay."""
 
     sent: bytearray = field(default_factory=bytearray)  # client -> server
-    answered: bytearray = field(default_factory=bytearray)  # server -> client
+    answered: bytearray = field(default_factory=bytearray)  # server -> relay (-> client)
     closed_by_client: threading.Event = field(default_factory=threading.Event)
     # What the server had answered when the client closed (None while the client has not).
     answered_at_close: bytes | None = None
@@ -54,10 +56,18 @@ class RelayedConnection:
 
 
 class TcpRelay:
-    """Listens on 127.0.0.1 and relays every connection to ``target`` (host, port)."""
+    """Listens on 127.0.0.1 and relays every connection to ``target`` (host, port).
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    With ``trickle`` the server's answers reach the client one byte every ``trickle`` seconds,
+    from their first byte or, given ``trickle_after``, from where a connection's answers first
+    hold it (``b"\r\n\r\n"``: after the first answer's head)."""
+
+    def __init__(
+        self, target: tuple[str, int], *, trickle: float | None = None, trickle_after: bytes = b""
+    ) -> None:
         self._target = target
+        self._trickle = trickle
+        self._trickle_after = trickle_after
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._lock = threading.Lock()
         self.connections: list[RelayedConnection] = []
@@ -125,11 +135,22 @@ class TcpRelay:
     def _downward(
         self, server: socket.socket, client: socket.socket, connection: RelayedConnection
     ) -> None:
+        marker = self._trickle_after
         for chunk in _chunks(server):
             with self._lock:
+                start = len(connection.answered)  # where the chunk begins in the answers
                 connection.answered += chunk
+                found = connection.answered.find(marker) if self._trickle is not None else -1
+            # what goes on at once: all, or what comes before trickling begins
+            at_once = (
+                len(chunk) if found < 0 else min(len(chunk), max(0, found + len(marker) - start))
+            )
             with contextlib.suppress(OSError):
-                client.sendall(chunk)
+                client.sendall(chunk[:at_once])
+                for byte in chunk[at_once:]:
+                    if connection.closed_by_client.wait(self._trickle or 0.0):
+                        return
+                    client.sendall(bytes([byte]))
         with contextlib.suppress(OSError):
             client.shutdown(socket.SHUT_WR)
 
