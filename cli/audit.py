@@ -7,13 +7,12 @@ import os
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from cli.common import (
     DbOption,
     JsonOption,
     console,
-    err_console,
     fail,
     finite_seconds,
     ledger_errors,
@@ -22,8 +21,9 @@ from cli.common import (
     read_public_key,
     read_text_file,
     shown,
-    table,
 )
+from cli.progress import progress
+from cli.tables import table
 from ledger.audit import DEFAULT_CLOCK_TOLERANCE, AuditReport
 from ledger.checkpoint import parse_checkpoint
 from ledger.errors import VerificationError
@@ -92,14 +92,8 @@ def run_audit(
         if as_json:
             report = audit(db, pinned, **options)
         else:
-            with Progress(
-                TextColumn("auditing"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeRemainingColumn(),
-                console=err_console,
-                transient=True,
-                disable=not err_console.is_terminal,
+            with progress(
+                TextColumn("auditing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
             ) as bar:
                 task = bar.add_task("leaves", total=None)
                 report = audit(
@@ -151,7 +145,7 @@ def _print(report: AuditReport) -> None:
         f"[bold red]FAILED[/] {summary}: {len(report.findings)} finding(s)"
         + ("" if first is None else f"; first bad leaf index: {first}")
     )
-    out = table("check", "leaf", "table.column", "what differs")
+    out = table("check", "leaf", "table.column", "what differs", wrap=["what differs"])
     for f in report.findings[:50]:
         where = ".".join(part for part in (f.table, f.column) if part)
         out.add_row(f.check, "" if f.index is None else str(f.index), where, shown(f.message))

@@ -7,21 +7,21 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from cli.common import (
     ApiOption,
     JsonOption,
     TokenFileOption,
     console,
-    err_console,
     fail,
     ledger_errors,
     print_json,
     shown,
-    table,
     token_file_or_default,
 )
+from cli.progress import progress
+from cli.tables import table
 from client.ledger_client import LedgerClient, read_token_file
 from ledger.errors import Pushback
 
@@ -77,17 +77,15 @@ def certify(
 
 
 def _follow(client: LedgerClient, job: dict[str, Any], *, show: bool) -> dict[str, Any]:
-    progress = Progress(
+    bar = progress(
         TextColumn(f"certifying pool {job['pool']}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=not show,
+        show=show,
     )
-    with progress:
-        task = progress.add_task("probes", total=job["total"])
+    with bar:
+        task = bar.add_task("probes", total=job["total"])
         failing_since: float | None = None
         while job["status"] == "running":
             time.sleep(0.5)
@@ -100,7 +98,7 @@ def _follow(client: LedgerClient, job: dict[str, Any], *, show: bool) -> dict[st
                 time.sleep(min(exc.retry_after, 5.0))
                 continue
             failing_since = None
-            progress.update(task, completed=job["done"])
+            bar.update(task, completed=job["done"])
     return job
 
 
@@ -114,6 +112,7 @@ def print_certificate(body: dict[str, Any], log_index: int) -> None:
         "first divergences",
         "min margin",
         "min margin at divergence",
+        wrap=["first divergences"],
         title=f"pool {shown(body['pool'])} · worker {shown(body['worker_id'])} · "
         f"batch_invariance {shown(body['batch_invariance'])}",
     )

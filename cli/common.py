@@ -19,7 +19,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 import migrations
 from api.settings import Settings
@@ -173,14 +172,6 @@ def _escaped(c: str) -> str:
         if code <= 0xFFFF
         else f"\\U{code:08x}"
     )
-
-
-def table(*headers: str, title: str | None = None, **options: Any) -> Table:
-    """A table whose cells wrap and are never cut: IDs are shown whole, whatever the width."""
-    out = Table(title=title, **options)
-    for header in headers:
-        out.add_column(header, overflow="fold")
-    return out
 
 
 def show_progress(logger: str = "ledger.demo") -> None:

@@ -26,8 +26,8 @@ from cli.common import (
     load_settings,
     print_json,
     show_progress,
-    table,
 )
+from cli.tables import table
 from client.ledger_client import LedgerClient
 from demo import traffic as demo_traffic
 from demo.engine import EngineDemo, open_embedded_ledger, register_demo_keys
@@ -103,7 +103,7 @@ def demo(
                 }
             )
         else:
-            out = table("step", "result", title=f"demo ({seconds:.2f} s)")
+            out = table("step", "result", wrap=["result"], title=f"demo ({seconds:.2f} s)")
             for step, result in rows:
                 out.add_row(step, result)
             console.print(out)

@@ -24,9 +24,9 @@ from cli.common import (
     ledger_errors,
     print_json,
     shown,
-    table,
     token_file_or_default,
 )
+from cli.tables import table
 from client.ledger_client import LedgerClient, read_token_file
 from ledger.errors import LedgerError
 from ledger.fingerprint import fingerprint_id
@@ -83,7 +83,9 @@ def _show(value: Any) -> str:
 
 
 def _table(a: str, b: str, changes: list[Difference]) -> Table:
-    out = table("field", "change", "replay impact", title=f"{a}\n-> {b}")
+    out = table(
+        "field", "change", "replay impact", wrap=["change", "replay impact"], title=f"{a}\n-> {b}"
+    )
     ordered = [c for c in changes if not c.derived] + [c for c in changes if c.derived]
     for c in ordered:
         style = "dim" if c.derived else ""

@@ -15,9 +15,9 @@ from cli.common import (
     fail,
     ledger_errors,
     print_json,
-    table,
     token_file_or_default,
 )
+from cli.tables import table
 from client.ledger_client import LedgerClient, read_token_file
 
 
@@ -81,7 +81,7 @@ def erase(
 
 def _print_bulk(result: dict[str, Any]) -> None:
     dry = result["dry_run"]
-    out = table("request ID", "outcome")
+    out = table("request ID", "outcome", wrap=["outcome"])
     for rid in result["erased"]:
         out.add_row(rid, "would be erased" if dry else "erased")
     for rid in result["held"]:

@@ -21,11 +21,11 @@ from cli.common import (
     print_json,
     read_signing_key,
     refuse_existing,
-    table,
     token_file_or_default,
     write_output,
 )
 from cli.progress import DelayedByteProgress
+from cli.tables import table
 from client.ledger_client import LedgerClient, read_token_file
 from collectors.digest_cache import DigestCache, default_cache_path
 from collectors.snapshot import Snapshot, take_snapshot
@@ -47,7 +47,7 @@ RUNTIME_ROWS = ("python", "vllm", "torch", "transformers", "tokenizers", "cpu_ca
 
 def _table(snapshot: Snapshot) -> Table:
     body = snapshot.body
-    out = table("field", "value", title=f"fingerprint {snapshot.fingerprint_id}")
+    out = table("field", "value", wrap=["value"], title=f"fingerprint {snapshot.fingerprint_id}")
     model = body["model"]
     art = snapshot.artifacts
     out.add_row("model.digest", model["digest"])

@@ -19,14 +19,14 @@ from cli.common import (
     load_settings,
     print_json,
     show_progress,
-    table,
 )
+from cli.tables import table
 from demo.gpu_check import has_cuda_gpu, run_gpu_check
 from ledger.atomic_file import write_atomically
 
 
 def _table(report: dict[str, Any]) -> Table:
-    out = table("step", "result", "s", title=f"gpu-check ({report['device']})")
+    out = table("step", "result", "s", wrap=["result"], title=f"gpu-check ({report['device']})")
     steps = report["timings"]
     for pool, facts in report["pools"].items():
         gpu = facts["gpu"]

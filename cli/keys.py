@@ -19,10 +19,10 @@ from cli.common import (
     load_settings,
     print_json,
     read_public_key,
-    table,
     token_file_or_default,
     when,
 )
+from cli.tables import table
 from client.ledger_client import LedgerClient, read_token_file
 from ledger.errors import InvalidInput, LedgerError
 from ledger.secretfile import SecretFileExists
@@ -151,7 +151,7 @@ def list_keys(
     if as_json:
         print_json(items)
         return
-    out = table("key ID", "name", "role", "pools", "registered", "revoked")
+    out = table("key ID", "name", "role", "pools", "registered", "revoked", wrap=["pools"])
     for k in items:
         pools = k.get("pools")
         out.add_row(

@@ -1,4 +1,8 @@
-"""A byte progress bar that appears only once an operation has run for a second."""
+"""Progress displays: on stderr, and only where stderr is a terminal.
+
+Piped, redirected or in a CI log, a command writes nothing on stderr but what it means to say
+(its error line, its log lines): no bar, no blank line, no control sequence.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    ProgressColumn,
     TaskID,
     TextColumn,
     TimeRemainingColumn,
@@ -18,8 +23,19 @@ from rich.progress import (
 from cli.common import err_console
 
 
+def progress(*columns: str | ProgressColumn, show: bool = True) -> Progress:
+    """A transient progress display on stderr, drawn when ``show`` and stderr is a terminal."""
+    return Progress(
+        *columns,
+        console=err_console,
+        transient=True,
+        disable=not (show and err_console.is_terminal),
+    )
+
+
 class DelayedByteProgress:
-    """Callable as ``progress(done, total)``; draws on stderr after ``delay`` seconds."""
+    """Callable as ``progress(done, total)``: a byte progress bar that appears once an
+    operation has run for ``delay`` seconds."""
 
     def __init__(self, label: str, delay: float = 1.0) -> None:
         self.label = label
@@ -32,14 +48,12 @@ class DelayedByteProgress:
         if self._progress is None:
             if time.monotonic() - self.started < self.delay:
                 return
-            self._progress = Progress(
+            self._progress = progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
                 DownloadColumn(),
                 TransferSpeedColumn(),
                 TimeRemainingColumn(),
-                console=err_console,
-                transient=True,
             )
             self._progress.start()
             self._task = self._progress.add_task(self.label, total=total)

@@ -18,10 +18,10 @@ from cli.common import (
     fail,
     ledger_errors,
     shown,
-    table,
     token_file_or_default,
     when,
 )
+from cli.tables import table
 from client.ledger_client import LedgerClient, read_token_file
 from ledger import record_export
 from ledger.compare import VERDICTS
@@ -106,7 +106,7 @@ def search(
         sys.stdout.write(record_export.csv_header())
         sys.stdout.writelines(record_export.csv_line(i) for i in items)
         return
-    t = table("received", "request ID", "model", "pool", "tier", "verdict", "state")
+    t = table("received", "request ID", "model", "pool", "tier", "verdict", "state", wrap=["state"])
     for i in items:
         state = [s for s, on in (("aborted", i["aborted"]), ("held", i.get("held_by"))) if on]
         if i["content"] == "erased":

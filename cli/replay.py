@@ -15,9 +15,9 @@ from cli.common import (
     ledger_errors,
     print_json,
     shown,
-    table,
     token_file_or_default,
 )
+from cli.tables import table
 from client.ledger_client import LedgerClient, read_token_file
 from ledger.errors import Conflict
 
@@ -45,8 +45,11 @@ def replay(
         try:
             result = client.replay(request_id, pool, force)
         except Conflict as exc:
-            if not as_json:
-                _print_nearest(exc.details.get("nearest_pools") or [])
+            if "nearest_pools" in exc.details:  # no_matching_pool: what a matching pool lacks
+                if as_json:
+                    print_json({"error": exc.to_dict()})
+                else:
+                    _print_nearest(exc.details["nearest_pools"])
             raise
     verdict = result["envelope"]["body"]
     if as_json:

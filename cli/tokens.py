@@ -17,10 +17,10 @@ from cli.common import (
     ledger_errors,
     open_existing_database,
     print_json,
-    table,
     when,
     when_json,
 )
+from cli.tables import table
 from ledger import secretfile
 from ledger.storage import tokenstore
 from ledger.tokens import EXPIRY_FORMS, SCOPES, parse_expiry
@@ -118,7 +118,7 @@ def list_tokens(db_url: str | None = DbOption, as_json: bool = JsonOption) -> No
             ]
         )
         return
-    out = table("token ID", "name", "scopes", "created", "expires", "revoked")
+    out = table("token ID", "name", "scopes", "created", "expires", "revoked", wrap=["scopes"])
     for t in items:
         expiry = ""
         if t.expires_at is not None:

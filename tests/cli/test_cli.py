@@ -202,8 +202,19 @@ def test_demo_stops_cleanly_on_sigterm(tmp_path: Path):
     assert proc.wait(timeout=30) == 0
 
 
-@pytest.mark.parametrize("linger", ["-1", "11"])
-def test_collect_refuses_a_ship_linger_out_of_range(tmp_path: Path, linger: str):
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--ship-linger", "-1", "--ship-linger must be between 0 and 10 seconds"),
+        ("--ship-linger", "11", "--ship-linger must be between 0 and 10 seconds"),
+        ("--ship-deadline", "0.5", "--ship-deadline must be between 1 and 3600 seconds"),
+        ("--ship-deadline", "nan", "--ship-deadline must be between 1 and 3600 seconds"),
+        ("--ship-deadline", "3601", "--ship-deadline must be between 1 and 3600 seconds"),
+    ],
+)
+def test_collect_refuses_shipping_times_out_of_range(
+    tmp_path: Path, flag: str, value: str, says: str
+):
     (tmp_path / "token").write_text("lgr_unused\n")
     result = ledger(
         "collect",
@@ -213,8 +224,8 @@ def test_collect_refuses_a_ship_linger_out_of_range(tmp_path: Path, linger: str)
         "--key", str(tmp_path / "missing.pem"),
         "--pool", "p",
         "--model-dir", str(tmp_path),
-        "--ship-linger", linger,
+        flag, value,
         check=False,
     )  # fmt: skip
-    assert result.returncode != 0
-    assert "--ship-linger must be between 0 and 10 seconds" in result.stderr
+    assert result.returncode == 2
+    assert says in result.stderr
