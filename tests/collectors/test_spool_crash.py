@@ -68,6 +68,7 @@ def _burst(path: Path, prefix: str, until: int) -> list[str]:
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     acked += [line.strip() for line in proc.stdout.read().splitlines() if line.strip()]
+    proc.stdout.close()
     assert len(acked) >= until, f"only {len(acked)} puts returned before the deadline"
     return acked
 

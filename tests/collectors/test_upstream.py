@@ -142,7 +142,8 @@ class ClosingServer:
         self.connections = 0
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -152,14 +153,25 @@ class ClosingServer:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(5)
+        assert not self._thread.is_alive(), "the server's thread did not stop"
 
     def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", self.port))
+        # asyncio.run closes the loop, after cancelling the connections' tasks: a loop left
+        # open is closed by its finalizer at some garbage collection, which fails ("Invalid
+        # file descriptor: -1") when the collector has finalized the loop's self-pipe first.
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
         self._ready.set()
-        self._loop.run_forever()
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
