@@ -43,7 +43,7 @@ class _WholeTokenTable(Table):
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         wide = options.update_width(_UNBOUNDED)
         natural = Measurement.get(console, wide, self).maximum
-        if not console.is_terminal:
+        if not console.is_terminal or not self.columns:
             yield from super().__rich_console__(console, options.update_width(natural))
             return
         lows, highs = zip(*(_bounds(console, wide, c) for c in self.columns), strict=True)
@@ -72,7 +72,9 @@ def _bounds(console: Console, wide: ConsoleOptions, column: Column) -> tuple[int
 
 def _spans(console: Console, wide: ConsoleOptions, cell: RenderableType) -> tuple[int, int]:
     """The widths of a cell's longest word and of its longest line."""
-    text = console.render_str(cell) if isinstance(cell, str) else cell
+    # As the table renders its cells: markup read, no highlighting (rich's highlighter is
+    # quadratic on a long run of hex digits).
+    text = console.render_str(cell, highlight=False) if isinstance(cell, str) else cell
     if not isinstance(text, Text):  # another renderable: as rich measures it
         measured = Measurement.get(console, wide, text)
         return measured.minimum, measured.maximum

@@ -30,6 +30,7 @@ import httpx
 # When the request being sent in this thread (sync httpx sends in the caller's thread) must
 # be done by, on the monotonic clock; None: no deadline.
 _DEADLINE: ContextVar[float | None] = ContextVar("request_deadline", default=None)
+_PIECE = 64 * 1024  # bytes written at once through a stream that is not httpcore's own
 
 
 @contextmanager
@@ -72,8 +73,16 @@ class _Stream(httpcore.NetworkStream):
         # Send by send, as httpcore's stream does, each bounded by the time left: httpcore
         # hands over a whole body in one write, which a server that reads slowly (each send
         # going through before the timeout) would otherwise keep going past the deadline.
-        sock: socket.socket = self._inner.get_extra_info("socket")
+        # Only on httpcore's own stream, whose socket is the connection (a plain or a TLS
+        # socket); any other (TLS inside a proxy's TLS tunnel: its "socket" is the tunnel's)
+        # gets the buffer in pieces through its own write.
         view = memoryview(buffer)
+        if type(self._inner).__name__ != "SyncStream":
+            while view:
+                self._inner.write(bytes(view[:_PIECE]), _left(timeout, httpcore.WriteTimeout))
+                view = view[_PIECE:]
+            return
+        sock: socket.socket = self._inner.get_extra_info("socket")
         while view:
             left = _left(timeout, httpcore.WriteTimeout)
             try:

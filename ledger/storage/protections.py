@@ -14,10 +14,11 @@ Expected, per ledger table: on Postgres a ``{table}_append_only`` row trigger (c
 ``ledger_delete_only_erased()`` for the two tables erasure deletes from, else
 ``ledger_refuse_mutation()``) and a ``{table}_no_truncate`` statement trigger, both enabled
 ALWAYS, the two functions as the migrations wrote them, no row-level security, no policy,
-no rule, no column default and no inheritance; every login role that may read the table
-finds this schema's table by its name first, and no function or operator of another schema
-ahead of ``pg_catalog``'s. Event triggers are not read: they fire on DDL, and what one could
-change (a trigger, a function, a policy) is catalog state these checks read.
+no rule, no column default, identity or generated column and no inheritance; every login
+role that may read the table (as itself, or as the role its ``role`` setting names) finds
+this schema's table by its name first, and no schema on its path but ``pg_catalog`` holds an
+operator or a function named as a built-in one; no login event trigger (Postgres 17). Other
+event triggers fire on DDL, and what one could change is catalog state these checks read.
 
 On SQLite the ``{table}_no_update`` trigger and a ``{table}_no_delete`` (or
 ``{table}_erasure_only``) trigger.
@@ -108,30 +109,53 @@ def _postgres(conn: Connection) -> list[tuple[str | None, str]]:
             )
         if row.rules:
             found.append((row.relname, f"{row.rules} rules rewrite queries on {row.relname}"))
+    for row in conn.execute(
+        text("SELECT evtname FROM pg_event_trigger WHERE evtevent = 'login' AND evtenabled <> 'D'")
+    ):
+        found.append(
+            (
+                None,
+                f"event trigger {row.evtname} runs at every login: it can set a session's "
+                "search_path, or make temporary objects that answer for the ledger's tables",
+            )
+        )
     found += _defaults(conn, tables) + _inheritance(conn, tables)
     return found + _own_lookup(conn, tables) + _name_lookup(conn, tables)
 
 
 def _defaults(conn: Connection, tables: dict[str, Any]) -> list[tuple[str | None, str]]:
-    """The migrations give no ledger column a default: one set fills what an insert omits."""
-    return [
-        (
-            row.relname,
-            f"column {row.relname}.{row.attname} has a default ({row.expr}) the migrations "
-            "did not set: it fills what an insert leaves out",
+    """The migrations give no ledger column a default, an identity or a generated value: one
+    set fills, or computes, what an insert writes."""
+    found: list[tuple[str | None, str]] = []
+    for row in conn.execute(
+        text(
+            "SELECT c.relname, a.attname, pg_get_expr(d.adbin, d.adrelid) AS expr, "
+            "a.attidentity, a.attgenerated FROM pg_attribute a "
+            "JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+            "WHERE n.nspname = :schema AND c.relname = ANY(:tables) AND a.attnum > 0 "
+            "AND NOT a.attisdropped "
+            "AND (d.oid IS NOT NULL OR a.attidentity <> '' OR a.attgenerated <> '') "
+            "ORDER BY c.relname, a.attnum"
+        ),
+        tables,
+    ):
+        column = f"{row.relname}.{row.attname}"
+        if row.attidentity:
+            what = "is an identity column"
+        elif row.attgenerated:
+            what = f"is generated ({row.expr})"
+        else:
+            what = f"has a default ({row.expr})"
+        found.append(
+            (
+                row.relname,
+                f"column {column} {what}, which the migrations did not make: it fills what an "
+                "insert leaves out",
+            )
         )
-        for row in conn.execute(
-            text(
-                "SELECT c.relname, a.attname, pg_get_expr(d.adbin, d.adrelid) AS expr "
-                "FROM pg_attrdef d JOIN pg_class c ON c.oid = d.adrelid "
-                "JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum "
-                "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE n.nspname = :schema AND c.relname = ANY(:tables) "
-                "ORDER BY c.relname, a.attnum"
-            ),
-            tables,
-        )
-    ]
+    return found
 
 
 def _inheritance(conn: Connection, tables: dict[str, Any]) -> list[tuple[str | None, str]]:
@@ -182,19 +206,17 @@ _SHADOWS = text(
     "WHERE c.relname = ANY(:tables) AND c.relkind IN ('r', 'v', 'm', 'f', 'p') "
     "AND n.nspname <> :schema"
 )
-_READERS = text(  # login roles, and the ledger tables each may read
-    "SELECT r.rolname, c.relname FROM pg_roles r CROSS JOIN pg_class c "
+_READERS = text(  # every role, whether it is a superuser, and the ledger tables it may read
+    "SELECT r.rolname, r.rolsuper, c.relname FROM pg_roles r CROSS JOIN pg_class c "
     "JOIN pg_namespace n ON n.oid = c.relnamespace "
-    "WHERE r.rolcanlogin AND n.nspname = :schema AND c.relname = ANY(:tables) "
+    "WHERE n.nspname = :schema AND c.relname = ANY(:tables) "
     "AND has_table_privilege(r.oid, c.oid, 'SELECT') ORDER BY c.relname"
 )
-_CATALOG_NAMES = text(
-    "SELECT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-    "WHERE n.nspname = :schema AND p.proname IN "
+_OVERLOADS = text(  # a schema's operators, and its functions named as built-in ones
+    "SELECT (SELECT count(*) FROM pg_operator o WHERE o.oprnamespace = n.oid) AS operators, "
+    "(SELECT count(*) FROM pg_proc p WHERE p.pronamespace = n.oid AND p.proname IN "
     "(SELECT proname FROM pg_proc WHERE pronamespace = 'pg_catalog'::regnamespace)) "
-    "OR EXISTS (SELECT 1 FROM pg_operator o JOIN pg_namespace n ON n.oid = o.oprnamespace "
-    "WHERE n.nspname = :schema AND o.oprname IN "
-    "(SELECT oprname FROM pg_operator WHERE oprnamespace = 'pg_catalog'::regnamespace))"
+    "AS functions FROM pg_namespace n WHERE n.nspname = :schema"
 )
 
 
@@ -221,48 +243,65 @@ def _own_lookup(conn: Connection, tables: dict[str, Any]) -> list[tuple[str | No
 
 def _name_lookup(conn: Connection, tables: dict[str, Any]) -> list[tuple[str | None, str]]:
     """What each login role that may read a ledger table finds under the table's name, and
-    whether functions or operators it calls can be another schema's."""
+    whether an operator or function it calls can be another schema's: one of a schema on its
+    path, with argument types that match better (``=`` on ``varchar``) or ahead of
+    ``pg_catalog``, answers in the built-in's place."""
     ledger = tables["schema"]
+    try:
+        role_paths = list(search_path.paths(conn))
+    except search_path.UnknownDefault as exc:
+        return [(None, str(exc))]
     elsewhere: dict[str, set[str]] = {}
     for row in conn.execute(_SHADOWS, tables):
         elsewhere.setdefault(row.nspname, set()).add(row.relname)
     readable: dict[str, list[str]] = {}
+    superusers: set[str] = set()
     for row in conn.execute(_READERS, tables):
         readable.setdefault(row.rolname, []).append(row.relname)
+        if row.rolsuper:
+            superusers.add(row.rolname)
     usable = _Usable(conn)
+    overloads: dict[str, tuple[int, int]] = {}
     found: list[tuple[str | None, str]] = []
-    for path in search_path.paths(conn):
-        if path.role not in readable:
+    for path in role_paths:
+        role = path.acting
+        if role not in readable:
             continue
-        # A path without the ledger's schema: a shadow anywhere on it answers instead.
-        ahead = (
-            path.schemas[: path.schemas.index(ledger)] if ledger in path.schemas else path.schemas
-        )
-        for table in readable[path.role]:
+        who = path.role if role == path.role else f"{path.role} (acting as {role})"
+        if ledger in path.schemas:
+            ahead = path.schemas[: path.schemas.index(ledger)]
+        elif role in superusers:
+            continue  # a superuser reads every schema: one off this path is not its ledger
+        else:  # the ledger's role with a path without its schema: a shadow anywhere answers
+            ahead = path.schemas
+        for table in readable[role]:
             first = next(
-                (s for s in ahead if table in elsewhere.get(s, ()) and usable.uses(path.role, s)),
+                (s for s in ahead if table in elsewhere.get(s, ()) and usable.uses(role, s)),
                 None,
             )
             if first is not None:
                 found.append(
                     (
                         table,
-                        f"role {path.role} reads {first}.{table}, not the ledger's {table}: "
+                        f"role {who} reads {first}.{table}, not the ledger's {table}: "
                         f"{first} comes first on its search_path",
                     )
                 )
-        before_catalog = path.schemas[: path.schemas.index("pg_catalog")]
-        for schema in before_catalog:
-            if (
-                usable.uses(path.role, schema)
-                and conn.execute(_CATALOG_NAMES, {"schema": schema}).scalar_one()
-            ):
+        for schema in path.schemas:
+            if schema == "pg_catalog" or not usable.uses(role, schema):
+                continue
+            if schema not in overloads:
+                counts = conn.execute(_OVERLOADS, {"schema": schema}).one()
+                overloads[schema] = (counts.operators, counts.functions)
+            operators, functions = overloads[schema]
+            if operators or functions:
                 found.append(
                     (
                         None,
-                        f"role {path.role} searches {schema} before pg_catalog, and {schema} "
-                        "holds functions or operators named as built-in ones: they answer "
-                        "in their place",
+                        f"role {who} searches {schema}, which holds {operators} operators and "
+                        f"{functions} functions named as built-in ones: the ledger's queries "
+                        "may call them in the built-ins' place (install extensions in a "
+                        "schema the ledger's roles do not search)",
                     )
                 )
     return found

@@ -26,12 +26,21 @@ _SETTINGS = text(
     "FROM pg_db_role_setting s LEFT JOIN pg_roles r ON r.oid = s.setrole "
     "WHERE s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))"
 )
+# Sources under which this session's reset value of a setting is the server's own.
+_SERVER_SOURCES = ("default", "configuration file", "command line", "environment variable")
+_NAMEDATALEN = 63  # bytes of a name Postgres keeps
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 @dataclass(frozen=True)
 class RolePath:
-    role: str
+    role: str  # the login role
+    acting: str  # the role its sessions act as (its ``role`` setting), whose privileges apply
     schemas: tuple[str, ...]  # in search order, pg_catalog included where it is searched
+
+
+class UnknownDefault(Exception):
+    """The server's default ``search_path`` cannot be read from this session."""
 
 
 def split(value: str) -> list[str]:
@@ -56,8 +65,8 @@ def split(value: str) -> list[str]:
             start = i
             while i < n and value[i] != ",":
                 i += 1
-            name = value[start:i].strip().lower()
-        names.append(name)
+            name = value[start:i].strip().translate(_ASCII_LOWER)  # Postgres folds ASCII only
+        names.append(name.encode()[:_NAMEDATALEN].decode("utf-8", "ignore"))
         while i < n and value[i] != ",":
             i += 1
         i += 1
@@ -74,36 +83,63 @@ def searched(value: str, role: str) -> tuple[str, ...]:
 
 
 def paths(conn: Connection) -> Iterator[RolePath]:
-    """Each login role's search path in this database."""
-    per_role: dict[str, dict[bool, str]] = {}
-    database: str | None = None
+    """Each login role's search path in this database. Raises :class:`UnknownDefault` when a
+    role without a setting of its own takes the server's default and this session cannot
+    read it."""
+    # Postgres applies, highest first: the role's setting in this database, the role's, the
+    # database's, then ALTER ROLE ALL's; below them all the server's.
+    scoped: dict[tuple[str | None, bool], dict[str, str]] = {}
     for row in conn.execute(_SETTINGS):
-        value = _search_path(row.setconfig)
+        scoped[row.rolname, row.in_database] = _settings(row.setconfig)
+    server: str | UnknownDefault | None = None
+    for (role,) in conn.execute(text("SELECT rolname FROM pg_roles WHERE rolcanlogin")).all():
+        chain = [
+            scoped.get(key, {})
+            for key in ((role, True), (role, False), (None, True), (None, False))
+        ]
+        acting = next((c["role"] for c in chain if "role" in c), "none")
+        acting = role if acting.lower() == "none" else acting
+        value = next((c["search_path"] for c in chain if "search_path" in c), None)
         if value is None:
-            continue
-        if row.rolname is None:
-            database = value
-        else:
-            per_role.setdefault(row.rolname, {})[row.in_database] = value
-    server = _server_default(conn)
-    for (role,) in conn.execute(text("SELECT rolname FROM pg_roles WHERE rolcanlogin")):
-        own = per_role.get(role, {})
-        value = own.get(True) or own.get(False) or database or server
-        yield RolePath(role, searched(value, role))
+            if server is None:
+                server = _server_default(conn)
+            if isinstance(server, UnknownDefault):
+                raise server
+            value = server
+        yield RolePath(role, acting, searched(value, acting))
 
 
-def _search_path(config: list[str] | None) -> str | None:
+def _settings(config: list[str] | None) -> dict[str, str]:
+    found = {}
     for entry in config or ():
         name, _, value = entry.partition("=")
-        if name.lower() == "search_path":
-            return value
-    return None
+        if name.lower() in ("search_path", "role"):
+            found[name.lower()] = value
+    return found
 
 
-def _server_default(conn: Connection) -> str:
-    """The path a role without settings gets: the server's configured value where this
-    session has not changed it (its reset value then is the server's), else the built-in."""
+def _server_default(conn: Connection) -> str | UnknownDefault:
+    """The path a role without settings gets: this session's reset value where the server set
+    it, else the configuration files' (readable by a superuser or pg_read_all_settings)."""
     row = conn.execute(
         text("SELECT reset_val, boot_val, source FROM pg_settings WHERE name = 'search_path'")
     ).one()
-    return str(row.reset_val if row.source in ("default", "configuration file") else row.boot_val)
+    if row.source in _SERVER_SOURCES:
+        return str(row.reset_val)
+    readable = conn.execute(
+        text("SELECT has_function_privilege('pg_show_all_file_settings()', 'EXECUTE')")
+    ).scalar_one()
+    if not readable:
+        return UnknownDefault(
+            f"this connection's own search_path comes from a {row.source} setting, so the "
+            "server's default (the path of every role without a setting) is not its reset "
+            "value, and it may not read pg_file_settings: audit as a role without a "
+            "search_path setting, or grant it pg_read_all_settings"
+        )
+    filed = conn.execute(
+        text(
+            "SELECT setting FROM pg_file_settings WHERE name = 'search_path' AND applied "
+            "ORDER BY seqno DESC LIMIT 1"
+        )
+    ).scalar()
+    return str(filed if filed is not None else row.boot_val)

@@ -101,3 +101,23 @@ def test_a_table_of_numbers_wraps_its_headers_to_fit_the_terminal():
 def test_wrap_names_columns_of_the_table():
     with pytest.raises(ValueError, match="what"):
         table("a", "b", wrap=["what"])
+
+
+def test_a_table_without_columns_prints_as_rich_prints_it():
+    assert _render(table(), 80) == _render(table(), 80, terminal=False)
+
+
+def test_cells_are_measured_as_the_table_renders_them_markup_read_not_highlighted(monkeypatch):
+    """A cell's width is that of what is printed: `[bold]` markup is not counted, and rich's
+    highlighter (quadratic on a long run of hex digits) is never run on it."""
+    import rich.highlighter
+
+    def refuse(self, text):
+        raise AssertionError(f"highlighted: {text.plain[:40]}")
+
+    monkeypatch.setattr(rich.highlighter.ReprHighlighter, "highlight", refuse)
+    out = table("name", "note", wrap=["note"])
+    out.add_row("[bold]" + "ab" * 40 + "[/bold]", "some words " * 20)
+    lines = _render(out, 100)
+    assert sum("ab" * 40 in line for line in lines) == 1
+    assert all(len(line) <= 100 for line in lines), lines
