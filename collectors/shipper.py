@@ -12,8 +12,10 @@ Anything else (the ledger down, overloaded, too slow, the network, a credential 
 unexpected error) keeps every record and retries with exponential backoff and jitter. Too slow:
 the collector's client gives each request :data:`DEADLINE` seconds in all (``--ship-deadline``),
 however slowly the ledger or a proxy in front of it answers, then abandons it
-(``ledger_too_slow``); a batch the ledger took before its answer was cut off is answered
-``duplicate`` when sent again, and acknowledged then.
+(``ledger_too_slow``), and the next batches are half as large (a link that cannot carry a
+batch within the deadline still carries a smaller one), growing back every 10 minutes; a
+batch the ledger took before its answer was cut off is answered ``duplicate`` when sent again,
+and acknowledged then.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ LINGER = 0.25
 # front of it) answers: four times the client's timeout for one read (30 s). httpx's timeouts
 # bound each read and write, so an answer that trickles in a byte at a time never trips them.
 DEADLINE = 120.0
+# Seconds of batches taken at a bound ledger_too_slow set before it is doubled: each try of a
+# batch the link cannot carry costs a whole deadline, so growth is tried seldom.
+SLOW_RECOVERY = 600.0
 FORGET_EVERY = 3600.0
 
 
@@ -77,6 +82,11 @@ class Shipper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shipper", daemon=True)
         self.backoff = 0.0
+        # Bytes per batch while the link cannot carry a larger one within the client's
+        # deadline (None: no such bound): halved at each ledger_too_slow, doubled back once
+        # batches have been taken for SLOW_RECOVERY seconds since it last changed.
+        self.slow_cap: int | None = None
+        self._slow_since = 0.0
         self._next_forget = 0.0
 
     def start(self) -> Shipper:
@@ -155,7 +165,7 @@ class Shipper:
     def _oldest(self) -> tuple[list[Spooled], bool]:
         """The next batch (at least one record, however large), and whether it is full."""
         items = self.spool.oldest(self.batch)
-        fitting = _fit(items, self.max_bytes)
+        fitting = _fit(items, min(self.max_bytes, self.slow_cap or self.max_bytes))
         return fitting, len(fitting) < len(items) or len(items) >= self.batch
 
     def _send(self, items: list[Spooled]) -> None:
@@ -196,9 +206,18 @@ class Shipper:
             else:
                 self._retry(items, exc)
         except LedgerError as exc:
+            if exc.code == "ledger_too_slow" and len(items) > 1:
+                # A link too slow for this batch within the deadline would fail it for good:
+                # send half as much next time, as often as it takes (one record at least).
+                self.slow_cap = max(_batch_bytes(items) // 2, _FRAME + 1)
+                self._slow_since = time.monotonic()
             self._retry(items, exc)
         else:
             self.spool.ack([i.seq for i in items])
+            if self.slow_cap is not None and time.monotonic() - self._slow_since >= SLOW_RECOVERY:
+                grown = self.slow_cap * 2
+                self.slow_cap = None if grown >= self.max_bytes else grown
+                self._slow_since = time.monotonic()
             self.backoff = 0.0
             if self.on_shipped is not None:
                 self.on_shipped(len(items))
@@ -230,6 +249,10 @@ class Shipper:
             delay,
         )
         self._stop.wait(delay * (0.8 + 0.4 * random.random()))
+
+
+def _batch_bytes(items: list[Spooled]) -> int:
+    return _FRAME + sum(len(as_wire_item(item.envelope)) + 1 for item in items)
 
 
 def _fit(items: list[Spooled], max_bytes: int) -> list[Spooled]:

@@ -165,6 +165,36 @@ def test_the_shipper_outlives_an_unexpected_error(api: Harness, spool: Spool):
     assert held(api, [env]) == [200]
 
 
+class _NarrowLink(LedgerClient):
+    """The real client over a link that carries at most ``LIMIT`` bytes of a batch within the
+    deadline: a larger batch fails as the deadline transport fails it, ledger_too_slow."""
+
+    LIMIT = 3 * 1024
+
+    def post_canonical(self, envelopes: list[bytes]) -> dict[str, Any]:
+        from ledger.errors import Pushback
+
+        if sum(map(len, envelopes)) > self.LIMIT:
+            raise Pushback("the request's deadline passed", code="ledger_too_slow")
+        return super().post_canonical(envelopes)
+
+
+def test_a_link_too_slow_for_a_batch_within_the_deadline_gets_smaller_batches(
+    api: Harness, spool: Spool
+):
+    """Resending the batch the deadline cut off would fail it for good: the shipper halves
+    its batches at each ledger_too_slow until they get through, and every record is held."""
+    key, fp_id = api.setup_collector()
+    envs = [api.record(key, fp_id) for _ in range(12)]
+    assert sum(len(e.canonical) for e in envs) > 4 * _NarrowLink.LIMIT
+    run = ship(api, spool, envs, client_class=_NarrowLink, linger=0)
+    assert spool.pending() == 0 and spool.dead_letters() == 0
+    assert held(api, envs) == [200] * len(envs)
+    assert run.failures and set(run.failures) == {"ledger_too_slow"}
+    assert run.shipper.slow_cap is not None and run.shipper.slow_cap < _NarrowLink.LIMIT * 2
+    assert sum(run.batches) == len(envs) and len(run.batches) > 1
+
+
 def _fake_ledger(status: int, body: bytes, headers: dict[str, str] | None = None) -> Any:
     from starlette.applications import Starlette
     from starlette.responses import Response
