@@ -6,12 +6,13 @@ A superuser who puts a view called ``records`` in a schema the ledger's role sea
 (a schema named after the role is on the default path, ``"$user", public``; or
 ``ALTER ROLE ... SET search_path``) changes every answer the server gives, while the tables,
 their rows and their triggers (and an auditor connecting as another role) see nothing
-changed. The same holds for functions and operators when a path names ``pg_catalog`` after
-another schema.
+changed. The same holds for functions and operators: one in a schema ahead of
+``pg_catalog``, or behind it with argument types that match better.
 
 :func:`paths` computes each login role's path as Postgres would at login: the first of its
-settings for this database, its own settings, this database's settings, else the server's
-default, with ``$user`` as the role's name and ``pg_catalog`` first unless the path places it.
+settings for this database, its own settings, this database's settings, ``ALTER ROLE ALL``'s,
+else the server's default; ``$user`` is the role its sessions act as (its ``role`` setting,
+else itself), and ``pg_catalog`` comes first unless the path places it.
 """
 
 from __future__ import annotations
