@@ -17,8 +17,11 @@ ALWAYS, the two functions as the migrations wrote them, no row-level security, n
 no rule, no column default, identity or generated column and no inheritance; every login
 role that may read the table (as itself, or as the role its ``role`` setting names) finds
 this schema's table by its name first, and no schema on its path but ``pg_catalog`` holds an
-operator or a function named as a built-in one; no login event trigger (Postgres 17). Other
-event triggers fire on DDL, and what one could change is catalog state these checks read.
+operator or a function named as a built-in one; pg_catalog holds nothing added after initdb
+(but language handlers) and no cast was added between built-in types; no login event
+trigger (Postgres 17). Other event triggers fire on DDL, and what one could change is catalog
+state these checks read. A superuser who edits the catalog's rows directly (UPDATE pg_proc)
+is beyond them.
 
 On SQLite the ``{table}_no_update`` trigger and a ``{table}_no_delete`` (or
 ``{table}_erasure_only``) trigger.
@@ -119,7 +122,7 @@ def _postgres(conn: Connection) -> list[tuple[str | None, str]]:
                 "search_path, or make temporary objects that answer for the ledger's tables",
             )
         )
-    found += _defaults(conn, tables) + _inheritance(conn, tables)
+    found += _defaults(conn, tables) + _inheritance(conn, tables) + _catalog_additions(conn)
     return found + _own_lookup(conn, tables) + _name_lookup(conn, tables)
 
 
@@ -189,6 +192,54 @@ def _inheritance(conn: Connection, tables: dict[str, Any]) -> list[tuple[str | N
         else:
             found.append(
                 (row.child, f"{row.child} inherits from {parent}: it is not a table of its own")
+            )
+    return found
+
+
+# Objects made after initdb get OIDs from FirstNormalObjectId (16384) on, so any such object
+# in pg_catalog, which every search path reaches first, was put there by a superuser: an
+# operator = on varchar there answers a lookup by request ID in the built-in's place. So does
+# a cast added between built-in types, wherever its function lives (casts have no schema).
+# Language handlers are exempt: they run only functions of their language. The constants
+# are cast to oid so no operator but the built-in (oid, oid) one can match.
+_CATALOG_ADDITIONS = text(
+    "SELECT 'function' AS what, p.oid::regprocedure::text AS name FROM pg_proc p "
+    "WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.oid >= CAST(16384 AS oid) "
+    "AND NOT EXISTS (SELECT 1 FROM pg_language l "
+    "WHERE p.oid IN (l.lanplcallfoid, l.laninline, l.lanvalidator)) "
+    "UNION ALL SELECT 'operator', o.oid::regoperator::text FROM pg_operator o "
+    "WHERE o.oprnamespace = 'pg_catalog'::regnamespace AND o.oid >= CAST(16384 AS oid) "
+    "UNION ALL SELECT 'type', t.oid::regtype::text FROM pg_type t "
+    "WHERE t.typnamespace = 'pg_catalog'::regnamespace AND t.oid >= CAST(16384 AS oid) "
+    "UNION ALL SELECT 'conversion', c.conname::text FROM pg_conversion c "
+    "WHERE c.connamespace = 'pg_catalog'::regnamespace AND c.oid >= CAST(16384 AS oid) "
+    "UNION ALL SELECT 'cast', c.castsource::regtype::text || ' AS ' || "
+    "c.casttarget::regtype::text FROM pg_cast c WHERE c.oid >= CAST(16384 AS oid) "
+    "AND c.castsource < CAST(16384 AS oid) AND c.casttarget < CAST(16384 AS oid) "
+    "ORDER BY 1, 2"
+)
+
+
+def _catalog_additions(conn: Connection) -> list[tuple[str | None, str]]:
+    """Objects a superuser added to pg_catalog, and casts added between built-in types."""
+    found: list[tuple[str | None, str]] = []
+    for row in conn.execute(_CATALOG_ADDITIONS):
+        if row.what == "cast":
+            found.append(
+                (
+                    None,
+                    f"a cast ({row.name}) was added between built-in types: the ledger's "
+                    "queries may resolve their operators and functions through it",
+                )
+            )
+        else:
+            found.append(
+                (
+                    None,
+                    f"pg_catalog holds the {row.what} {row.name}, which Postgres did not "
+                    "create there: every search path reaches pg_catalog first, so the "
+                    "ledger's queries may use it in a built-in's place",
+                )
             )
     return found
 

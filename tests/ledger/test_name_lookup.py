@@ -351,3 +351,43 @@ def test_a_search_path_is_read_as_postgres_reads_it(value: str, schemas: tuple[s
 
 def test_split_keeps_quoted_commas():
     assert split('"a,b", c') == ["a,b", "c"]
+
+
+@pytest.mark.postgres
+def test_an_operator_added_to_pg_catalog_is_named(cluster: Cluster):
+    """pg_catalog is searched first on every path, so the check of schemas on a path (which
+    trusts pg_catalog) does not see an = on varchar a superuser put there."""
+    cluster.superuser(
+        "CREATE FUNCTION pg_catalog.loose_eq(varchar, varchar) RETURNS boolean LANGUAGE sql "
+        "AS $$ SELECT $1::text = $2::text OR $2::text = 'forged' $$",
+        "CREATE OPERATOR pg_catalog.= (LEFTARG = varchar, RIGHTARG = varchar, "
+        "FUNCTION = pg_catalog.loose_eq)",
+    )
+    forged = cluster.as_role("SELECT count(*) FROM records WHERE request_id = 'forged'::varchar")
+    assert forged == RECORDS  # the attack works
+    messages = [m for _, m in cluster.findings()]
+    assert any(
+        "pg_catalog holds the operator =(character varying,character varying)" in m
+        for m in messages
+    ), messages
+    assert any(
+        "pg_catalog holds the function loose_eq(character varying,character varying)" in m
+        for m in messages
+    ), messages
+
+
+@pytest.mark.postgres
+def test_a_cast_added_between_built_in_types_is_named(cluster: Cluster):
+    """Casts have no schema: one added between built-in types, its function anywhere, can
+    change which operator a query resolves to, whatever the reading role's path."""
+    cluster.superuser(
+        "CREATE SCHEMA hidden",
+        "CREATE FUNCTION hidden.as_int(varchar) RETURNS integer LANGUAGE sql AS $$ SELECT 1 $$",
+        "CREATE CAST (varchar AS integer) WITH FUNCTION hidden.as_int(varchar) AS IMPLICIT",
+    )
+    found = cluster.findings()
+    assert (
+        None,
+        "a cast (character varying AS integer) was added between built-in types: the "
+        "ledger's queries may resolve their operators and functions through it",
+    ) in found
