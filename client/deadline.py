@@ -8,7 +8,9 @@ sent :func:`within` a deadline by the time left as well, so that the request fai
 httpx's timeout error (``httpx.TimeoutException``; its connection is closed, never reused)
 once the deadline passes. Outside :func:`within` the transport is httpx's own.
 
-The deadline covers connecting (not the name lookup), the TLS handshake, sending the request
+The deadline covers the name lookup of the host, connecting (each address it resolves to in
+turn, each attempt bounded by the time left, so a host whose addresses all drop connections
+cannot take the connect timeout once per address), the TLS handshake, sending the request
 (each send on the socket, so a server that reads the body slowly meets it too) and reading the
 whole answer. Like ``api.workers_client.GuardedTransport``, the transport takes no proxy from
 the environment (``HTTPS_PROXY`` and the like).
@@ -16,11 +18,13 @@ the environment (``HTTPS_PROXY`` and the like).
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import ssl
+import threading
 import time
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -31,6 +35,9 @@ import httpx
 # be done by, on the monotonic clock; None: no deadline.
 _DEADLINE: ContextVar[float | None] = ContextVar("request_deadline", default=None)
 _PIECE = 64 * 1024  # bytes written at once through a stream that is not httpcore's own
+
+# socket.getaddrinfo's shape, as the backend calls it: (host, port, family, type).
+Resolver = Callable[[str, int, int, int], Sequence[tuple[typing.Any, ...]]]
 
 
 @contextmanager
@@ -110,10 +117,13 @@ class _Stream(httpcore.NetworkStream):
 
 
 class DeadlineBackend(httpcore.NetworkBackend):
-    """httpcore's network backend, its streams bounded by the deadline of :func:`within`."""
+    """httpcore's network backend, its name lookups, connection attempts and streams bounded by
+    the deadline of :func:`within`. ``resolver`` looks names up (``socket.getaddrinfo``'s
+    signature; tests put a slow or a made-up one in its place)."""
 
-    def __init__(self) -> None:
+    def __init__(self, resolver: Resolver = socket.getaddrinfo) -> None:
         self._inner = httpcore.SyncBackend()
+        self._resolver = resolver
 
     def connect_tcp(
         self,
@@ -123,15 +133,72 @@ class DeadlineBackend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: typing.Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
-        left = _left(timeout, httpcore.ConnectTimeout)
-        return _Stream(
-            self._inner.connect_tcp(
-                host, port, timeout=left, local_address=local_address, socket_options=socket_options
-            )
-        )
+        # What socket.create_connection does, with the lookup and every attempt bounded by the
+        # time left: it gives each address the whole timeout, and its lookup has none.
+        options = list(socket_options or ())
+        failure: Exception | None = None
+        for address in self._addresses(host, port):
+            left = _left(timeout, httpcore.ConnectTimeout)  # past the deadline: no more tries
+            try:
+                stream = self._inner.connect_tcp(
+                    address,
+                    port,
+                    timeout=left,
+                    local_address=local_address,
+                    socket_options=options,
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                failure = exc
+            else:
+                return _Stream(stream)
+        assert failure is not None  # _addresses returns one address or more
+        raise failure
+
+    def _addresses(self, host: str, port: int) -> list[str]:
+        """The addresses ``host`` names, in the resolver's order: the lookup is bounded by the
+        deadline, not by the connect timeout (httpx's never covers it)."""
+        if _is_ip(host):
+            return [host]
+        answer: list[Sequence[tuple[typing.Any, ...]] | Exception] = []
+        done = threading.Event()
+
+        def look_up() -> None:
+            try:
+                answer.append(self._resolver(host, port, 0, socket.SOCK_STREAM))
+            except Exception as exc:
+                answer.append(exc)
+            finally:
+                done.set()
+
+        if _DEADLINE.get() is None:
+            look_up()
+        else:
+            # getaddrinfo cannot be interrupted: it runs in a thread of its own, and a lookup
+            # still stuck at the deadline is left to finish (the resolver's own timeouts end
+            # it) in a daemon thread, which never holds up the interpreter's exit.
+            threading.Thread(target=look_up, name=f"resolve {host}", daemon=True).start()
+            while not done.wait(_left(None, httpcore.ConnectTimeout)):
+                pass  # woken early: _left raises once the deadline has passed
+        result = answer[0]
+        if isinstance(result, OSError):
+            raise httpcore.ConnectError(str(result)) from result
+        if isinstance(result, Exception):
+            raise result
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in result))
+        if not addresses:
+            raise httpcore.ConnectError(f"{host} resolves to no address")
+        return addresses
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])  # an IPv6 address may carry a zone
+    except ValueError:
+        return False
+    return True
 
 
 class DeadlineTransport(httpx.HTTPTransport):
@@ -139,12 +206,12 @@ class DeadlineTransport(httpx.HTTPTransport):
     the connection pool it builds is replaced by one with httpx's default settings and the
     backend, as ``api.workers_client.GuardedTransport`` does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, resolver: Resolver = socket.getaddrinfo) -> None:
         super().__init__()
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(),
             max_connections=100,  # httpx's default limits
             max_keepalive_connections=20,
             keepalive_expiry=5.0,
-            network_backend=DeadlineBackend(),
+            network_backend=DeadlineBackend(resolver),
         )
