@@ -38,51 +38,72 @@ def table(
 
 
 class _WholeTokenTable(Table):
-    """Sets each column's width before rich lays the table out, and clears it after."""
+    """Sets each column's width before rich lays the table out, and clears it after. Each cell
+    is measured once, here, from its text: rich measures no cell of a column of a set width."""
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        wide = options.update_width(_UNBOUNDED)
-        natural = Measurement.get(console, wide, self).maximum
-        if not console.is_terminal or not self.columns:
-            yield from super().__rich_console__(console, options.update_width(natural))
+        if not self.columns:
+            yield from super().__rich_console__(console, options)
             return
-        lows, highs = zip(*(_bounds(console, wide, c) for c in self.columns), strict=True)
-        overhead = natural - sum(highs)  # borders and padding
-        room = max(options.max_width - overhead, sum(lows))
-        if sum(highs) > room:
-            for column, width in zip(self.columns, _fit(lows, highs, room), strict=True):
-                column.width = width
+        wide = options.update_width(_UNBOUNDED)
+        lows, highs = zip(*(_bounds(console, wide, self, c) for c in self.columns), strict=True)
         try:
+            for column, width in zip(self.columns, highs, strict=True):
+                column.width = width
+            natural = Measurement.get(console, wide, self).maximum
+            if not console.is_terminal:
+                yield from super().__rich_console__(console, options.update_width(natural))
+                return
+            overhead = natural - sum(highs)  # borders and padding
+            room = max(options.max_width - overhead, sum(lows))
+            if sum(highs) > room:
+                for column, width in zip(self.columns, _fit(lows, highs, room), strict=True):
+                    column.width = width
             yield from super().__rich_console__(console, options.update_width(room + overhead))
         finally:
             for column in self.columns:
                 column.width = None
 
 
-def _bounds(console: Console, wide: ConsoleOptions, column: Column) -> tuple[int, int]:
+def _bounds(
+    console: Console, wide: ConsoleOptions, owner: Table, column: Column
+) -> tuple[int, int]:
     """A column's narrowest and natural widths (its content's, without padding): the longest
     word of its header and of its cells (of its cells' lines where it does not wrap), and its
-    longest line."""
-    header_word, header_line = _spans(console, wide, column.header)
+    longest line; its header and footer counted where the table shows them."""
+    header = [_spans(console, wide, column.header)] if owner.show_header else []
     cells = [_spans(console, wide, cell) for cell in column.cells]
-    low = max([header_word, *(line if column.no_wrap else word for word, line in cells)])
-    high = max([header_line, *(line for _, line in cells)])
+    if owner.show_footer:
+        cells.append(_spans(console, wide, column.footer))
+    low = max([0, *(word for word, _ in header)])
+    low = max([low, *(line if column.no_wrap else word for word, line in cells)])
+    high = max([0, *(line for _, line in header + cells)])
     return low, high
 
 
 def _spans(console: Console, wide: ConsoleOptions, cell: RenderableType) -> tuple[int, int]:
     """The widths of a cell's longest word and of its longest line."""
-    # As the table renders its cells: markup read, no highlighting (rich's highlighter is
-    # quadratic on a long run of hex digits).
-    text = console.render_str(cell, highlight=False) if isinstance(cell, str) else cell
-    if not isinstance(text, Text):  # another renderable: as rich measures it
-        measured = Measurement.get(console, wide, text)
+    if isinstance(cell, str):
+        if cell.isascii() and cell.isprintable() and "[" not in cell and ":" not in cell:
+            return _ascii_spans(cell)  # most cells (an ID, a number, a word): their own text
+        # As the table renders its cells: markup and emoji codes read, no highlighting (rich's
+        # highlighter is quadratic on a long run of hex digits).
+        cell = console.render_str(cell, markup=wide.markup, highlight=False)
+    if not isinstance(cell, Text):  # another renderable: as rich measures it
+        measured = Measurement.get(console, wide, cell)
         return measured.minimum, measured.maximum
-    plain = text.plain
+    plain = cell.plain
+    if plain.isascii() and plain.isprintable():
+        return _ascii_spans(plain)
     return (
         max(map(cell_len, plain.split()), default=0),
         max(map(cell_len, plain.splitlines()), default=0),
     )
+
+
+def _ascii_spans(plain: str) -> tuple[int, int]:
+    """:func:`_spans` of printable ASCII: one line, one terminal cell a character."""
+    return max(map(len, plain.split()), default=0), len(plain)
 
 
 def _fit(lows: Sequence[int], highs: Sequence[int], room: int) -> list[int]:

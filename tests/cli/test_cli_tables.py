@@ -121,3 +121,40 @@ def test_cells_are_measured_as_the_table_renders_them_markup_read_not_highlighte
     lines = _render(out, 100)
     assert sum("ab" * 40 in line for line in lines) == 1
     assert all(len(line) <= 100 for line in lines), lines
+
+
+def test_piped_a_table_is_laid_out_as_rich_lays_it_at_its_natural_width():
+    """Each cell is measured once, by the table itself, from its text; piped, the layout is
+    rich's own at the table's natural width: markup, emoji codes, wide characters, several
+    lines and control characters measured as rich measures them."""
+    from rich.table import Table
+
+    rows = [
+        ("[bold]0123456789abcdef[/bold]" * 4, "日本語の文字", "a :smile: face"),
+        ("2026-12-02T08:05:10Z", "two\nlines", "bell\x07 and\x0bvertical tab"),
+        ("", "é accent", "\\[escaped] " * 3),
+    ]
+    ours = table("request ID", "what", "note", wrap=["note"])
+    theirs = Table()
+    for header in ("request ID", "what", "note"):
+        theirs.add_column(header)
+    for row in rows:
+        ours.add_row(*row)
+        theirs.add_row(*row)
+    assert _render(ours, 60, terminal=False) == _render(theirs, 1000, terminal=False)
+
+
+def test_a_table_that_shows_no_header_is_as_wide_as_its_cells():
+    key_id = "ed25519:" + "cd" * 32
+    header = "a long header over the prose column"
+    out = table("key ID", header, wrap=[header])
+    out.show_header = False
+    out.add_row(key_id, "whole words only, never split")
+    lines = _render(out, 90)
+    assert all(len(line) <= 90 for line in lines), lines
+    assert any(key_id in line for line in lines), lines
+    assert {"whole", "words", "only,", "never", "split"} <= {
+        word for line in lines for word in line.strip("│ ").split()
+    }, lines
+    piped = _render(out, 90, terminal=False)
+    assert len(piped[0]) == len(key_id) + len("whole words only, never split") + 7, piped
