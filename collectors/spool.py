@@ -92,6 +92,9 @@ class Spool:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA busy_timeout=10000")
+            # A shipped or expired record's content is overwritten with zeros where it lay,
+            # not left in free pages for a later erasure in the ledger not to reach.
+            conn.execute("PRAGMA secure_delete=ON")
             # Checkpoints run on the shipper's thread (checkpoint()), never in a commit on a
             # request's path: a multi-megabyte one would hold up the proxy's event loop.
             conn.execute("PRAGMA wal_autocheckpoint=0")
@@ -364,7 +367,20 @@ class Spool:
             dead = conn.execute(
                 "DELETE FROM dead_letters WHERE failed_at < ?", (older_than,)
             ).rowcount
+        if pending or dead:
+            self._cut_log()
         return pending, dead
+
+    def _cut_log(self) -> None:
+        """Copy the write-ahead log into the spool and cut it to zero bytes: its frames still
+        hold what was just deleted. Commits are held back meanwhile; a reader in the way
+        leaves it to the next purge (SQLite then copies the log at its next checkpoint)."""
+        with self._write_lock:
+            try:
+                self._read.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except sqlite3.OperationalError:
+                return
+        self._written = 0
 
     def pending(self) -> int:
         return int(self._read.execute("SELECT count(*) FROM spool").fetchone()[0])

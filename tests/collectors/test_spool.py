@@ -262,6 +262,28 @@ def test_content_past_the_retention_leaves_the_spool(tmp_path: Path):
     spool.close()
 
 
+def test_expired_content_leaves_no_bytes_in_the_spool_files(tmp_path: Path):
+    """Neither the database file's free pages nor the write-ahead log keep what a retention
+    purge deleted: read as a backup would read the files."""
+    path = tmp_path / "s.sqlite"
+    spool = Spool(path)
+    secret = b"Patient Jane Roe, diagnosis zqxjv " * 200  # overflow pages too
+    for i in range(3):
+        spool.put(f"old{i}", secret + str(i).encode())
+    spool.dead_letter(spool.oldest(1)[0], "refused")
+    spool.checkpoint(at_least=0)  # some of it copied into the database file as well
+
+    def files() -> bytes:
+        return b"".join(p.read_bytes() for p in sorted(tmp_path.glob("s.sqlite*")))
+
+    assert b"diagnosis zqxjv" in files()
+    assert spool.expire_content(time.time() + 1) == (2, 1)
+    assert b"diagnosis zqxjv" not in files()
+    # zeroed on every connection, whatever SQLite's build defaults to
+    assert spool._read.execute("PRAGMA secure_delete").fetchone()[0] == 1
+    spool.close()
+
+
 def test_the_write_ahead_log_stays_bounded_while_records_keep_coming(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
