@@ -21,6 +21,7 @@ from api.schemas import (
 from api.state import StateDep
 from ledger.clock import rfc3339
 from ledger.erasure import check_hold_id
+from ledger.errors import InvalidInput
 from ledger.storage import erasures, queries
 
 router = APIRouter(tags=["erasure"], responses=ERRORS)
@@ -82,7 +83,8 @@ async def erase_record(
     summary="Erase the content of every record a search filter matches (dry run by default)",
     description="Scope `erasure`. `dry_run` (default true) lists exactly the request IDs a run "
     "would erase, and the held ones it would skip; with `dry_run: false` each is erased as by "
-    "the single route, 500 per transaction.",
+    "the single route, 500 per transaction. The filter names at least one member: an empty "
+    "one is 422 `invalid_parameters` (it would erase every record).",
     openapi_extra=body_doc(BulkErasureCreate),
 )
 async def erase_matching(
@@ -91,6 +93,12 @@ async def erase_matching(
     state: StateDep,
 ) -> dict[str, Any]:
     flt = record_filter(payload.filter)
+    if flt == queries.RecordFilter():  # as `ledger erase` refuses it, a dry run too
+        raise InvalidInput(
+            "give at least one filter member (model, fingerprint_id, pool, tier, since, "
+            "until): an empty filter would erase every record",
+            code="invalid_parameters",
+        )
 
     def erase() -> erasures.BulkResult:
         return erasures.erase_matching(

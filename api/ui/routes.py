@@ -457,8 +457,9 @@ def _record_context(state: AppState, request_id: str) -> dict[str, Any]:
         env = json.loads(verdicts.get_verdict(state.db, summary["replay_id"]).envelope)
         if env["body"].get("request_id") == request_id:  # the logged verdict, not the index
             bodies.append(env["body"])
-    raw = erasures.erasure_of(state.db, request_id)
-    erasure = json.loads(raw)["body"] if raw else None
+    # the erasure event as its leaf logs it, read with the record (``hit_of`` answers
+    # index_mismatch for an ``erasures`` row naming any other leaf)
+    erasure = stored.erasure.body if stored.erasure is not None else None
     page = views.record_page(stored, hit, bodies, erasure)
     page["fingerprint"] = _fingerprint(state, stored.fingerprint_id)[0].to_dict()
     return page

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +18,8 @@ from sqlalchemy.exc import ArgumentError, DataError, IntegrityError, SQLAlchemyE
 from sqlalchemy.orm import Session
 
 from ledger.errors import Conflict, InvalidInput, StorageError
+
+logger = logging.getLogger("ledger.storage")
 
 # Advisory lock key that serializes appends to the log on Postgres (one sequencer).
 APPEND_LOCK_KEY = 0x1ED6E12
@@ -146,6 +150,28 @@ class Database:
         with translated_errors(), self.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
 
+    def scrub(self) -> bool:
+        """After an erasure deleted content: on SQLite, copy the write-ahead log into the
+        database file and cut the log to zero bytes, so no file of the ledger keeps the frames
+        that held what was deleted (``secure_delete`` zeroes it in the database file itself).
+        False when that could not finish (a reader's snapshot still needs the log: SQLite's
+        next checkpoint copies it, and the next erasure cuts it). Postgres keeps a deleted
+        row until VACUUM reuses its space, and in its WAL and backups (docs/OPERATIONS.md):
+        False there, nothing done."""
+        if self.dialect != "sqlite":
+            return False
+        raw = self.engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            busy, _, _ = cursor.fetchone()
+        except sqlite3.Error as exc:
+            logger.warning("could not truncate the write-ahead log after an erasure: %s", exc)
+            return False
+        finally:
+            raw.close()
+        return not busy
+
     def dispose(self) -> None:
         self.engine.dispose()
 
@@ -189,6 +215,9 @@ def _tune_sqlite(engine: Engine) -> None:
         cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA busy_timeout=30000")
+        # What a DELETE removes (an erasure's disclosures and cache keys) is overwritten with
+        # zeros in the file, not left in free pages; SQLite's default depends on its build.
+        cur.execute("PRAGMA secure_delete=ON")
         cur.close()
 
     @event.listens_for(engine, "begin")

@@ -7,6 +7,10 @@ its cache-key rows deleted; the database triggers refuse those deletes for a req
 refused (409 ``legal_hold``); a bulk erasure or the retention purge skips them and says so.
 Schema v1 records hold their content in their leaf and cannot be erased (409
 ``not_erasable``).
+
+An ``erasures`` row is read only through the leaf it names (``queries.logged_erasure``): a
+row that is not its record's logged erasure event is ``index_mismatch``, never an erasure
+already done, and never a reason to pass a record over.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from ledger.storage.queries import (
     filtered,
     from_log,
     mismatch,
+    record_erasure,
     record_in,
 )
 
@@ -223,12 +228,14 @@ def _erase_in(
     ]
 
 
-def _already(session: Session, request_id: str) -> Erased | None:
-    row = session.get(Erasure, request_id)
-    if row is None:
+def _already(record: StoredRecord) -> Erased | None:
+    """The record's erasure, as its logged event says (``record_in`` read it through its
+    leaf: an ``erasures`` row naming any other leaf raised ``index_mismatch`` there)."""
+    event = record.erasure
+    if event is None:
         return None
-    env = json.loads(bytes(session.get(LogEntry, row.log_index).envelope))  # type: ignore[union-attr]
-    return Erased(request_id, "already_erased", row.log_index, len(env["body"]["erased_digests"]))
+    digests = len(event.body["erased_digests"])
+    return Erased(record.request_id, "already_erased", event.log_index, digests)
 
 
 def erase(
@@ -238,7 +245,7 @@ def erase(
     ``legal_hold``; an already erased record answers its erasure, ``already_erased``)."""
     with db.write() as s:
         record = record_in(s, request_id)
-        done = _already(s, request_id)
+        done = _already(record)
         if done is not None:
             return done
         if not record.record.erasable:
@@ -257,7 +264,8 @@ def erase(
         (erased,) = _erase_in(
             s, log_key, [record], reason_code="request", reason=reason, requested_by=requested_by
         )
-        return erased
+    db.scrub()  # committed: cut the write-ahead log that still held the content
+    return erased
 
 
 def _candidates(
@@ -268,15 +276,32 @@ def _candidates(
     limit: int,
     with_content: bool = False,
 ) -> list[StoredRecord]:
-    """Records past log index ``after``, in log order, that no erasure holds yet, that match
-    ``flt`` as logged (and were received before ``before``). ``with_content``: only those
-    with a stored disclosure, so never a schema v1 record (its content is in its leaf), which
-    the hourly purge would otherwise read and parse again on every run."""
+    """Records past log index ``after``, in log order, that match ``flt`` as logged (and were
+    received before ``before``), with their erasure event read through its leaf when
+    ``erasures`` holds a row for them (``StoredRecord.erasure``: the caller passes those
+    over). ``with_content``: only those with a stored disclosure, so never a schema v1 record
+    (its content is in its leaf) nor one already erased, which the hourly purge would
+    otherwise read and parse again on every run (a record whose content is gone has nothing
+    left to purge, whatever ``erasures`` says: the audit names content deleted without its
+    logged erasure).
+
+    An ``erasures`` row that is not its record's logged erasure event fails the run with
+    ``index_mismatch`` (before this page erases anything; pages before it stay erased): the
+    record is neither passed over as erased, which would keep its content past every purge
+    with no event saying why, nor erased again beside a row the audit must still find."""
+    event = aliased(LogEntry)
     q = (
-        select(LogEntry.idx, LogEntry.envelope, LogEntry.appended_at)
+        select(
+            LogEntry.idx,
+            LogEntry.envelope,
+            LogEntry.appended_at,
+            Erasure.log_index.label("erasure_index"),
+            event.envelope.label("erasure_envelope"),
+        )
         .join(Record, Record.log_index == LogEntry.idx)
         .outerjoin(Erasure, Erasure.request_id == Record.request_id)
-        .where(Erasure.request_id.is_(None), LogEntry.idx > after)
+        .outerjoin(event, event.idx == Erasure.log_index)
+        .where(LogEntry.idx > after)
         .order_by(LogEntry.idx)
         .limit(limit)
     )
@@ -285,7 +310,14 @@ def _candidates(
     if before is not None:
         q = q.where(LogEntry.appended_at < before)
     q = filtered(q, flt, LogEntry.appended_at)
-    return [from_log(r.idx, r.envelope, r.appended_at) for r in session.execute(q)]
+    out = []
+    for r in session.execute(q):
+        stored = from_log(r.idx, r.envelope, r.appended_at)
+        if r.erasure_index is not None:
+            erasure = record_erasure(stored, r.erasure_index, r.erasure_envelope)
+            stored = stored.with_disclosures((), erasure=erasure)
+        out.append(stored)
+    return out
 
 
 def _scan(
@@ -321,32 +353,40 @@ def erase_matching(
     flt.check()
     check_reason(reason)  # a dry run answers as the run would, even when nothing matches
     result = BulkResult(dry_run)
-    for s, page in _scan(db, flt, before, with_content):
-        holds = active_holds(s)
-        todo = []
-        for stored in page:
-            # the index only selects candidates: the filter and the cutoff are decided on the
-            # receive time as read with the record, never on the SQL comparison alone
-            if not flt.matches(stored) or (before is not None and stored.received_at >= before):
-                continue
-            if not stored.record.erasable:
-                result.not_erasable += 1
-            elif holding(holds, stored) is not None:
-                result.held.append(stored.request_id)
-            else:
-                todo.append(stored)
-        if not dry_run:
-            _erase_in(
-                s,
-                log_key,
-                todo,
-                reason_code=reason_code,
-                reason=reason,
-                requested_by=requested_by,
-            )
-        result.erased.extend(r.request_id for r in todo)
-        if progress is not None:
-            progress(len(todo))
+    scan = _scan(db, flt, before, with_content)
+    try:
+        for s, page in scan:
+            holds = active_holds(s)
+            todo = []
+            for stored in page:
+                # the index only selects candidates: the filter and the cutoff are decided on the
+                # receive time as read with the record, never on the SQL comparison alone
+                if not flt.matches(stored) or (before is not None and stored.received_at >= before):
+                    continue
+                if stored.erasure is not None:  # erased already: not matched, not counted
+                    continue
+                if not stored.record.erasable:
+                    result.not_erasable += 1
+                elif holding(holds, stored) is not None:
+                    result.held.append(stored.request_id)
+                else:
+                    todo.append(stored)
+            if not dry_run:
+                _erase_in(
+                    s,
+                    log_key,
+                    todo,
+                    reason_code=reason_code,
+                    reason=reason,
+                    requested_by=requested_by,
+                )
+            result.erased.extend(r.request_id for r in todo)
+            if progress is not None:
+                progress(len(todo))
+    finally:
+        scan.close()  # the open transaction ends (rolled back on an error) before the cut
+        if not dry_run and result.erased:
+            db.scrub()  # cut the write-ahead log that still held the content
     return result
 
 
@@ -461,10 +501,9 @@ def list_holds(db: Database) -> list[dict[str, Any]]:
 
 
 def erasure_of(db: Database, request_id: str) -> bytes | None:
-    """The canonical erasure event envelope of a record, if it was erased."""
+    """The canonical erasure event envelope of a record, if it was erased, read through
+    the leaf its ``erasures`` row names (NotFound; IndexMismatch for a row naming any
+    other leaf)."""
     with db.read() as s:
-        row = s.get(Erasure, request_id)
-        if row is None:
-            return None
-        entry = s.get(LogEntry, row.log_index)
-        return bytes(entry.envelope) if entry is not None else None
+        event = record_in(s, request_id).erasure
+    return event.envelope if event is not None else None

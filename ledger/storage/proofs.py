@@ -10,7 +10,7 @@ from sqlalchemy import bindparam, exists, select, true
 from sqlalchemy.orm import Session, aliased
 
 from ledger import merkle
-from ledger.canonical import digest_of
+from ledger.canonical import digest_of, sha256_digest
 from ledger.checkpoint import verifier_key
 from ledger.clock import rfc3339
 from ledger.disclosures import parse
@@ -19,6 +19,7 @@ from ledger.evidence import b64 as _b64
 from ledger.evidence import build_bundle, proven_leaf
 from ledger.inference_record import parse_record
 from ledger.record_v2 import check_redact, is_redacted
+from ledger.records import RECORD_KIND
 from ledger.signing import SigningKey, public_key_raw
 from ledger.storage import checkpoints, keystore, queries, tree
 from ledger.storage.database import Database, utcnow
@@ -146,10 +147,8 @@ def evidence(
     check_redact(redact)
     bundle = _evidence(db, log_key, origin, request_id, redact)
     if bundle is None:
-        record = queries.get_record(db, request_id)
-        with db.read() as s:
-            erased = s.get(Erasure, request_id)
-        last = max(record.log_index, erased.log_index if erased is not None else -1)
+        record = queries.get_record(db, request_id)  # its erasure read through its leaf
+        last = max(record.log_index, record.erasure.log_index if record.erasure else -1)
         checkpoints.covering(db, log_key, origin, last)
         bundle = _evidence(db, log_key, origin, request_id, redact)
     if bundle is None:  # pragma: no cover - covering() raised or signed one
@@ -176,6 +175,29 @@ def _check_content(
         raise _disagrees("disclosures", log_index)
 
 
+def _erasure(
+    session: Session, request_id: str, record_index: int, envelope: bytes
+) -> queries.ErasureEvent | None:
+    """The record's erasure event, read through the leaf its ``erasures`` row names: a row
+    naming any other leaf (or none) is ``index_mismatch``, never a bundle's ``erasure``."""
+    row = session.execute(
+        select(Erasure.log_index, LogEntry.envelope)
+        .outerjoin(LogEntry, LogEntry.idx == Erasure.log_index)
+        .where(Erasure.request_id == request_id)
+    ).first()
+    if row is None:
+        return None
+    record, body = queries.logged_envelope(bytes(envelope), record_index, RECORD_KIND)
+    return queries.logged_erasure(
+        row.envelope,
+        row.log_index,
+        request_id=request_id,
+        record_index=record_index,
+        content_hash=sha256_digest(body),
+        digests=record["body"].get("disclosure_digests"),
+    )
+
+
 def _evidence(
     db: Database, log_key: SigningKey, origin: str, request_id: str, redact: Sequence[str]
 ) -> dict[str, Any] | None:
@@ -185,11 +207,7 @@ def _evidence(
             raise queries.not_found(request_id)
         if row.tree_size is None or row.tree_size <= row.log_index:
             return None
-        erasure = s.execute(
-            select(Erasure.log_index, LogEntry.envelope)
-            .join(LogEntry, LogEntry.idx == Erasure.log_index)
-            .where(Erasure.request_id == request_id)
-        ).first()
+        erasure = _erasure(s, request_id, row.log_index, row.envelope)
         if erasure is not None and erasure.log_index >= row.tree_size:
             return None
         disclosures = queries.disclosures_at(s, [row.log_index]).get(row.log_index, [])

@@ -6,6 +6,8 @@ content hash) is taken from the logged envelope the row points to, and the recei
 that log entry. A search drops a row whose envelope does not satisfy the filters; a read by
 request ID whose log entry does not hold that record raises ``IndexMismatch``. So an edited
 index column can at most hide a record (``ledger audit`` reports the row), never misstate one.
+The same holds for ``erasures``: a record is erased only by the erasure event its row points
+to (``logged_erasure``), so a row pointing at any other leaf raises ``IndexMismatch``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from ledger.canonical import canonicalize, sha256_digest
 from ledger.clock import LOCAL_TIME, parse_rfc3339, rfc3339
+from ledger.erasure import ERASURE_KIND
 from ledger.errors import IndexMismatch, InvalidInput, LedgerError, NotFound
 from ledger.inference_record import InferenceRecord, parse_record
 from ledger.lazy import lazy
@@ -47,6 +50,15 @@ logger = logging.getLogger("ledger.storage")
 
 
 @dataclass(frozen=True)
+class ErasureEvent:
+    """A record's erasure event as its leaf logs it (built only by ``logged_erasure``)."""
+
+    log_index: int
+    envelope: bytes  # canonical envelope bytes, exactly as logged
+    body: dict[str, Any] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
 class StoredRecord:
     """A record as its log entry holds it: every member from the envelope, the time from the
     entry. Built only by ``from_log``."""
@@ -65,10 +77,11 @@ class StoredRecord:
     received_at: datetime
     envelope: bytes  # canonical envelope bytes, exactly as logged
     body: dict[str, Any] = field(repr=False, compare=False)  # the envelope's body, parsed
-    # v2: the stored disclosures of this leaf (those not erased), read with the entry, and
-    # whether ``erasures`` holds the record.
+    # v2: the stored disclosures of this leaf (those not erased), read with the entry,
+    # whether ``erasures`` holds the record and, read by ``with_content``, its erasure event.
     disclosures: tuple[str, ...] = field(default=(), repr=False, compare=False)
     erased: bool = field(default=False, compare=False)
+    erasure: ErasureEvent | None = field(default=None, repr=False, compare=False)
 
     @lazy
     def record(self) -> InferenceRecord:
@@ -81,8 +94,18 @@ class StoredRecord:
                 f"record {self.request_id!r}", self.log_index, f"{exc.code}: {exc.message}"
             ) from None
 
-    def with_disclosures(self, disclosures: Sequence[str], erased: bool = False) -> StoredRecord:
-        return replace(self, disclosures=tuple(disclosures), erased=erased)
+    def with_disclosures(
+        self,
+        disclosures: Sequence[str],
+        erased: bool = False,
+        erasure: ErasureEvent | None = None,
+    ) -> StoredRecord:
+        return replace(
+            self,
+            disclosures=tuple(disclosures),
+            erased=erased or erasure is not None,
+            erasure=erasure,
+        )
 
     def check_content(self) -> None:
         """IndexMismatch unless the stored content agrees with the erasure index: a v2
@@ -241,37 +264,117 @@ def record_in(session: Session, request_id: str) -> StoredRecord:
 
 
 def with_content(session: Session, records: Sequence[StoredRecord]) -> list[StoredRecord]:
-    """The records with their stored disclosures and erasure state (v2 records; a v1
-    record's content is its leaf's)."""
+    """The records with their stored disclosures and erasure state, each erasure read
+    through its leaf (v2 records; a v1 record's content is its leaf's). IndexMismatch when
+    an ``erasures`` row names a leaf that is not the record's erasure event."""
     v2 = [r for r in records if r.body.get("schema_version") != 1]
     if not v2:
         return list(records)
     content = disclosures_at(session, [r.log_index for r in v2])
-    erased = erased_ids(session, [r.request_id for r in v2])
+    erased = erased_ids(session, v2)
     return [
-        content_applied(r, content.get(r.log_index, ()), r.request_id in erased) for r in records
+        content_applied(r, content.get(r.log_index, ()), False, erased.get(r.request_id))
+        for r in records
     ]
 
 
-def content_applied(record: StoredRecord, disclosures: Sequence[str], erased: bool) -> StoredRecord:
+def content_applied(
+    record: StoredRecord,
+    disclosures: Sequence[str],
+    erased: bool,
+    erasure: ErasureEvent | None = None,
+) -> StoredRecord:
     """A v2 record with the disclosures stored for its leaf and its erasure state (a v1
     record as it is: its content is its leaf's)."""
     if record.body.get("schema_version") == 1:
         return record
-    return record.with_disclosures(disclosures, erased)
+    return record.with_disclosures(disclosures, erased, erasure)
 
 
-def erased_ids(session: Session, request_ids: Sequence[str]) -> set[str]:
-    """The request IDs among these that ``erasures`` holds."""
-    out: set[str] = set()
-    ids = sorted(set(request_ids))
+def erased_ids(session: Session, records: Sequence[StoredRecord]) -> dict[str, ErasureEvent]:
+    """The erasure events of these records that ``erasures`` holds rows for (request ID ->
+    event), each read through the leaf its row names: one statement per 500 records.
+    IndexMismatch when a row names a leaf that is not that record's erasure event."""
+    by_id = {r.request_id: r for r in records}
+    ids = sorted(by_id)
+    out: dict[str, ErasureEvent] = {}
     for start in range(0, len(ids), 500):
-        out.update(
-            session.execute(
-                select(Erasure.request_id).where(Erasure.request_id.in_(ids[start : start + 500]))
-            ).scalars()
+        rows = session.execute(
+            select(Erasure.request_id, Erasure.log_index, LogEntry.envelope)
+            .outerjoin(LogEntry, LogEntry.idx == Erasure.log_index)
+            .where(Erasure.request_id.in_(ids[start : start + 500]))
         )
+        for rid, idx, envelope in rows:
+            out[rid] = record_erasure(by_id[rid], idx, envelope)
     return out
+
+
+def record_erasure(record: StoredRecord, log_index: Any, envelope: Any) -> ErasureEvent:
+    """``logged_erasure`` for a record read from its log entry."""
+    return logged_erasure(
+        envelope,
+        log_index,
+        request_id=record.request_id,
+        record_index=record.log_index,
+        content_hash=record.content_hash,
+        digests=record.body.get("disclosure_digests"),
+    )
+
+
+def logged_erasure(
+    envelope: Any,
+    log_index: Any,
+    *,
+    request_id: str,
+    record_index: int,
+    content_hash: str,
+    digests: Any,
+) -> ErasureEvent:
+    """The erasure event an ``erasures`` row of ``request_id`` points to (``log_index``, its
+    leaf's ``envelope``), which must be what ``ledger.erasure.erasure_body`` logs for this
+    record: an ``erasure`` envelope naming this request ID, this record's leaf and content
+    hash, and every digest of its body among ``erased_digests``, logged after the record.
+    IndexMismatch otherwise (the log holding no such leaf included): an edited row never
+    makes a record erased, nor hides one from an erasure."""
+    problem = _erasure_problem(envelope, log_index, request_id, record_index, content_hash, digests)
+    if problem is not None:
+        raise mismatch(
+            f"the erasure of {request_id!r}",
+            log_index if type(log_index) is int else -1,
+            problem,
+            request_id=request_id,
+        )
+    data = bytes(envelope)
+    return ErasureEvent(log_index, data, orjson.loads(data)["body"])
+
+
+def _erasure_problem(
+    envelope: Any,
+    log_index: Any,
+    request_id: str,
+    record_index: int,
+    content_hash: str,
+    digests: Any,
+) -> str | None:
+    if envelope is None or type(log_index) is not int:
+        return "the log holds no such leaf"
+    try:
+        env = orjson.loads(bytes(envelope))
+        body = env["body"]
+        if env["kind"] != ERASURE_KIND:
+            return f"the leaf holds a {env['kind']!r} envelope, not an erasure event"
+        if body["request_id"] != request_id:
+            return "the leaf is the erasure event of another record"
+        about, erased = body["record"], body["erased_digests"]
+        if about["log_index"] != record_index or about["content_hash"] != content_hash:
+            return "the erasure event names another leaf or version of the record"
+        if log_index <= record_index:
+            return "the erasure event is logged before the record"
+        if not isinstance(erased, list) or not set(digests or ()) <= set(erased):
+            return "the erasure event does not name every digest of the record"
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return "the leaf is not an erasure event"
+    return None
 
 
 def disclosures_at(session: Session, log_indexes: Iterable[int]) -> dict[int, list[str]]:
