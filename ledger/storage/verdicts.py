@@ -16,13 +16,14 @@ from ledger.replay import VERDICT_KIND
 from ledger.signing import SigningKey, sign_envelope
 from ledger.storage import log
 from ledger.storage.database import Database, as_utc, utcnow
-from ledger.storage.models import Certificate, Disclosure, Erasure, LogEntry, Replay
+from ledger.storage.models import Certificate, Disclosure, LogEntry, Replay
 from ledger.storage.queries import (
     EVENT_ID,
     check_name,
     disclosures_at,
     logged_envelope,
     mismatch,
+    record_in,
 )
 
 CERTIFICATE_KIND = "pool_certificate"
@@ -64,16 +65,16 @@ def _append(
     is logged."""
     env = sign_envelope(kind, body, log_key)
     with db.write() as s:  # holds the append lock, as an erasure does
-        rids = {rid for rid, _ in content}
-        erased = (
-            s.execute(select(Erasure.request_id).where(Erasure.request_id.in_(rids))).first()
-            if rids
-            else None
+        # each erasure read through its leaf (an erasures row of any other leaf is
+        # IndexMismatch, never "erased")
+        erased = next(
+            (rid for rid in sorted({rid for rid, _ in content}) if record_in(s, rid).erasure),
+            None,
         )
         if erased is not None:
             raise Gone(
-                f"the content of record {erased[0]!r} was erased while it was being replayed",
-                details={"request_id": erased[0]},
+                f"the content of record {erased!r} was erased while it was being replayed",
+                details={"request_id": erased},
             )
         at = utcnow()
         (idx,) = log.append(s, [env], at)

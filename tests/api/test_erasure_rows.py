@@ -181,3 +181,24 @@ def test_a_bulk_erasure_with_an_empty_filter_is_refused(api: Harness):
         "/v1/erasures", json={"filter": {"pool": "p1"}, "reason": "x", "dry_run": False}
     )
     assert named.status_code == 200 and sorted(named.json()["erased"]) == sorted(rids)
+
+
+def test_an_erasures_row_naming_another_leaf_does_not_refuse_a_verdict_as_erased(api: Harness):
+    """A replay's verdict is refused 410 ``content_erased`` only for a record its erasure
+    event erased: a forged row (the content left in place) is ``index_mismatch``, and
+    nothing is logged."""
+    from ledger import disclosures
+    from ledger.storage import verdicts
+    from tests.support.documents import verdict_body
+
+    key, fp = api.setup_collector()
+    rid = _post_v2(api, key, fp)
+    record = api.client().get(f"/v1/records/{rid}").json()
+    _forge_erasure(api, rid, _hold(api, "req-not-logged"), delete_content=False)
+    size = _log_size(api)
+    out = disclosures.make("replay_output", {"kind": "replay_output", "body": {"text": "out"}})
+    verdict = verdict_body(record["envelope"]["body"], record["log_index"], "bitwise")
+    verdict["output_digest"] = out.digest
+    with pytest.raises(IndexMismatch):
+        verdicts.append_verdict(api.db, api.log_key, verdict, [out.encoded])
+    assert _log_size(api) == size
