@@ -17,6 +17,14 @@ Opening (:func:`open_disclosures`) checks, in this order, and raises ``Verificat
 2. ``digest``: its digest is one of the body's digests;
 3. ``unique``: no digest is opened twice and no member is disclosed twice.
 
+Ingest adds a fourth (:func:`check_salts`; a verifier does not repeat it, so what was logged
+before it keeps verifying):
+
+4. ``salt``: no salt repeats a pattern shorter than 16 bytes (``"A" * 22``, ``"0" * 22``,
+   ``salt`` four times: fewer than 128 random bits), and no two disclosures of the record
+   have salts that begin with the same 16 bytes (one salt for every member lets whoever
+   holds one disclosure confirm guesses of the others from their digests).
+
 Nothing here knows a record's schema: ``ledger.record_v2`` says which members a record
 commits, and :func:`commit` makes the disclosures for them.
 """
@@ -149,6 +157,54 @@ def parse(encoded: object) -> Disclosure:
     if not MEMBER.fullmatch(member):
         raise _fail("encoding", f"unknown disclosure member {member[:80]!r}")
     return Disclosure.of(encoded, salt, member, inner)
+
+
+def salt_digest(salt: str) -> str:
+    """``sha256:`` + hex SHA-256 of a (parsed) salt's first SALT_BYTES bytes: the same for two
+    salts that are one salt reused (other trailing bits of a 22-character salt, characters
+    added after the 16th byte), and what a ledger may keep of a salt once its disclosure is
+    erased (a random salt's hash confirms no guess of the content it salted)."""
+    return _salt_digest(_unb64url(salt))
+
+
+def _salt_digest(raw: bytes) -> str:
+    return "sha256:" + hashlib.sha256(raw[:SALT_BYTES]).hexdigest()
+
+
+def _repeats(raw: bytes) -> bool:
+    """Whether ``raw`` is a pattern of fewer than SALT_BYTES bytes repeated (at least twice,
+    the last copy possibly cut short): then it holds fewer than 128 random bits, whatever its
+    length. A random 16-byte salt is one with probability below 2**-63."""
+    return any(raw[p:] == raw[:-p] for p in range(1, min(len(raw) // 2, SALT_BYTES - 1) + 1))
+
+
+def check_salts(opened: Iterable[Disclosure]) -> None:
+    """Check ``salt`` (ingest): every disclosure's salt is fresh. Refuses (VerificationError
+    ``invalid_disclosure``, ``details.disclosure`` the position in ``opened``) a salt that
+    repeats a short pattern, and two salts with the same :func:`salt_digest`. Only the salts
+    are read: exact, and a few microseconds a record."""
+    seen: dict[str, int] = {}
+    for i, d in enumerate(opened):
+        raw = _unb64url(d.salt)
+        if _repeats(raw):
+            raise _fail(
+                "salt",
+                f"disclosure {i} ({d.member}): its salt repeats a pattern of fewer than "
+                f"{SALT_BYTES} bytes; each salt must be {SALT_BYTES} fresh random bytes",
+                disclosure=i,
+                member=d.member,
+            )
+        first = seen.setdefault(_salt_digest(raw), i)
+        if first != i:
+            raise _fail(
+                "salt",
+                f"disclosure {i} ({d.member}) reuses the salt of disclosure {first}: each "
+                "disclosure's salt must be fresh (one salt disclosed would confirm guesses "
+                "of the other members)",
+                disclosure=i,
+                member=d.member,
+                reuses=first,
+            )
 
 
 def check_digests(digests: object, where: str = "disclosure_digests") -> tuple[str, ...]:

@@ -21,16 +21,29 @@ and ``.top_logprobs`` (those the v1 body would have held). Their values are exac
 members' (packed arrays stay packed), so the v1 checks apply to them unchanged.
 
 At ingest every digest must be opened (:func:`open_record`): a record's content is complete
-when logged, and only an erasure event may later remove any of it.
+when logged, and only an erasure event may later remove any of it. Ingest also bounds what
+stays in the clear, so that no content hides there, out of an erasure's reach
+(:func:`check_clear_values`): ``usage`` and ``timings`` hold only the members a collector
+writes, ``system_fingerprint`` is a short label, ``finish_reason`` one of the engine's words
+and ``stop_reason`` a token ID, one of the request's stop strings or the engine's word; and
+each disclosure's salt is fresh (``ledger.disclosures.check_salts``). A version 1 body holds
+its content in the clear anyway, and is not checked so.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ledger.canonical import canonicalize
-from ledger.disclosures import MEMBER, Disclosure, check_digests, commit, open_disclosures
+from ledger.disclosures import (
+    Disclosure,
+    check_digests,
+    check_salts,
+    commit,
+    open_disclosures,
+)
 from ledger.errors import InvalidInput, VerificationError
 
 SCHEMA_VERSION = 2
@@ -76,6 +89,27 @@ CLEAR = (
     DIGESTS,
 )
 OPTIONAL_CLEAR = ("aborted",)
+# What a v2 body's clear members may hold (checked at ingest, check_clear_values): the members
+# the builder (ledger.records.build_record_body) writes, the words vLLM answers.
+USAGE = ("prompt_tokens", "completion_tokens", "total_tokens")
+TIMINGS = ("started_at", "ttft_ns", "total_ns")
+# vLLM's FINISH_REASON_STRINGS, tool_calls (chat, when a tool parser found calls) and the rest
+# of OpenAI's vocabulary.
+FINISH_REASONS = (
+    "stop",
+    "length",
+    "abort",
+    "error",
+    "repetition",
+    "tool_calls",
+    "content_filter",
+    "function_call",
+)
+# stop_reason strings vLLM sets itself (else it is a stop string of the request, or a token ID)
+ENGINE_STOP_REASONS = ("repetition_detected",)
+MAX_STOP_TOKEN_ID = 2**31 - 1  # token IDs are int32
+# vllm-<version>-<8 hex>, or the label of --fingerprint-mode custom (the ledger fingerprint ID)
+SYSTEM_FINGERPRINT = re.compile(r"[A-Za-z0-9._:+-]{1,100}")
 # the same, as sets (a v2 body is checked against them once per record read)
 _CLEAR = frozenset(CLEAR)
 _CLEAR_ALLOWED = _CLEAR | frozenset(OPTIONAL_CLEAR)
@@ -126,16 +160,46 @@ REDACT_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
+# The content members a record can commit: what ``--redact`` may name one by one.
+_CONTENT_MEMBER = re.compile(
+    r"request|request_raw|prompt_token_ids"
+    r"|choices\[(0|[1-9][0-9]{0,4})\]\.(token_ids|text|logprobs|top_logprobs)"
+)
+REDACT_MEMBERS = (
+    "request",
+    "request_raw",
+    "prompt_token_ids",
+    *(f"choices[N].{name}" for name in CHOICE_CONTENT),
+)
+
+
+def _redactable(name: str) -> bool:
+    if name in REDACT_GROUPS or name in CHOICE_CONTENT:
+        return True
+    match = _CONTENT_MEMBER.fullmatch(name)
+    return match is not None and (match[1] is None or int(match[1]) <= 10_000)
+
+
 def check_redact(names: Sequence[str]) -> tuple[str, ...]:
-    """Validate ``--redact`` names: member names, ``choices[N].x`` members, or REDACT_GROUPS."""
-    known = {"request", "request_raw", "prompt_token_ids", *CHOICE_CONTENT, *REDACT_GROUPS}
-    bad = [n for n in names if n not in known and not MEMBER.fullmatch(n)]
+    """Validate ``--redact`` names: content members (``choices[N].x`` with N 0-10000), a
+    choice member of every choice (``text``, ``top_logprobs``, ...) or REDACT_GROUPS. A name
+    no record can hold (``replay_output``, ``choices[0].margins``, ``choices[99999].text``)
+    is refused, ``invalid_parameters`` naming the valid ones; a valid name that this record
+    lacks (a choice it does not have, ``request_raw`` it did not keep) selects nothing."""
+    bad = [n for n in names if not _redactable(n)]
     if bad:
+        shown = ", ".join(n[:80] for n in bad)
         raise InvalidInput(
-            f"cannot redact {', '.join(bad)}: name members (request, request_raw, "
-            "prompt_token_ids, choices[N].token_ids, text, logprobs, top_logprobs) or groups "
+            f"cannot redact {shown}: name members (request, request_raw, prompt_token_ids, "
+            "choices[N].token_ids, text, logprobs, top_logprobs, N 0-10000) or groups "
             f"({', '.join(sorted(REDACT_GROUPS))})",
             code="invalid_parameters",
+            details={
+                "field": "redact",
+                "unknown": [n[:80] for n in bad],
+                "members": list(REDACT_MEMBERS),
+                "groups": sorted(REDACT_GROUPS),
+            },
         )
     return tuple(names)
 
@@ -196,6 +260,65 @@ def check_clear(body: Mapping[str, Any]) -> tuple[str, ...]:
     return check_digests(body[DIGESTS])
 
 
+def _clear_fail(message: str, field: str) -> InvalidInput:
+    return InvalidInput(message, code="schema_violation", details={"field": field})
+
+
+def check_clear_values(body: Mapping[str, Any]) -> None:
+    """What a v2 body may hold in the clear, at ingest (InvalidInput ``schema_violation``,
+    ``details.field``): nothing there is erased, so nothing there may be content.
+
+    ``usage`` and ``timings`` hold only USAGE and TIMINGS members; ``system_fingerprint`` is
+    null or 1-100 of ``A-Z a-z 0-9 . _ : + -``; each choice's ``finish_reason`` is null or
+    one of FINISH_REASONS, its ``stop_reason`` null, a token ID (0 to 2**31 - 1), one of the
+    stop strings of the clear ``sampling.stop`` (the request's, already in the clear) or one
+    of ENGINE_STOP_REASONS. Call after :func:`check_clear` and ``records.check_common``
+    (shape and types)."""
+    for name, allowed in (("usage", USAGE), ("timings", TIMINGS)):
+        value = body[name]
+        if not isinstance(value, dict):
+            raise _clear_fail(f"{name} must be an object", name)
+        extra = sorted(value.keys() - set(allowed))
+        if extra:
+            raise _clear_fail(
+                f"{name} has unknown members {[e[:40] for e in extra[:5]]}: a version 2 "
+                f"record's {name} holds only {list(allowed)} (the clear is never erased)",
+                name,
+            )
+    system = body["system_fingerprint"]
+    if system is not None and not (
+        isinstance(system, str) and SYSTEM_FINGERPRINT.fullmatch(system)
+    ):
+        raise _clear_fail(
+            "system_fingerprint must be null or 1-100 characters of A-Z a-z 0-9 . _ : + - "
+            "(vllm-<version>-<8 hex>, or the custom label)",
+            "system_fingerprint",
+        )
+    stop = body["sampling"].get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    for i, c in enumerate(body["choices"]):
+        finish = c["finish_reason"]
+        if finish is not None and finish not in FINISH_REASONS:
+            raise _clear_fail(
+                f"choices[{i}].finish_reason must be null or one of {list(FINISH_REASONS)}",
+                f"choices[{i}].finish_reason",
+            )
+        reason = c["stop_reason"]
+        if reason is None or reason in ENGINE_STOP_REASONS:
+            continue
+        if type(reason) is int:
+            if 0 <= reason <= MAX_STOP_TOKEN_ID:
+                continue
+        elif isinstance(reason, str) and any(reason == s for s in stops):
+            continue
+        raise _clear_fail(
+            f"choices[{i}].stop_reason must be null, a token ID (0 to {MAX_STOP_TOKEN_ID}), "
+            f"one of the request's stop strings (sampling.stop) or one of "
+            f"{list(ENGINE_STOP_REASONS)}",
+            f"choices[{i}].stop_reason",
+        )
+
+
 def assemble(body: Mapping[str, Any], opened: Mapping[str, Disclosure]) -> dict[str, Any]:
     """The v1-shaped view of a v2 body and whatever of its content is ``opened``: content
     members that are not opened are simply absent."""
@@ -216,11 +339,13 @@ def assemble(body: Mapping[str, Any], opened: Mapping[str, Disclosure]) -> dict[
 
 
 def open_record(body: Mapping[str, Any], disclosures: Sequence[object]) -> dict[str, Disclosure]:
-    """Open every digest of a v2 body (ingest): each disclosure must open a digest, every
-    digest must be opened, and the members must be exactly those a v1 body would hold
-    (``request`` and ``prompt_token_ids``, each choice's ``token_ids``, no member of a choice
-    that does not exist)."""
+    """Open every digest of a v2 body (ingest): its clear members hold no content
+    (:func:`check_clear_values`), each disclosure must open a digest, every digest must be
+    opened, the members must be exactly those a v1 body would hold (``request`` and
+    ``prompt_token_ids``, each choice's ``token_ids``, no member of a choice that does not
+    exist), and every salt is fresh (``ledger.disclosures.check_salts``)."""
     digests = check_clear(body)
+    check_clear_values(body)
     opened = open_disclosures(digests, disclosures)
     if len(opened) != len(digests):
         raise VerificationError(
@@ -242,6 +367,7 @@ def open_record(body: Mapping[str, Any], disclosures: Sequence[object]) -> dict[
             f"choices; got {sorted(opened)}",
             code="schema_violation",
         )
+    check_salts(opened.values())
     request = opened["request"].value
     if not isinstance(request, dict) or canonicalize(sampling_of(request)) != canonicalize(
         body["sampling"]

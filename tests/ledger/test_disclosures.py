@@ -12,17 +12,18 @@ import base64
 import binascii
 import hashlib
 import json
+import os
 from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger import disclosures
+from ledger import disclosures, record_v2
 from ledger.canonical import canonicalize
 from ledger.errors import Gone, InvalidInput, VerificationError
 from ledger.inference_record import body_view, parse_record
-from ledger.record_v2 import commit_record, is_redacted
+from ledger.record_v2 import check_redact, commit_record, content_members, is_redacted
 from ledger.records import Choice, build_record_body
 
 FP = "sha256:" + "ab" * 32
@@ -252,3 +253,198 @@ def test_a_salt_is_taken_exactly_when_it_decodes_to_16_bytes_or_more(salt: str) 
     else:
         assert expected, salt
         assert opened.salt == salt and opened.digest == disclosures.digest_of(encoded)
+
+
+def _commit_with_salts(v1: dict[str, object], salts: Callable[[int], str]) -> tuple[dict, list]:
+    """``commit_record`` of ``v1`` with the salts a collector chose: ``salts(i)`` for the i-th
+    member (a collector that reuses one, or draws none)."""
+    body, _ = commit_record(v1)
+    made = [
+        disclosures.make(member, value, salts(i))
+        for i, (member, value) in enumerate(content_members(v1).items())
+    ]
+    body["disclosure_digests"] = sorted(d.digest for d in made)
+    return body, [d.encoded for d in made]
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _salt_refused(body: dict, encoded: list) -> VerificationError:
+    with pytest.raises(VerificationError) as exc:
+        parse_record(body, encoded, complete=True)
+    assert exc.value.code == "invalid_disclosure" and exc.value.details["check"] == "salt"
+    return exc.value
+
+
+def test_ingest_refuses_one_salt_for_every_member_and_verify_still_opens_it():
+    """One salt for every disclosure: a bundle that redacts the prompt but carries one other
+    disclosure gives its recipient the salt that confirms a guessed prompt."""
+    shared = _b64url(b"\x8f\x02\x11\xa7\x90\xce\x1b\x00\x5a\x3c\x77\xe1\x42\x09\xd4\x6b")
+    body, encoded = _commit_with_salts(_v1("diagnosis: positive"), lambda i: shared)
+    refused = _salt_refused(body, encoded)
+    assert refused.details["disclosure"] == 1 and refused.details["reuses"] == 0
+    # what a ledger logged before the check keeps opening (a bundle, a read): ingest only
+    assert parse_record(body, encoded).complete
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        # the same 16 bytes, other trailing bits of the 22nd character
+        lambda s: s[:-1] + ("B" if s[-1] == "A" else "A"),
+        lambda s: s + "xyzw",  # the same salt, lengthened
+    ],
+    ids=["trailing-bits", "lengthened"],
+)
+def test_ingest_refuses_a_salt_reused_under_another_spelling(second: Callable[[str], str]):
+    first = _b64url(bytes(range(16)))[:-1] + "A"
+    body, encoded = _commit_with_salts(_v1("x"), lambda i: first if i == 0 else second(first))
+    a, b = (disclosures.parse(e).salt for e in encoded[:2])
+    assert a != b and disclosures.salt_digest(a) == disclosures.salt_digest(b)
+    assert _salt_refused(body, encoded).details["disclosure"] == 1
+
+
+@pytest.mark.parametrize(
+    "salt",
+    [
+        "A" * 22,  # 16 zero bytes
+        "0" * 22,  # d3 4d 34 repeated: no entropy, not all bytes equal
+        _b64url(b"salt" * 4),
+        _b64url(b"\x01\x02\x03\x04\x05\x06\x07\x08" * 4),  # 32 bytes, an 8-byte pattern
+    ],
+)
+def test_ingest_refuses_a_salt_without_entropy(salt: str):
+    counter = iter(range(1000))
+    body, encoded = _commit_with_salts(
+        _v1("x"),
+        lambda i: salt if i == 0 else _b64url(bytes([next(counter) + 1]) + bytes(range(15))),
+    )
+    refused = _salt_refused(body, encoded)
+    assert refused.details["disclosure"] == 0 and "pattern" in refused.message
+
+
+def test_fresh_salts_of_any_length_pass():
+    lengths = iter([16, 17, 24, 32, 48, 64, 16, 16])
+    body, encoded = _commit_with_salts(_v1("x"), lambda i: _b64url(os.urandom(next(lengths))))
+    assert parse_record(body, encoded, complete=True).complete
+    # a 32-byte salt made of two random 16-byte halves holds 128 random bits: taken
+    half = os.urandom(16)
+    body, encoded = _commit_with_salts(
+        _v1("x"), lambda i: _b64url(half * 2) if i == 0 else _b64url(os.urandom(16))
+    )
+    assert parse_record(body, encoded, complete=True).complete
+
+
+def _v1_with(**v1_changes: object) -> dict[str, object]:
+    v1 = _v1("hello")
+    choice = {**v1["choices"][0], **v1_changes.pop("choice", {})}  # type: ignore[index, dict-item]
+    return {**v1, **v1_changes, "choices": [choice]}
+
+
+def _v2(**v1_changes: object) -> tuple[dict, list]:
+    return commit_record(_v1_with(**v1_changes))
+
+
+# vLLM's FINISH_REASON_STRINGS, and tool_calls (chat with a tool parser)
+_VLLM_FINISH_REASONS = ("stop", "length", "abort", "error", "repetition", "tool_calls")
+_SMUGGLED = "Patient Jane Roe, DOB 1970-01-01, HIV positive"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"usage": {"prompt_tokens": 3, "prompt_echo": {"text": _SMUGGLED}}}, "usage"),
+        ({"usage": {"note": 1}}, "usage"),
+        ({"timings": {"started_at": "2026-12-02T09:00:00Z", "debug_prompt": _SMUGGLED}}, "timings"),
+        ({"system_fingerprint": "vllm-0.32.0-" + _SMUGGLED}, "system_fingerprint"),
+        ({"system_fingerprint": "v" * 101}, "system_fingerprint"),
+        ({"system_fingerprint": ""}, "system_fingerprint"),
+        ({"choice": {"finish_reason": _SMUGGLED}}, "choices[0].finish_reason"),
+        ({"choice": {"finish_reason": "stopped"}}, "choices[0].finish_reason"),
+        ({"choice": {"stop_reason": _SMUGGLED}}, "choices[0].stop_reason"),
+        ({"choice": {"stop_reason": -1}}, "choices[0].stop_reason"),
+        ({"choice": {"stop_reason": 2**31}}, "choices[0].stop_reason"),
+    ],
+)
+def test_ingest_refuses_content_in_the_clear_members(change: dict, field: str):
+    """What stays in the clear is never erased: a v2 record holds there only what a
+    collector writes (v1 bodies, whose content is all in the clear, are not checked so)."""
+    body, encoded = _v2(**change)
+    with pytest.raises(InvalidInput) as exc:
+        parse_record(body, encoded, complete=True)
+    assert exc.value.code == "schema_violation" and exc.value.details["field"] == field
+    assert parse_record(body, encoded).erasable  # a read of a logged record is unchanged
+    v1 = _v1_with(**change)  # a v1 body holds its content in the clear anyway: as it was
+    assert parse_record(v1, complete=True).summary.request_id == "req-1"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"system_fingerprint": "vllm-0.32.0-6ea389cc"},
+        {"system_fingerprint": "vllm-0.11.1rc2.dev45+gabcdef-6ea389cc"},
+        {"system_fingerprint": "sha256:" + "ab" * 32},  # --fingerprint-mode custom
+        {"system_fingerprint": "unset"},
+        {"system_fingerprint": None},
+        *({"choice": {"finish_reason": word}} for word in _VLLM_FINISH_REASONS),
+        {"choice": {"finish_reason": None, "stop_reason": None}},
+        {"choice": {"finish_reason": "stop", "stop_reason": 2}},  # a stop token ID
+        {"choice": {"finish_reason": "stop", "stop_reason": 2**31 - 1}},
+        {"choice": {"finish_reason": "repetition", "stop_reason": "repetition_detected"}},
+        {
+            "request": {"model": "m", "prompt": "p", "max_tokens": 3, "stop": ["\n\n", "##"]},
+            "choice": {"finish_reason": "stop", "stop_reason": "##"},
+        },
+        {
+            "request": {"model": "m", "prompt": "p", "max_tokens": 3, "stop": "END"},
+            "choice": {"finish_reason": "stop", "stop_reason": "END"},
+        },
+    ],
+)
+def test_what_vllm_answers_stays_accepted(change: dict):
+    body, encoded = _v2(**change)
+    assert parse_record(body, encoded, complete=True).complete
+
+
+def test_a_stop_string_the_request_did_not_give_is_refused():
+    request = {"model": "m", "prompt": "p", "max_tokens": 3, "stop": ["##"]}
+    body, encoded = _v2(request=request, choice={"finish_reason": "stop", "stop_reason": "#"})
+    with pytest.raises(InvalidInput) as exc:
+        parse_record(body, encoded, complete=True)
+    assert exc.value.details["field"] == "choices[0].stop_reason"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "choices[0].margins",
+        "replay_output",
+        "choices[99999].text",
+        "choices[10001].text",
+        "choices[01].text",
+        "choices[0]",
+        "secrets",
+        "Text",
+    ],
+)
+def test_redact_refuses_names_no_record_holds(name: str):
+    with pytest.raises(InvalidInput) as exc:
+        check_redact(["text", name])
+    err = exc.value
+    assert err.code == "invalid_parameters" and err.details["unknown"] == [name]
+    assert "choices[N].text" in err.details["members"] and "prompt" in err.details["groups"]
+
+
+def test_redact_takes_every_member_and_group():
+    names = [
+        *record_v2.REDACT_GROUPS,
+        "request",
+        "request_raw",
+        "prompt_token_ids",
+        "top_logprobs",
+        "choices[0].token_ids",
+        "choices[10000].top_logprobs",
+    ]
+    assert check_redact(names) == tuple(names)
