@@ -20,6 +20,7 @@ placed and not released, no erasure (by request or by retention) may touch a rec
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,17 +41,26 @@ _HOLD_ID = re.compile(r"^hold-[0-9a-f]{24}$")
 
 
 def check_reason(reason: object) -> str:
+    """A reason as it is signed into the log: text a person reads later, on a terminal or a
+    page, so without control or format characters but tab, line feed and carriage return (an
+    escape sequence would rewrite what a reader's terminal shows, a bidirectional override
+    the order a page shows it in)."""
     if (
         not isinstance(reason, str)
         or not reason.strip()
         or len(reason) > MAX_REASON
-        or "\x00" in reason
+        or any(_hidden(c) for c in reason)
     ):
         raise InvalidInput(
-            f"a reason is 1-{MAX_REASON} characters of text, without NUL",
+            f"a reason is 1-{MAX_REASON} characters of text, without control or format "
+            "characters (but tab and line breaks)",
             code="invalid_parameters",
         )
     return reason
+
+
+def _hidden(char: str) -> bool:
+    return char not in "\t\n\r" and unicodedata.category(char) in ("Cc", "Cf", "Cs")
 
 
 def erasure_body(

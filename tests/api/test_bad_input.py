@@ -511,11 +511,19 @@ def test_names_and_reasons_that_are_not_text_are_422(api: Harness):
             prepare_token(name, ["records:read"])
     for name in ("ops team · café", "x\u0301", "\U0001f44d"):
         assert prepare_token(name, ["records:read"]).info.name == name
+    # a reason is signed into the log and read later on terminals and pages: no control or
+    # format character (an escape sequence, a bidirectional override), but tab and line breaks
     holds = api.client(api.token("holds"))
     before = holds.get("/v1/holds").json()["holds"]
-    body = json.dumps({"request_id": "req-x", "reason": "\x00"}).encode()
-    assert_error(holds.post("/v1/holds", content=body, headers=JSON), 422, "invalid_parameters")
+    for reason in ("\x00", "esc\x1b[2J", "a\u202eb", "a\u200bb", "bell\x07"):
+        body = json.dumps({"request_id": "req-x", "reason": reason}).encode()
+        answer = holds.post("/v1/holds", content=body, headers=JSON)
+        assert_error(answer, 422, "invalid_parameters")
     assert holds.get("/v1/holds").json()["holds"] == before
+    placed = holds.post(
+        "/v1/holds", json={"request_id": "req-layout", "reason": "ticket 88\r\n\tcafé · line two"}
+    )
+    assert placed.status_code == 201, placed.text
 
 
 def test_a_name_nothing_can_have_is_422_on_every_database(api: Harness):
