@@ -164,13 +164,13 @@ class Database:
         try:
             cursor = raw.cursor()
             cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            busy, _, _ = cursor.fetchone()
+            row = cursor.fetchone()  # (busy, frames in the log, frames copied)
         except sqlite3.Error as exc:
             logger.warning("could not truncate the write-ahead log after an erasure: %s", exc)
             return False
         finally:
             raw.close()
-        return not busy
+        return row is not None and not row[0]
 
     def dispose(self) -> None:
         self.engine.dispose()

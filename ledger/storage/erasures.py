@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -322,7 +322,7 @@ def _candidates(
 
 def _scan(
     db: Database, flt: RecordFilter, before: datetime | None, with_content: bool
-) -> Iterator[tuple[Session, list[StoredRecord]]]:
+) -> Generator[tuple[Session, list[StoredRecord]], None, None]:
     after = -1
     while True:
         with db.write() as s:
