@@ -36,6 +36,7 @@ from ledger import __version__
 from ledger.errors import LedgerError
 from ledger.signing import SigningKey
 from ledger.storage import checkpoints, erasures, keystore
+from ledger.storage.cache_lookup import HotAnswers
 from ledger.storage.database import Database
 
 logger = logging.getLogger("ledger.api")
@@ -96,6 +97,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         origin=settings.log_origin or checkpoints.default_origin(log_key),
         token_cache=TokenCache(settings.token_cache_seconds),
         ingest_limit=InflightLimit(settings.max_inflight_batches, settings.max_inflight_bytes),
+        hot_answers=HotAnswers(settings.cache_memory_bytes),
     )
 
     @asynccontextmanager

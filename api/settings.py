@@ -53,6 +53,12 @@ class Settings(BaseSettings):
         description="bytes of ingest bodies in flight per worker (Content-Length, or the body "
         "limit when a body declares none); more get 503, one batch is always admitted",
     )
+    cache_memory_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=0,
+        description="memory per worker for verified cache answers (estimated from the records "
+        "they hold; least recently used out; 0: none kept, every lookup checks the log)",
+    )
     worker_ttl: float = Field(
         default=15.0, gt=0, description="a worker is live while its last heartbeat is this recent"
     )

@@ -99,16 +99,46 @@ class _Kept:
 _E = TypeVar("_E")
 
 
-class HotAnswers:
-    """The last verified answers by key, each with the rows it was verified through (LRU)."""
+# What a kept answer costs in memory, estimated from what it holds: its record's envelope and
+# stored disclosures, the body and typed record they parse into (packed arrays stay packed:
+# 2 to 3.5 times the stored bytes in all, measured), with the rows and the entry itself.
+# tests/ledger/test_hot_answers.py checks that the estimate exceeds what tracemalloc measures
+# of a kept answer once served, for records of every shape.
+_EXPANSION = 5
+_OVERHEAD = 16 * 1024
+_PER_ROW = 512
 
-    def __init__(self, size: int = 16384) -> None:
-        self._size = size
-        self._items: OrderedDict[str, _Kept] = OrderedDict()
+
+def kept_bytes(kept: _Kept) -> int:
+    """The memory a kept answer is charged (an upper estimate, see ``_EXPANSION``)."""
+    size = _OVERHEAD + _PER_ROW * len(kept.rows)
+    hit = kept.found.hit
+    if hit is not None:
+        size += _EXPANSION * (len(hit.envelope) + sum(len(d) for d in hit.disclosures))
+    return size
+
+
+class HotAnswers:
+    """The last verified answers by key, each with the rows it was verified through, least
+    recently used out once they are charged more than ``max_bytes`` (:func:`kept_bytes`; an
+    answer charged more than that alone is not kept)."""
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self._max_bytes = max_bytes
+        self._items: OrderedDict[str, tuple[_Kept, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
         # Counts erasures forgotten: an answer verified before one (it may hold content
         # erased since) is not kept after it.
         self._erasures = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def bytes(self) -> int:
+        """What the kept answers are charged, in all (at most ``max_bytes``)."""
+        return self._bytes
 
     @property
     def generation(self) -> int:
@@ -117,10 +147,11 @@ class HotAnswers:
 
     def get(self, key: str) -> _Kept | None:
         with self._lock:
-            kept = self._items.get(key)
-            if kept is not None:
-                self._items.move_to_end(key)
-            return kept
+            item = self._items.get(key)
+            if item is None:
+                return None
+            self._items.move_to_end(key)
+            return item[0]
 
     def put(self, key: str, kept: _Kept, generation: int) -> None:
         """Keep an answer verified since ``generation``, unless an erasure was forgotten
@@ -128,15 +159,25 @@ class HotAnswers:
         with self._lock:
             if generation != self._erasures:
                 return
-            self._items[key] = kept
-            self._items.move_to_end(key)
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
+            self._remove(key)
+            size = kept_bytes(kept)
+            if size > self._max_bytes:
+                return
+            self._items[key] = (kept, size)
+            self._bytes += size
+            while self._bytes > self._max_bytes:
+                _, (_, evicted) = self._items.popitem(last=False)
+                self._bytes -= evicted
+
+    def _remove(self, key: str) -> None:
+        item = self._items.pop(key, None)
+        if item is not None:
+            self._bytes -= item[1]
 
     def drop(self, key: str) -> None:
         """Forget a key whose rows changed: what it kept may be content erased since."""
         with self._lock:
-            self._items.pop(key, None)
+            self._remove(key)
 
     def clear(self) -> None:
         """Forget every answer (an erasure that failed part way: which records it erased
@@ -144,6 +185,7 @@ class HotAnswers:
         with self._lock:
             self._erasures += 1
             self._items.clear()
+            self._bytes = 0
 
     def after_erasure(self, erase: Callable[[], _E], erased: Callable[[_E], Collection[str]]) -> _E:
         """Run an erasure and forget the answers it made stale: those of the records it
@@ -166,11 +208,11 @@ class HotAnswers:
             self._erasures += 1
             gone = [
                 key
-                for key, kept in self._items.items()
+                for key, (kept, _) in self._items.items()
                 if kept.found.hit is not None and kept.found.hit.request_id in request_ids
             ]
             for key in gone:
-                del self._items[key]
+                self._remove(key)
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,13 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
+from api.app import create_app
 from api.body import LOOP_BODY
 from api.routes.cache import render_answer
 from api.schemas import CacheLookupRequest
+from api.settings import Settings
 from ledger.cachekey import CHAT, COMPLETIONS
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.packing import unpack_float32, unpack_int32
@@ -468,7 +471,7 @@ def test_erased_content_is_never_served(api: Harness) -> None:
 
 
 def _kept_ids(hot: HotAnswers) -> set[str]:
-    return {k.found.hit.request_id for k in hot._items.values() if k.found.hit is not None}
+    return {k.found.hit.request_id for k, _ in hot._items.values() if k.found.hit is not None}
 
 
 def test_an_erasure_leaves_no_kept_answer_holding_the_content(api: Harness) -> None:
@@ -873,3 +876,20 @@ def _chat_fingerprint(key: SigningKey, template: dict[str, Any], engine: dict[st
     model = {"name": f"chat-{uuid.uuid4().hex[:8]}", "chat_template": template}
     body = {"schema_version": 1, "model": model, "engine": engine}
     return sign_envelope(FINGERPRINT_KIND, body, key)
+
+
+def test_the_memory_for_kept_answers_is_the_operators_setting(
+    db: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LEDGER_CACHE_MEMORY_BYTES`` bounds what each worker keeps (0: nothing; every lookup
+    then checks the log); a negative value is refused at start."""
+    monkeypatch.setenv("LEDGER_CACHE_MEMORY_BYTES", "0")
+    settings = Settings(data_dir=tmp_path, database_url=db.url)
+    app = create_app(settings, db, SigningKey.generate())
+    hot: HotAnswers = app.state.ledger.hot_answers
+    kept = cache_lookup._Kept((), cache.Found(None, (), 0, frozenset()))
+    hot.put("k", kept, hot.generation)
+    assert hot.get("k") is None and len(hot) == 0
+    monkeypatch.setenv("LEDGER_CACHE_MEMORY_BYTES", "-1")
+    with pytest.raises(ValidationError, match="cache_memory_bytes"):
+        Settings(data_dir=tmp_path, database_url=db.url)

@@ -689,7 +689,7 @@ def test_a_bulk_erasure_that_fails_part_way_keeps_no_cache_answer(
     lookup = {"endpoint": view["endpoint"], "request": view["request"], "fingerprint_id": fp}
     for _ in range(2):
         assert api.client().post("/v1/cache/lookup", json=lookup).json()["request_id"] == first
-    assert any(k.found.hit and k.found.hit.request_id == first for k in hot._items.values())
+    assert any(k.found.hit and k.found.hit.request_id == first for k, _ in hot._items.values())
     holds = api.client(api.token("holds"))
     later = holds.post("/v1/holds", json={"request_id": "req-none", "reason": "x"}).json()
     su = Superuser(str(api.settings.database_url))

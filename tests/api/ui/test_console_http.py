@@ -510,13 +510,13 @@ def test_erasing_from_the_console_forgets_the_records_kept_cache_answers(scene: 
     for _ in range(2):
         assert scene.h.client().post("/v1/cache/lookup", json=lookup).json()["request_id"] == rid
     hot = scene.h.server.server.config.app.state.ledger.hot_answers
-    kept = {k.found.hit.request_id for k in hot._items.values() if k.found.hit is not None}
+    kept = {k.found.hit.request_id for k, _ in hot._items.values() if k.found.hit is not None}
     assert rid in kept
     c = sign_in(scene, scene.h.admin_token)
     page = c.get(f"/ui/records/{rid}")
     erased = c.post(f"/ui/records/{rid}/erase", data={"csrf": csrf_of(page.text), "reason": "r"})
     assert erased.status_code == 303 and "done=erased" in erased.headers["location"]
-    kept = {k.found.hit.request_id for k in hot._items.values() if k.found.hit is not None}
+    kept = {k.found.hit.request_id for k, _ in hot._items.values() if k.found.hit is not None}
     assert rid not in kept
 
 
