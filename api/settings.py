@@ -54,7 +54,7 @@ class Settings(BaseSettings):
         "limit when a body declares none); more get 503, one batch is always admitted",
     )
     cache_memory_bytes: int = Field(
-        default=64 * 1024 * 1024,
+        default=128 * 1024 * 1024,
         ge=0,
         description="memory per worker for verified cache answers (estimated from the records "
         "they hold; least recently used out; 0: none kept, every lookup checks the log)",

@@ -105,7 +105,7 @@ _E = TypeVar("_E")
 # tests/ledger/test_hot_answers.py checks that the estimate exceeds what tracemalloc measures
 # of a kept answer once served, for records of every shape.
 _EXPANSION = 5
-_OVERHEAD = 16 * 1024
+_OVERHEAD = 6 * 1024
 _PER_ROW = 512
 
 
@@ -123,7 +123,7 @@ class HotAnswers:
     recently used out once they are charged more than ``max_bytes`` (:func:`kept_bytes`; an
     answer charged more than that alone is not kept)."""
 
-    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, max_bytes: int = 128 * 1024 * 1024) -> None:
         self._max_bytes = max_bytes
         self._items: OrderedDict[str, tuple[_Kept, int]] = OrderedDict()
         self._bytes = 0
