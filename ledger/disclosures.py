@@ -20,10 +20,12 @@ Opening (:func:`open_disclosures`) checks, in this order, and raises ``Verificat
 Ingest adds a fourth (:func:`check_salts`; a verifier does not repeat it, so what was logged
 before it keeps verifying):
 
-4. ``salt``: no salt repeats a pattern shorter than 16 bytes (``"A" * 22``, ``"0" * 22``,
-   ``salt`` four times: fewer than 128 random bits), and no two disclosures of the record
-   have salts that begin with the same 16 bytes (one salt for every member lets whoever
-   holds one disclosure confirm guesses of the others from their digests).
+4. ``salt``: no salt is longer than 64 bytes or repeats a pattern shorter than 16 bytes
+   (``"A" * 22``, ``"0" * 22``, ``salt`` four times: fewer than 128 random bits), and no two
+   disclosures of the record have salts that hold the same 16 bytes (:func:`salt_keys`: one
+   salt for every member lets whoever holds one disclosure confirm guesses of the others
+   from their digests). The ledger also refuses a salt it accepted before, from another
+   record (``ledger.storage.ingest``).
 
 Nothing here knows a record's schema: ``ledger.record_v2`` says which members a record
 commits, and :func:`commit` makes the disclosures for them.
@@ -47,6 +49,8 @@ from ledger.canonical import canonicalize
 from ledger.errors import InvalidInput, VerificationError
 
 SALT_BYTES = 16
+# Ingest refuses longer salts (each of its 16-byte windows is kept: ``salt_keys``).
+MAX_SALT_BYTES = 64
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 MEMBER = re.compile(
     r"^(request|request_raw|prompt_token_ids|replay_output"
@@ -159,16 +163,31 @@ def parse(encoded: object) -> Disclosure:
     return Disclosure.of(encoded, salt, member, inner)
 
 
-def salt_digest(salt: str) -> str:
-    """``sha256:`` + hex SHA-256 of a (parsed) salt's first SALT_BYTES bytes: the same for two
-    salts that are one salt reused (other trailing bits of a 22-character salt, characters
-    added after the 16th byte), and what a ledger may keep of a salt once its disclosure is
-    erased (a random salt's hash confirms no guess of the content it salted)."""
-    return _salt_digest(_unb64url(salt))
+def salt_keys(salt: str) -> tuple[bytes, ...]:
+    """The SHA-256 of every SALT_BYTES-byte window of a (parsed) salt, without repeats: one
+    for a salt of SALT_BYTES bytes. Two salts share a key when one holds, at any offset, 16
+    bytes the other holds: one salt reused (other trailing bits of a 22-character salt, bytes
+    added before or after it, a random stream read again at another offset). What the ledger
+    keeps of every salt it accepted, erased or not (``salts``: a random salt's hash confirms
+    no guess of the content it salted)."""
+    return _salt_keys(_unb64url(salt))
 
 
-def _salt_digest(raw: bytes) -> str:
-    return "sha256:" + hashlib.sha256(raw[:SALT_BYTES]).hexdigest()
+def _salt_keys(raw: bytes) -> tuple[bytes, ...]:
+    windows = range(len(raw) - SALT_BYTES + 1)
+    return tuple(dict.fromkeys(hashlib.sha256(raw[i : i + SALT_BYTES]).digest() for i in windows))
+
+
+def salt_of(head: str) -> str | None:
+    """The salt of a disclosure (one a ledger accepted) from its first characters, or None
+    when they do not hold all of it."""
+    head = head[: len(head) // 4 * 4]
+    try:
+        text = _unb64url(head)
+    except (ValueError, binascii.Error):
+        return None
+    end = text.find(b'"', 2)
+    return text[2:end].decode("ascii") if text.startswith(b'["') and end > 0 else None
 
 
 def _repeats(raw: bytes) -> bool:
@@ -180,12 +199,20 @@ def _repeats(raw: bytes) -> bool:
 
 def check_salts(opened: Iterable[Disclosure]) -> None:
     """Check ``salt`` (ingest): every disclosure's salt is fresh. Refuses (VerificationError
-    ``invalid_disclosure``, ``details.disclosure`` the position in ``opened``) a salt that
-    repeats a short pattern, and two salts with the same :func:`salt_digest`. Only the salts
-    are read: exact, and a few microseconds a record."""
-    seen: dict[str, int] = {}
+    ``invalid_disclosure``, ``details.disclosure`` the position in ``opened``) a salt longer
+    than MAX_SALT_BYTES, one that repeats a short pattern, and two salts that share one of
+    their :func:`salt_keys`. Only the salts are read: exact, and a few microseconds a record."""
+    seen: dict[bytes, int] = {}
     for i, d in enumerate(opened):
         raw = _unb64url(d.salt)
+        if len(raw) > MAX_SALT_BYTES:
+            raise _fail(
+                "salt",
+                f"disclosure {i} ({d.member}): its salt holds {len(raw)} bytes; a salt is "
+                f"{SALT_BYTES} to {MAX_SALT_BYTES} fresh random bytes",
+                disclosure=i,
+                member=d.member,
+            )
         if _repeats(raw):
             raise _fail(
                 "salt",
@@ -194,17 +221,18 @@ def check_salts(opened: Iterable[Disclosure]) -> None:
                 disclosure=i,
                 member=d.member,
             )
-        first = seen.setdefault(_salt_digest(raw), i)
-        if first != i:
-            raise _fail(
-                "salt",
-                f"disclosure {i} ({d.member}) reuses the salt of disclosure {first}: each "
-                "disclosure's salt must be fresh (one salt disclosed would confirm guesses "
-                "of the other members)",
-                disclosure=i,
-                member=d.member,
-                reuses=first,
-            )
+        for key in _salt_keys(raw):
+            first = seen.setdefault(key, i)
+            if first != i:
+                raise _fail(
+                    "salt",
+                    f"disclosure {i} ({d.member}) reuses the salt of disclosure {first}: each "
+                    "disclosure's salt must be fresh (one salt disclosed would confirm "
+                    "guesses of the other members)",
+                    disclosure=i,
+                    member=d.member,
+                    reuses=first,
+                )
 
 
 def check_digests(digests: object, where: str = "disclosure_digests") -> tuple[str, ...]:

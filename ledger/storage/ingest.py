@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from ledger.cachekey import CHAT
 from ledger.clock import parse_rfc3339, rfc3339
+from ledger.disclosures import salt_keys
 from ledger.errors import (
     Conflict,
     InvalidInput,
@@ -36,7 +37,7 @@ from ledger.signing import Envelope
 from ledger.storage import cache, keystore, log, registered
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database, as_utc, utcnow
-from ledger.storage.models import Disclosure, Fingerprint, Record
+from ledger.storage.models import Disclosure, Fingerprint, Record, Salt
 from ledger.storage.queries import FINGERPRINT_ID, check_name
 
 
@@ -69,6 +70,7 @@ class _Checked:
     envelope: Envelope
     record: InferenceRecord
     content_hash: str
+    salts: tuple[tuple[bytes, ...], ...] = ()  # each disclosure's salt_keys, in order
 
     @property
     def summary(self) -> RecordSummary:
@@ -147,7 +149,8 @@ def _check_items(items: Sequence[RecordItem]) -> list[_Checked]:
             record = parse_record(env.body, item.disclosures, complete=True)
         except LedgerError as exc:
             raise exc.with_details(item=i) from None
-        checked.append(_Checked(env, record, env.body_digest))
+        salts = tuple(salt_keys(d.salt) for d in record.disclosed.values())
+        checked.append(_Checked(env, record, env.body_digest, salts))
     return checked
 
 
@@ -281,10 +284,13 @@ def _write(s: Session, batches: Sequence[CheckedBatch]) -> list[Outcome]:
     position: dict[str, int] = {}  # request ID -> position in new
     plans: list[_Plan | LedgerError] = []
     at = utcnow()  # under the append lock: the receive time of every record appended here
+    accepted = _accepted_salts(s, batches, existing)
+    group_salts: dict[bytes, str] = {}  # salt key -> request ID of a record appended here
     for b in batches:
         try:
             plan = _plan(b, revoked, known, existing, new, position, at)
             _rekey_late_templates(s, b, known)
+            _check_fresh_salts(b, plan, accepted, group_salts)  # the last refusal: it keeps
             plans.append(plan)
         except LedgerError as exc:
             plans.append(exc)
@@ -329,9 +335,83 @@ def _write(s: Session, batches: Sequence[CheckedBatch]) -> list[Outcome]:
             for d in c.record.disclosed.values()
         ],
     )
+    insert_rows(
+        s,
+        Salt,
+        ("salt_key", "log_index"),
+        [
+            (key, idx)
+            for (_, c), idx in zip(new, indexes, strict=True)
+            for keys in c.salts
+            for key in keys
+        ],
+    )
     return [
         plan if isinstance(plan, LedgerError) else _results(plan, new, indexes) for plan in plans
     ]
+
+
+def _accepted_salts(
+    s: Session, batches: Sequence[CheckedBatch], existing: dict[str, tuple[int, str]]
+) -> dict[bytes, int]:
+    """Which salt keys of the group's records not held yet the ledger accepted before:
+    key -> the leaf that committed to it."""
+    keys = list(
+        {
+            key
+            for b in batches
+            for rid, i in b.first.items()
+            if rid not in existing
+            for keys in b.checked[i].salts
+            for key in keys
+        }
+    )
+    accepted: dict[bytes, int] = {}
+    for start in range(0, len(keys), 1000):
+        chunk = keys[start : start + 1000]
+        rows = s.execute(select(Salt.salt_key, Salt.log_index).where(Salt.salt_key.in_(chunk)))
+        accepted.update((bytes(key), idx) for key, idx in rows)
+    return accepted
+
+
+def _check_fresh_salts(
+    b: CheckedBatch, plan: _Plan, accepted: dict[bytes, int], group: dict[bytes, str]
+) -> None:
+    """Refuse batch ``b`` when a record it appends holds a salt the ledger accepted before
+    (``accepted``), one a record appended before it in the group holds (``group``), or one an
+    earlier record of the batch holds; else add its records' salts to ``group``. A disclosed
+    salt would confirm guesses of the other record's content, erased or withheld."""
+    mine: dict[bytes, tuple[str, int]] = {}  # salt key -> (request ID, item)
+    for rid, place in plan.new.items():
+        if place >= 0:  # appended earlier in the group: its salts are there
+            continue
+        i = b.first[rid]
+        c = b.checked[i]
+        for j, (d, keys) in enumerate(zip(c.record.disclosed.values(), c.salts, strict=True)):
+            for key in keys:
+                details: dict[str, Any] = {"check": "salt", "item": i, "disclosure": j}
+                if key in accepted:
+                    where = f"a salt the ledger accepted before (leaf {accepted[key]})"
+                    details["log_index"] = accepted[key]
+                elif key in group:
+                    where = f"the salt of record {group[key]!r}"
+                    details["request_id"] = group[key]
+                elif key in mine:
+                    where = f"the salt of item {mine[key][1]} of this batch"
+                    details["first_item"] = mine[key][1]
+                else:
+                    continue
+                raise VerificationError(
+                    f"disclosure {j} ({d.member}) of record {rid!r} reuses {where}: each salt "
+                    "must be fresh random bytes, never another record's (a disclosure of one "
+                    "would confirm guesses of the other's content, erased or withheld)",
+                    code="invalid_disclosure",
+                    details={**details, "member": d.member},
+                )
+        for keys in c.salts:
+            for key in keys:
+                mine[key] = (rid, i)
+    group.update((key, rid) for key, (rid, _) in mine.items())
 
 
 def _check_started(c: _Checked, item: int, at: datetime) -> None:

@@ -31,6 +31,7 @@ APPEND_ONLY_TABLES = (
     "erasures",
     "holds",
     "hold_releases",
+    "salts",
 )
 # Tables whose rows are never updated, and deleted only for a request ID ``erasures`` holds
 # (an erasure event logged in the same transaction; triggers enforce it).
@@ -236,6 +237,18 @@ class Disclosure(Base):
     digest: Mapped[str] = mapped_column(String(71), primary_key=True)
     log_index: Mapped[int] = mapped_column(ForeignKey("log_entries.idx"))
     disclosure: Mapped[str] = mapped_column(Text)
+
+
+class Salt(Base):
+    """The hash of every disclosure salt the ledger accepted (``ledger.disclosures.salt_key``),
+    kept when the disclosure is erased: a salt used again by another record, or another
+    replay output, is refused (its disclosure would confirm guesses of the first one's
+    content). ``log_index``: the leaf that committed to it."""
+
+    __tablename__ = "salts"
+
+    salt_key: Mapped[bytes] = mapped_column(LargeBinary(32), primary_key=True)
+    log_index: Mapped[int] = mapped_column(BigInteger)
 
 
 class Erasure(Base):

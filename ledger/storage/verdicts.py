@@ -8,15 +8,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
 
 from ledger.clock import rfc3339
-from ledger.disclosures import digest_of
-from ledger.errors import Gone, NotFound
+from ledger.disclosures import digest_of, parse, salt_keys
+from ledger.errors import Gone, LedgerError, NotFound
 from ledger.replay import VERDICT_KIND
 from ledger.signing import SigningKey, sign_envelope
 from ledger.storage import log
 from ledger.storage.database import Database, as_utc, utcnow
-from ledger.storage.models import Certificate, Disclosure, LogEntry, Replay
+from ledger.storage.models import Certificate, Disclosure, LogEntry, Replay, Salt
 from ledger.storage.queries import (
     EVENT_ID,
     check_name,
@@ -76,10 +77,13 @@ def _append(
                 f"the content of record {erased!r} was erased while it was being replayed",
                 details={"request_id": erased},
             )
+        salts = [key for _, encoded in content for key in salt_keys(parse(encoded).salt)]
+        _check_fresh(s, salts)
         at = utcnow()
         (idx,) = log.append(s, [env], at)
         s.execute(insert(model), [{**row, "log_index": idx, "created_at": at}])
         if content:
+            s.execute(insert(Salt), [{"salt_key": k, "log_index": idx} for k in salts])
             s.execute(
                 insert(Disclosure),
                 [
@@ -93,6 +97,22 @@ def _append(
                 ],
             )
     return Stored(row[id_column], idx, rfc3339(at), env.canonical)
+
+
+def _check_fresh(s: Session, salts: Sequence[bytes]) -> None:
+    """Refuse content (a replay output, whose disclosure the ledger made) holding a salt the
+    ledger accepted before: its own random source repeated, and a disclosure of it would
+    confirm guesses of the other's content. Nothing is logged."""
+    if not salts:
+        return
+    earlier = s.scalars(select(Salt.log_index).where(Salt.salt_key.in_(salts))).first()
+    if earlier is not None:
+        raise LedgerError(
+            "the replay output's disclosure holds a salt the ledger accepted before "
+            f"(leaf {earlier}): the ledger's random source repeated; nothing was logged",
+            code="salt_reused",
+            details={"log_index": earlier},
+        )
 
 
 def _logged(

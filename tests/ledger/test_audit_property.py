@@ -83,7 +83,9 @@ def _new_value(draw: st.DrawFn, su: Superuser, column: str, old: Any, others: li
 @given(data=st.data())
 def test_any_single_column_edit_of_any_ledger_table_fails_the_audit(ledger, data):
     db, built, su = ledger
-    table = data.draw(st.sampled_from(APPEND_ONLY_TABLES), label="table")
+    # salts is a refusal index the audit does not recompute (AUDIT.md), never an answer
+    tables = [t for t in APPEND_ONLY_TABLES if t != "salts"]
+    table = data.draw(st.sampled_from(tables), label="table")
     # in a stable order (a Postgres update moves the row), so that examples replay
     rows = sorted(su.rows(table), key=lambda r: repr(sorted(r[1].items())))
     assume(rows)

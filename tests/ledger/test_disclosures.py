@@ -302,7 +302,7 @@ def test_ingest_refuses_a_salt_reused_under_another_spelling(second: Callable[[s
     first = _b64url(bytes(range(16)))[:-1] + "A"
     body, encoded = _commit_with_salts(_v1("x"), lambda i: first if i == 0 else second(first))
     a, b = (disclosures.parse(e).salt for e in encoded[:2])
-    assert a != b and disclosures.salt_digest(a) == disclosures.salt_digest(b)
+    assert a != b and disclosures.salt_keys(a)[0] in disclosures.salt_keys(b)
     assert _salt_refused(body, encoded).details["disclosure"] == 1
 
 

@@ -14,15 +14,22 @@ from alembic import command
 from sqlalchemy import text
 
 import migrations
-from ledger.errors import Conflict, InvalidInput
+from ledger import disclosures
+from ledger.errors import Conflict, InvalidInput, VerificationError
 from ledger.evidence import verify_bundle
 from ledger.evidence_format import load_bundle
 from ledger.storage import checkpoints, erasures, ingest, proofs, queries
 from ledger.storage.audit import audit
 from ledger.storage.database import Database
+from ledger.storage.models import Salt
 from tests.conftest import BACKENDS
 from tests.support.databases import PostgresDatabases, SqliteDatabases
-from tests.support.documents import record_envelope, record_item_v2
+from tests.support.documents import (
+    record_envelope,
+    record_item_salted,
+    record_item_v2,
+    salt_in,
+)
 from tests.support.seed import seed_ledger
 
 
@@ -109,12 +116,43 @@ def test_an_older_schema_is_named_for_readers_and_another_apps_database_is_not_t
     migrations.check_current(bare)
 
 
-def test_revision_0009_is_not_undone_while_the_log_depends_on_its_tables(bare: Database):
+def test_revisions_0009_and_0010_are_not_undone_while_the_log_depends_on_their_tables(
+    bare: Database,
+):
     migrations.upgrade(bare)
     seeded = seed_ledger(bare)
     item = record_item_v2(seeded.collector, seeded.fingerprint_id)
     ingest.ingest_records(bare, [item])
-    with pytest.raises(Exception, match="cannot be undone: disclosures"):
+    with pytest.raises(Exception, match="0010 cannot be undone: salts"):
         command.downgrade(migrations.alembic_config(bare), "0008")
     assert migrations.current_revision(bare) == migrations.head_revision(bare)
     assert audit(bare, seeded.log_key.public_key).ok
+
+
+def test_revision_0010_keeps_the_salts_of_the_stored_disclosures(
+    bare: Database, monkeypatch: pytest.MonkeyPatch
+):
+    """Upgrading a ledger of v2 records: the salts of the disclosures still stored are known
+    (a record reusing one is refused); those of content erased before the upgrade are not."""
+    migrations.upgrade(bare, "0009")
+    seeded = seed_ledger(bare)
+    kept, erased = (record_item_v2(seeded.collector, seeded.fingerprint_id) for _ in range(2))
+    with monkeypatch.context() as m:  # ingested as revision 0009's ledger did: no salts row
+        write = ingest.insert_rows
+        m.setattr(
+            ingest,
+            "insert_rows",
+            lambda s, model, *rows: None if model is Salt else write(s, model, *rows),
+        )
+        m.setattr(ingest, "_accepted_salts", lambda *_: {})
+        ingest.ingest_records(bare, [kept, erased])
+    rid = erased.envelope["body"]["request_id"]
+    erasures.erase(bare, seeded.log_key, rid, reason="x", requested_by="t")
+    migrations.upgrade(bare)
+    with bare.engine.connect() as conn:
+        held = {bytes(k) for k in conn.execute(text("SELECT salt_key FROM salts")).scalars()}
+    assert held == {k for d in kept.disclosures for k in disclosures.salt_keys(salt_in(d))}
+    with pytest.raises(VerificationError) as refused:
+        ingest.ingest_records(bare, [record_item_salted(seeded, salt_in(kept.disclosures[0]))])
+    assert refused.value.code == "invalid_disclosure"
+    assert refused.value.details["check"] == "salt"

@@ -118,6 +118,7 @@ def test_raw_sql_update_and_delete_are_refused(ledger, table):
         "erasures": "reason_code",
         "holds": "request_id",
         "hold_releases": "log_index",
+        "salts": "log_index",
     }[table]
     if table == "key_revocations":
         keystore.revoke_key(db, ledger[1], collector.key_id, "test")

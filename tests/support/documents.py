@@ -6,9 +6,10 @@ import random
 import uuid
 from typing import Any
 
+from ledger import disclosures
 from ledger.canonical import digest_of
 from ledger.fingerprint import FINGERPRINT_KIND
-from ledger.record_v2 import commit_record
+from ledger.record_v2 import commit_record, content_members
 from ledger.records import RECORD_KIND, Choice, build_record_body
 from ledger.signing import Envelope, SigningKey, sign_envelope
 from ledger.storage.ingest import RecordItem
@@ -86,6 +87,24 @@ def record_v2(key: SigningKey, fingerprint_id: str, **kw: Any) -> tuple[Envelope
 def record_item_v2(key: SigningKey, fingerprint_id: str, **kw: Any) -> RecordItem:
     env, disclosures = record_v2(key, fingerprint_id, **kw)
     return RecordItem(env.to_dict(), disclosures)
+
+
+def salt_in(disclosure: str) -> str:
+    return disclosures.parse(disclosure).salt
+
+
+def record_item_salted(seeded: Any, salt: str, **kw: Any) -> RecordItem:
+    """A v2 record of ``seeded``'s collector and fingerprint whose first disclosure takes
+    ``salt`` (another record's, say: :func:`salt_in`), the others fresh salts."""
+    v1 = record_body(seeded.fingerprint_id, **kw)
+    body, _ = commit_record(v1)
+    made = [
+        disclosures.make(m, v, salt if i == 0 else None)
+        for i, (m, v) in enumerate(content_members(v1).items())
+    ]
+    body["disclosure_digests"] = sorted(d.digest for d in made)
+    envelope = sign_envelope(RECORD_KIND, body, seeded.collector).to_dict()
+    return RecordItem(envelope, [d.encoded for d in made])
 
 
 def resign(key: SigningKey, body: dict[str, Any], kind: str = RECORD_KIND) -> dict[str, Any]:
