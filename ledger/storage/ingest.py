@@ -389,6 +389,8 @@ def _check_fresh_salts(
         c = b.checked[i]
         for j, (d, keys) in enumerate(zip(c.record.disclosed.values(), c.salts, strict=True)):
             for key in keys:
+                if key not in accepted and key not in group and key not in mine:
+                    continue
                 details: dict[str, Any] = {"check": "salt", "item": i, "disclosure": j}
                 if key in accepted:
                     where = f"a salt the ledger accepted before (leaf {accepted[key]})"
@@ -396,11 +398,9 @@ def _check_fresh_salts(
                 elif key in group:
                     where = f"the salt of record {group[key]!r}"
                     details["request_id"] = group[key]
-                elif key in mine:
+                else:
                     where = f"the salt of item {mine[key][1]} of this batch"
                     details["first_item"] = mine[key][1]
-                else:
-                    continue
                 raise VerificationError(
                     f"disclosure {j} ({d.member}) of record {rid!r} reuses {where}: each salt "
                     "must be fresh random bytes, never another record's (a disclosure of one "
