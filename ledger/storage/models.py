@@ -240,10 +240,10 @@ class Disclosure(Base):
 
 
 class Salt(Base):
-    """The hash of every disclosure salt the ledger accepted (``ledger.disclosures.salt_key``),
-    kept when the disclosure is erased: a salt used again by another record, or another
-    replay output, is refused (its disclosure would confirm guesses of the first one's
-    content). ``log_index``: the leaf that committed to it."""
+    """The hashes of every disclosure salt the ledger accepted (each 16-byte window's:
+    ``ledger.disclosures.salt_keys``), kept when the disclosure is erased: a salt used again
+    by another record, or another replay output, is refused (its disclosure would confirm
+    guesses of the first one's content). ``log_index``: the leaf that committed to it."""
 
     __tablename__ = "salts"
 
