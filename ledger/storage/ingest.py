@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
@@ -181,6 +182,9 @@ class CheckedBatch:
     # The chat records' fingerprints not registered when the keys were computed (so keyed
     # without a chat template): registered by the time of the append, they are keyed again.
     untemplated: frozenset[str] = frozenset()
+    # The batch's salt keys the ledger had accepted when it was checked: key -> leaf (read
+    # outside the lock; one accepted since is refused by the table's primary key).
+    accepted: dict[bytes, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.checked)
@@ -220,7 +224,9 @@ def check_batch(db: Database, batch: Sequence[RecordItem | Any]) -> CheckedBatch
             keystore.check_signer(c.envelope, keys)
         except LedgerError as exc:
             raise exc.with_details(item=i) from None
-    return CheckedBatch(checked, first, keyed, key_ids, frozenset(chat - set(templates)))
+    with db.read() as s:
+        accepted = _accepted_salts(s, [k for c in checked for keys in c.salts for k in keys])
+    return CheckedBatch(checked, first, keyed, key_ids, frozenset(chat - set(templates)), accepted)
 
 
 def _rekey_late_templates(s: Session, b: CheckedBatch, known: set[str]) -> None:
@@ -284,13 +290,12 @@ def _write(s: Session, batches: Sequence[CheckedBatch]) -> list[Outcome]:
     position: dict[str, int] = {}  # request ID -> position in new
     plans: list[_Plan | LedgerError] = []
     at = utcnow()  # under the append lock: the receive time of every record appended here
-    accepted = _accepted_salts(s, batches, existing)
     group_salts: dict[bytes, str] = {}  # salt key -> request ID of a record appended here
     for b in batches:
         try:
             plan = _plan(b, revoked, known, existing, new, position, at)
             _rekey_late_templates(s, b, known)
-            _check_fresh_salts(b, plan, accepted, group_salts)  # the last refusal: it keeps
+            _check_fresh_salts(b, plan, group_salts)  # the last refusal: it keeps
             plans.append(plan)
         except LedgerError as exc:
             plans.append(exc)
@@ -351,21 +356,16 @@ def _write(s: Session, batches: Sequence[CheckedBatch]) -> list[Outcome]:
     ]
 
 
-def _accepted_salts(
-    s: Session, batches: Sequence[CheckedBatch], existing: dict[str, tuple[int, str]]
-) -> dict[bytes, int]:
-    """Which salt keys of the group's records not held yet the ledger accepted before:
-    key -> the leaf that committed to it."""
-    keys = list(
-        {
-            key
-            for b in batches
-            for rid, i in b.first.items()
-            if rid not in existing
-            for keys in b.checked[i].salts
-            for key in keys
-        }
-    )
+def _accepted_salts(s: Session, keys: list[bytes]) -> dict[bytes, int]:
+    """Which of these salt keys the ledger accepted: key -> the leaf that committed to it."""
+    if not keys:
+        return {}
+    if s.get_bind().dialect.name == "postgresql":  # one array parameter, not one per key
+        conn = s.connection().connection.driver_connection
+        assert isinstance(conn, psycopg.Connection)
+        with conn.cursor() as cur:
+            cur.execute("SELECT salt_key, log_index FROM salts WHERE salt_key = ANY(%s)", (keys,))
+            return {bytes(key): idx for key, idx in cur}
     accepted: dict[bytes, int] = {}
     for start in range(0, len(keys), 1000):
         chunk = keys[start : start + 1000]
@@ -374,13 +374,12 @@ def _accepted_salts(
     return accepted
 
 
-def _check_fresh_salts(
-    b: CheckedBatch, plan: _Plan, accepted: dict[bytes, int], group: dict[bytes, str]
-) -> None:
+def _check_fresh_salts(b: CheckedBatch, plan: _Plan, group: dict[bytes, str]) -> None:
     """Refuse batch ``b`` when a record it appends holds a salt the ledger accepted before
-    (``accepted``), one a record appended before it in the group holds (``group``), or one an
+    (``b.accepted``), one a record appended before it in the group holds (``group``), or one an
     earlier record of the batch holds; else add its records' salts to ``group``. A disclosed
     salt would confirm guesses of the other record's content, erased or withheld."""
+    accepted = b.accepted
     mine: dict[bytes, tuple[str, int]] = {}  # salt key -> (request ID, item)
     for rid, place in plan.new.items():
         if place >= 0:  # appended earlier in the group: its salts are there
