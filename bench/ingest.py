@@ -428,7 +428,12 @@ def main() -> None:
                 b'{"records":[' + b",".join(items[i : i + args.batch]) + b"]}"
                 for i in range(0, len(items), args.batch)
             ]
+            before = (process_cpu(proc.pid), postgres_cpu())
             v2_s = post_all(url, token, v2_bodies, args.concurrency)
+            v2_cpu = [
+                (b - a) * 1000 / args.records
+                for a, b in zip(before, (process_cpu(proc.pid), postgres_cpu()), strict=True)
+            ]
             v2_rates.append(args.records / v2_s)
             envs = [record_envelope(key, fp_id, **shape) for _ in range(args.records)]  # type: ignore[arg-type]
             bodies = [
@@ -448,7 +453,8 @@ def main() -> None:
             copy_rates.append(args.records / copy_s)
             print(
                 f"run {run + 1}: v2 {v2_rates[-1]:,.0f} records/s "
-                f"({sum(map(len, v2_bodies)) / args.records / 1024:.1f} KiB/record), "
+                f"({sum(map(len, v2_bodies)) / args.records / 1024:.1f} KiB/record; CPU per "
+                f"record: ledger {v2_cpu[0]:.3f} ms, Postgres {v2_cpu[1]:.3f} ms), "
                 f"v1 API {api_rates[-1]:,.0f} records/s, COPY {copy_rates[-1]:,.0f} "
                 f"rows/s, ratio {api_rates[-1] / copy_rates[-1]:.2f} "
                 f"({sum(map(len, bodies)) / args.records / 1024:.1f} KiB/record on the wire; "

@@ -197,12 +197,15 @@ def _repeats(raw: bytes) -> bool:
     return any(raw[p:] == raw[:-p] for p in range(1, min(len(raw) // 2, SALT_BYTES - 1) + 1))
 
 
-def check_salts(opened: Iterable[Disclosure]) -> None:
+def check_salts(opened: Iterable[Disclosure]) -> tuple[tuple[bytes, ...], ...]:
     """Check ``salt`` (ingest): every disclosure's salt is fresh. Refuses (VerificationError
     ``invalid_disclosure``, ``details.disclosure`` the position in ``opened``) a salt longer
     than MAX_SALT_BYTES, one that repeats a short pattern, and two salts that share one of
-    their :func:`salt_keys`. Only the salts are read: exact, and a few microseconds a record."""
+    their :func:`salt_keys`. Only the salts are read: exact, and a few microseconds a record.
+    Returns each disclosure's :func:`salt_keys`, in order (what ingest compares with the
+    salts of other records)."""
     seen: dict[bytes, int] = {}
+    keys: list[tuple[bytes, ...]] = []
     for i, d in enumerate(opened):
         raw = _unb64url(d.salt)
         if len(raw) > MAX_SALT_BYTES:
@@ -221,7 +224,8 @@ def check_salts(opened: Iterable[Disclosure]) -> None:
                 disclosure=i,
                 member=d.member,
             )
-        for key in _salt_keys(raw):
+        keys.append(_salt_keys(raw))
+        for key in keys[-1]:
             first = seen.setdefault(key, i)
             if first != i:
                 raise _fail(
@@ -233,6 +237,7 @@ def check_salts(opened: Iterable[Disclosure]) -> None:
                     member=d.member,
                     reuses=first,
                 )
+    return tuple(keys)
 
 
 def check_digests(digests: object, where: str = "disclosure_digests") -> tuple[str, ...]:

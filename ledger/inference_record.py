@@ -73,6 +73,8 @@ class InferenceRecord(NamedTuple):
     request: dict[str, Any] | None = None
     request_raw: str | None = None
     prompt_token_ids: str | None = None
+    # v2 parsed for ingest (complete): each disclosure's salt keys, in the order of disclosed.
+    salt_keys: tuple[tuple[bytes, ...], ...] = ()
 
     @property
     def request_id(self) -> str:
@@ -162,6 +164,7 @@ def _build(
     sampling: Mapping[str, Any],
     digests: tuple[str, ...] = (),
     disclosed: Mapping[str, Disclosure] | None = None,
+    salt_keys: tuple[tuple[bytes, ...], ...] = (),
 ) -> InferenceRecord:
     return InferenceRecord(
         schema_version=body["schema_version"],
@@ -177,6 +180,7 @@ def _build(
         request=view.get("request"),
         request_raw=view.get("request_raw"),
         prompt_token_ids=view.get("prompt_token_ids"),
+        salt_keys=salt_keys,
     )
 
 
@@ -203,15 +207,16 @@ def parse_record(
         return _build(b, b, summary, sampling_of(b["request"]))
     digests = check_clear(b)
     summary = check_common(b)
+    salt_keys: tuple[tuple[bytes, ...], ...] = ()
     if complete:
-        opened = open_record(b, disclosures)
+        opened, salt_keys = open_record(b, disclosures)
         view = assemble(b, opened)
         summary = check_content(view, summary)
         _check_depth(view)
     else:
         opened = open_disclosures(digests, disclosures)
         view = assemble(b, opened)
-    return _build(b, view, summary, b["sampling"], digests, opened)
+    return _build(b, view, summary, b["sampling"], digests, opened, salt_keys)
 
 
 # How deep a record may nest, at ingest: a collector records no request nested deeper than 64

@@ -338,12 +338,15 @@ def assemble(body: Mapping[str, Any], opened: Mapping[str, Disclosure]) -> dict[
     return view
 
 
-def open_record(body: Mapping[str, Any], disclosures: Sequence[object]) -> dict[str, Disclosure]:
+def open_record(
+    body: Mapping[str, Any], disclosures: Sequence[object]
+) -> tuple[dict[str, Disclosure], tuple[tuple[bytes, ...], ...]]:
     """Open every digest of a v2 body (ingest): its clear members hold no content
     (:func:`check_clear_values`), each disclosure must open a digest, every digest must be
     opened, the members must be exactly those a v1 body would hold (``request`` and
     ``prompt_token_ids``, each choice's ``token_ids``, no member of a choice that does not
-    exist), and every salt is fresh (``ledger.disclosures.check_salts``)."""
+    exist), and every salt is fresh (``ledger.disclosures.check_salts``). Returns the opened
+    disclosures (member -> disclosure) and each one's salt keys, in the same order."""
     digests = check_clear(body)
     check_clear_values(body)
     opened = open_disclosures(digests, disclosures)
@@ -367,7 +370,7 @@ def open_record(body: Mapping[str, Any], disclosures: Sequence[object]) -> dict[
             f"choices; got {sorted(opened)}",
             code="schema_violation",
         )
-    check_salts(opened.values())
+    salt_keys = check_salts(opened.values())
     request = opened["request"].value
     if not isinstance(request, dict) or canonicalize(sampling_of(request)) != canonicalize(
         body["sampling"]
@@ -376,4 +379,4 @@ def open_record(body: Mapping[str, Any], disclosures: Sequence[object]) -> dict[
             "sampling must be exactly the SAMPLING members of the disclosed request",
             code="sampling_mismatch",
         )
-    return opened
+    return opened, salt_keys
