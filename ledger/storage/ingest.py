@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -180,9 +180,6 @@ class CheckedBatch:
     # The chat records' fingerprints not registered when the keys were computed (so keyed
     # without a chat template): registered by the time of the append, they are keyed again.
     untemplated: frozenset[str] = frozenset()
-    # The batch's salt keys the ledger had accepted when it was checked: key -> leaf (read
-    # outside the lock; one accepted since is refused by the table's primary key).
-    accepted: dict[bytes, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.checked)
@@ -222,12 +219,7 @@ def check_batch(db: Database, batch: Sequence[RecordItem | Any]) -> CheckedBatch
             keystore.check_signer(c.envelope, keys)
         except LedgerError as exc:
             raise exc.with_details(item=i) from None
-    accepted: dict[bytes, int] = {}
-    salted = [k for c in checked for keys in c.salts for k in keys]
-    if salted:  # schema v1 records have none: no session opened for them
-        with db.read() as s:
-            accepted = _accepted_salts(s, salted)
-    return CheckedBatch(checked, first, keyed, key_ids, frozenset(chat - set(templates)), accepted)
+    return CheckedBatch(checked, first, keyed, key_ids, frozenset(chat - set(templates)))
 
 
 def _rekey_late_templates(s: Session, b: CheckedBatch, known: set[str]) -> None:
@@ -290,13 +282,18 @@ def _write(s: Session, batches: Sequence[CheckedBatch]) -> list[Outcome]:
     new: list[tuple[CheckedBatch, _Checked]] = []
     position: dict[str, int] = {}  # request ID -> position in new
     plans: list[_Plan | LedgerError] = []
+    # Every salt of the group looked up at once, under the lock (one query; a session per
+    # batch outside it cost more than the query in a fleet of small batches).
+    accepted = _accepted_salts(
+        s, [k for b in batches for c in b.checked for ks in c.salts for k in ks]
+    )
     at = utcnow()  # under the append lock: the receive time of every record appended here
     group_salts: dict[bytes, str] = {}  # salt key -> request ID of a record appended here
     for b in batches:
         try:
             plan = _plan(b, revoked, known, existing, new, position, at)
             _rekey_late_templates(s, b, known)
-            _check_fresh_salts(b, plan, group_salts)  # the last refusal: it keeps
+            _check_fresh_salts(b, plan, accepted, group_salts)  # the last refusal: it keeps
             plans.append(plan)
         except LedgerError as exc:
             plans.append(exc)
@@ -367,6 +364,8 @@ _ACCEPTED_SALTS = (
 
 def _accepted_salts(s: Session, keys: list[bytes]) -> dict[bytes, int]:
     """Which of these salt keys the ledger accepted: key -> the leaf that committed to it."""
+    if not keys:  # schema v1 records have none
+        return {}
     if s.get_bind().dialect.name == "postgresql":
         # One bytea parameter holding every key, cut apart by the server: a list parameter
         # (= ANY(%s)) is adapted one key at a time, which cost the worker more than the query.
@@ -384,12 +383,13 @@ def _accepted_salts(s: Session, keys: list[bytes]) -> dict[bytes, int]:
     return accepted
 
 
-def _check_fresh_salts(b: CheckedBatch, plan: _Plan, group: dict[bytes, str]) -> None:
+def _check_fresh_salts(
+    b: CheckedBatch, plan: _Plan, accepted: dict[bytes, int], group: dict[bytes, str]
+) -> None:
     """Refuse batch ``b`` when a record it appends holds a salt the ledger accepted before
-    (``b.accepted``), one a record appended before it in the group holds (``group``), or one an
+    (``accepted``), one a record appended before it in the group holds (``group``), or one an
     earlier record of the batch holds; else add its records' salts to ``group``. A disclosed
     salt would confirm guesses of the other record's content, erased or withheld."""
-    accepted = b.accepted
     mine: dict[bytes, tuple[str, int]] = {}  # salt key -> (request ID, item)
     for rid, place in plan.new.items():
         if place >= 0:  # appended earlier in the group: its salts are there

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ledger import disclosures
-from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound, VerificationError
+from ledger.errors import InvalidInput, LedgerError, NotFound, VerificationError
 from ledger.record_v2 import commit_record, content_members
 from ledger.records import RECORD_KIND
 from ledger.signing import sign_envelope
@@ -221,18 +221,17 @@ def test_a_replay_output_reusing_a_salt_is_not_logged(seeded: Seeded, db: Databa
     assert [v["replay_id"] for v in verdicts.verdicts_of(db, created.request_id)] == [stored.id]
 
 
-def test_a_salt_accepted_between_check_and_append_is_refused_by_the_table(
-    seeded: Seeded, db: Database, monkeypatch: pytest.MonkeyPatch
-):
-    """A batch's salts are looked up when it is checked, outside the append lock: one that
-    another worker appended in between is refused by the table's primary key, that batch
-    alone, and nothing of it is written."""
+def test_a_salt_accepted_between_check_and_append_is_refused(seeded: Seeded, db: Database):
+    """A batch's salts are looked up under the append lock, with the group's: one that
+    another batch appended after this one was checked is refused, that batch alone, naming
+    the leaf that holds it, and nothing of it is written."""
     first = record_item_v2(seeded.collector, seeded.fingerprint_id)
     late = record_item_salted(seeded, salt_in(first.disclosures[0]))
-    monkeypatch.setattr(ingest, "_accepted_salts", lambda *_: {})  # checked before `first`
     checked = ingest.check_batch(db, [late])
-    ingest.ingest_records(db, [first])
+    (held,) = ingest.ingest_records(db, [first])
     (outcome,) = ingest.write_batches(db, [checked])
-    assert isinstance(outcome, Conflict) and outcome.code == "rejected_by_database"
+    assert isinstance(outcome, VerificationError) and outcome.code == "invalid_disclosure"
+    assert outcome.details["check"] == "salt"
+    assert outcome.details["log_index"] == held.log_index
     with pytest.raises(NotFound):
         queries.get_record(db, late.envelope["body"]["request_id"])
