@@ -21,7 +21,6 @@ connection pool on the app (:func:`create_proxy` puts them there).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -44,13 +43,18 @@ from collectors.edge import (
     unless_gone,
 )
 from collectors.errors import error_response
-from collectors.exchange import CHAT, COMPLETIONS, Plan, dumps, engine_json, plan
+from collectors.exchange import CHAT, COMPLETIONS, Plan, engine_json, plan
 from collectors.recording import Exchange, count_unrecordable, drain_aborted
 from collectors.replay import REPLAY_PATH, handle_replay
 from collectors.streaming import EndsWithTheResponse, forward_stream
 from collectors.tiers import TIER_HEADER, check_tier, parse_tier, refusal_if_answered
 from collectors.upstream import Upstream
-from collectors.vllm_request import Unsure, is_json_media_type
+from collectors.vllm_request import (
+    RequestJson,
+    Unsure,
+    is_json_media_type,
+    read_request_json,
+)
 from collectors.worker_state import WorkerState
 from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError, Unreachable
 from ledger.logs import REQUEST_ID
@@ -148,17 +152,18 @@ async def _read(request: Request, state: WorkerState, request_id: str) -> _Read 
     decides); a request refused on the collector's own rules raises."""
     tier = parse_tier(request.headers.get(TIER_HEADER), state.default_tier)
     raw = await request.body()
-    body: Any = None
+    parsed = RequestJson(None, False)
     reason = "media_type"
     if is_json_media_type(request.headers.get("content-type")):
         reason = "not_an_object"
         with contextlib.suppress(ValueError, RecursionError):  # vLLM: 400 as well
-            body = json.loads(raw)
+            parsed = read_request_json(raw)
+    body: Any = parsed.value
     if isinstance(body, dict):
         reason = "not_judged"
         try:
             exchange_plan = plan(request.url.path, body, can_render=state.renderer is not None)
-            engine_raw = dumps(exchange_plan.engine_body)
+            engine_raw = parsed.engine_bytes(exchange_plan.engine_body)
             check_tier(tier, body, state.batch_invariance)
             return _Read(request_id, tier, exchange_plan, engine_raw)
         except (Unsure, UnicodeEncodeError, RecursionError, ValueError) as exc:

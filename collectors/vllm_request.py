@@ -14,10 +14,13 @@ vLLM imports nothing of ours and we import nothing of vLLM's: it runs in its own
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from ledger.compact_json import compact_json
 
 JSON_MEDIA_TYPE = "application/json"
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
@@ -35,6 +38,46 @@ class Unsure(Exception):
 def is_json_media_type(content_type: str | None) -> bool:
     """vLLM's ``validate_json_request``: the media type, lower-cased, is application/json."""
     return (content_type or "").lower().split(";", maxsplit=1)[0] == JSON_MEDIA_TYPE
+
+
+@dataclass(frozen=True)
+class RequestJson:
+    """A request body as vLLM's ``json.loads`` reads it, and whether it held a non-finite
+    number: ``NaN``, ``Infinity``, ``-Infinity``, or a literal beyond a float's range
+    (``1e400``)."""
+
+    value: Any
+    nonfinite: bool
+
+    def engine_bytes(self, body: Any) -> bytes:
+        """``body`` (this request as the engine gets it) written as JSON vLLM reads back to
+        the same values: a non-finite number as ``json.dumps`` writes it (``NaN``,
+        ``Infinity``), which vLLM's ``json.loads`` reads as it read the client's; orjson
+        would write ``null``, a different request (vLLM refuses ``top_p: NaN``, and takes
+        ``top_p: null`` as its default)."""
+        if not self.nonfinite:
+            return compact_json(body)
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def read_request_json(raw: bytes) -> RequestJson:
+    """Parse a request body as vLLM does (``json.loads``: ValueError or RecursionError when
+    it is not JSON), noting a non-finite number in it."""
+    nonfinite = False
+
+    def number(text: str) -> float:
+        nonlocal nonfinite
+        value = float(text)
+        nonfinite = nonfinite or not math.isfinite(value)
+        return value
+
+    def constant(text: str) -> float:  # NaN, Infinity, -Infinity
+        nonlocal nonfinite
+        nonfinite = True
+        return float(text)
+
+    value = json.loads(raw, parse_float=number, parse_constant=constant)
+    return RequestJson(value, nonfinite)
 
 
 def lax_bool(value: object, name: str) -> bool | None:

@@ -9,6 +9,7 @@ it checks the collector's spool holds one record for a 2xx and none otherwise, o
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import time
@@ -410,3 +411,42 @@ def test_a_list_of_one_prompt_is_answered_and_recorded_as_that_prompt(
         engine, collector, COMPLETIONS, body_of({**BASE, "prompt": prompt, "stream": stream}), JSON
     )
     assert result.through.status == 200
+
+
+def _literal(body: dict[str, object], literal: str) -> bytes:
+    """``body`` as JSON with the member valued ``"@"`` written as the bare ``literal``."""
+    return body_of(body).replace(b'"@"', literal.encode())
+
+
+CHAT_BASE = {"model": "fixture", "messages": MESSAGES, "max_tokens": 5, "temperature": 0}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "literal"),
+    [
+        (COMPLETIONS, {**BASE, "top_p": "@"}, "NaN"),
+        (COMPLETIONS, {**BASE, "top_p": "@"}, "Infinity"),
+        (COMPLETIONS, {**BASE, "top_p": "@"}, "1e400"),
+        (COMPLETIONS, {**BASE, "top_p": "@", "stream": True}, "NaN"),
+        (COMPLETIONS, {**BASE, "presence_penalty": "@"}, "-Infinity"),
+        (COMPLETIONS, {**BASE, "max_tokens": "@"}, "NaN"),
+        (COMPLETIONS, {**BASE, "temperature": "@", "seed": 3}, "1e400"),
+        (COMPLETIONS, {**BASE, "logit_bias": {"5": "@"}}, "NaN"),
+        (COMPLETIONS, {**BASE, "length_penalty": "@"}, "NaN"),
+        (CHAT, {**CHAT_BASE, "top_p": "@"}, "NaN"),
+        (CHAT, {**CHAT_BASE, "logit_bias": {"5": "@"}}, "Infinity"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_non_finite_numbers_reach_vllm_as_the_client_wrote_them(
+    engine: EngineServer, collector: CollectorUnderTest, path: str, body: dict, literal: str
+):
+    """NaN, Infinity and a literal beyond a float's range are what the engine reads through
+    the collector too (never null, which vLLM reads as "the default"): the same refusal, or
+    the same answer, recorded with the engine's request as the engine got it."""
+    result = check(engine, collector, path, _literal(body, literal), JSON)
+    if 200 <= result.through.status < 300:
+        (record,) = collector.records(result.through.request_id)
+        constants: list[str] = []  # the non-finite literals of the request the engine got
+        json.loads(base64.b64decode(record["request_raw"]), parse_constant=constants.append)
+        assert constants == [literal.replace("1e400", "Infinity")]
