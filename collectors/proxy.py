@@ -31,8 +31,9 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from collectors.edge import (
@@ -60,6 +61,7 @@ from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError, Unr
 from ledger.logs import REQUEST_ID
 
 _OTHER_METHODS = ["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"]
+_EVERY_METHOD = ["POST", *_OTHER_METHODS]
 
 logger = logging.getLogger("ledger.collector")
 
@@ -85,10 +87,12 @@ def create_proxy(state: WorkerState) -> Starlette:
             Route(CHAT, generate, methods=["POST"]),
             Route(COMPLETIONS, other_method, methods=_OTHER_METHODS),
             Route(CHAT, other_method, methods=_OTHER_METHODS),
-            Route("/v1/models", passthrough, methods=["GET"]),
-            Route("/health", passthrough, methods=["GET"]),
+            Route("/v1/models", passthrough, methods=_EVERY_METHOD),
+            Route("/health", passthrough, methods=_EVERY_METHOD),
             Route("/metrics", own_metrics, methods=["GET"]),
         ],
+        # vLLM's server is FastAPI: a path or method it does not serve is JSON, as here
+        exception_handlers={HTTPException: _http_error},
     )
     app.state.worker = state
     app.state.engine = engine
@@ -99,12 +103,22 @@ def _context(request: Request) -> tuple[WorkerState, Upstream]:
     return request.app.state.worker, request.app.state.engine
 
 
+async def _http_error(_: Request, exc: Exception) -> Response:
+    """FastAPI's answer to a path or method no route serves: ``{"detail": ...}``."""
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
+
+
 async def passthrough(request: Request) -> Response:
-    """``/v1/models`` and ``/health``: vLLM's answer, with the client's credentials."""
+    """``/v1/models`` and ``/health``, any method: vLLM's answer (its 405 to all but GET),
+    with the client's credentials."""
     _, engine = _context(request)
     path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    body = await request.body()
     try:
-        answer = await engine.request("GET", path, headers=forwarded_headers(request))
+        answer = await engine.request(
+            request.method, path, body=body or None, headers=forwarded_headers(request)
+        )
     except Unreachable as exc:
         return error_response(exc)
     return Response(answer.body, answer.status, media_type=answer.content_type)

@@ -317,6 +317,33 @@ def test_other_methods_get_vllms_json_405(
     }
 
 
+@pytest.mark.parametrize("method", ["HEAD", "POST", "PUT", "DELETE"])
+@pytest.mark.parametrize("path", ["/health", "/v1/models"])
+def test_other_methods_on_the_passed_through_paths_get_vllms_answer(
+    engine: EngineServer, collector: CollectorUnderTest, method: str, path: str
+):
+    result = check(engine, collector, path, None, method=method)
+    assert result.through.status == 405
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/embeddings"),
+        ("POST", "/V1/Completions"),
+        ("POST", "//v1/completions"),
+        ("GET", "/v1/models/fixture"),
+        ("GET", "/no/such/path"),
+    ],
+)
+def test_paths_vllm_does_not_serve_get_its_json_404(
+    engine: EngineServer, collector: CollectorUnderTest, method: str, path: str
+):
+    body = body_of(BASE) if method == "POST" else None
+    result = check(engine, collector, path, body, JSON, method=method)
+    assert result.through.status == 404 and result.through.json() == {"detail": "Not Found"}
+
+
 def _metric(text: str, name: str) -> float:
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):

@@ -51,7 +51,7 @@ class Answer:
         """The body with per-request IDs and times removed (JSON, each event, or raw bytes)."""
         if self.content_type.startswith("text/event-stream"):
             return merged_stream([_parse(e) for e in self.events])
-        if self.content_type.startswith("application/json"):
+        if self.content_type.startswith("application/json") and self.body:  # HEAD: none
             return _stable(self.json())
         return self.body
 
