@@ -49,7 +49,7 @@ from collectors.recording import Exchange, count_unrecordable, drain_aborted
 from collectors.replay import REPLAY_PATH, handle_replay
 from collectors.streaming import EndsWithTheResponse, forward_stream
 from collectors.tiers import TIER_HEADER, check_tier, parse_tier, refusal_if_answered
-from collectors.upstream import Upstream
+from collectors.upstream import Answer, Upstream
 from collectors.vllm_request import (
     RequestJson,
     Unsure,
@@ -121,7 +121,14 @@ async def passthrough(request: Request) -> Response:
         )
     except Unreachable as exc:
         return error_response(exc)
-    return Response(answer.body, answer.status, media_type=answer.content_type)
+    return Response(
+        answer.body, answer.status, media_type=answer.content_type, headers=_allow(answer)
+    )
+
+
+def _allow(answer: Answer) -> dict[str, str]:
+    """vLLM's ``Allow`` (on its 405s), passed on."""
+    return {} if answer.allow is None else {"Allow": answer.allow}
 
 
 async def own_metrics(request: Request) -> Response:
@@ -257,12 +264,10 @@ async def forward_unchanged(request: Request, read: _Unread) -> Response:
         )
     else:
         metrics.engine_errors.labels(str(answer.status)).inc()
-    return Response(
-        answer.body,
-        answer.status,
-        media_type=answer.content_type,
-        headers={REQUEST_ID_HEADER: request_id} if request_id is not None else None,
-    )
+    headers = _allow(answer)
+    if request_id is not None:
+        headers[REQUEST_ID_HEADER] = request_id
+    return Response(answer.body, answer.status, media_type=answer.content_type, headers=headers)
 
 
 def _answer(content: bytes, status: int, media_type: str | None, request_id: str) -> Response:

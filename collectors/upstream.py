@@ -32,11 +32,12 @@ KEEPALIVE = 2.0
 
 @dataclass(frozen=True)
 class Answer:
-    """A whole response: status, content type and body."""
+    """A whole response: status, content type and body (and a 405's ``Allow``)."""
 
     status: int
     content_type: str | None
     body: bytes
+    allow: str | None = None
 
 
 class Streamed:
@@ -47,6 +48,7 @@ class Streamed:
         self._upstream = upstream
         self.status = response.status
         self.content_type = response.headers.get("Content-Type")
+        self.allow = response.headers.get("Allow")
 
     async def read(self) -> bytes:
         try:
@@ -135,7 +137,8 @@ class Upstream:
     ) -> Answer:
         """One whole request and response."""
         async with self.stream(method, path, body=body, headers=headers) as response:
-            return Answer(response.status, response.content_type, await response.read())
+            body = await response.read()
+            return Answer(response.status, response.content_type, body, response.allow)
 
     @asynccontextmanager
     async def stream(

@@ -315,6 +315,11 @@ def test_other_methods_get_vllms_json_405(
     assert result.through.status == 405 and result.through.json() == {
         "detail": "Method Not Allowed"
     }
+    assert _allow(collector.url, path, method) == _allow(engine.url, path, method) == "POST"
+
+
+def _allow(base: str, path: str, method: str) -> str | None:
+    return httpx.request(method, base + path, timeout=30).headers.get("allow")
 
 
 @pytest.mark.parametrize("method", ["HEAD", "POST", "PUT", "DELETE"])
@@ -324,6 +329,7 @@ def test_other_methods_on_the_passed_through_paths_get_vllms_answer(
 ):
     result = check(engine, collector, path, None, method=method)
     assert result.through.status == 405
+    assert _allow(collector.url, path, method) == _allow(engine.url, path, method) == "GET"
 
 
 @pytest.mark.parametrize(
