@@ -32,7 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -92,7 +92,7 @@ def create_proxy(state: WorkerState) -> Starlette:
             Route("/metrics", own_metrics, methods=["GET"]),
         ],
         # vLLM's server is FastAPI: a path or method it does not serve is JSON, as here
-        exception_handlers={HTTPException: _http_error},
+        exception_handlers={HTTPException: _http_error, ClientDisconnect: _client_left},
     )
     app.state.worker = state
     app.state.engine = engine
@@ -107,6 +107,14 @@ async def _http_error(_: Request, exc: Exception) -> Response:
     """FastAPI's answer to a path or method no route serves: ``{"detail": ...}``."""
     assert isinstance(exc, HTTPException)
     return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
+
+
+async def _client_left(request: Request, _: Exception) -> Response:
+    """The client left before its whole body came: nothing was sent to vLLM, nobody reads
+    an answer (counted, kept out of the error log)."""
+    state, _engine = _context(request)
+    state.metrics.requests.labels(request.url.path, "aborted").inc()
+    return Response(status_code=499)
 
 
 async def passthrough(request: Request) -> Response:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -312,3 +314,29 @@ def test_a_failure_recording_a_client_that_left_is_logged_and_counted(
             assert "signing failed" in caplog.text
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/health"])
+def test_a_client_that_leaves_before_its_whole_body_is_counted_not_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, path: str
+):
+    """A body shorter than its Content-Length, then the client gone: nothing reaches the
+    engine or the spool, the request counts as aborted, and no traceback is logged."""
+    with running_proxy(tmp_path) as (url, worker), caplog.at_level(logging.ERROR):
+        where = urlsplit(url)
+        with socket.create_connection((where.hostname, where.port)) as sock:
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                'Content-Length: 100\r\n\r\n{"model"'.encode()
+            )
+            time.sleep(0.2)
+        labels = {"endpoint": path, "outcome": "aborted"}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if worker.metrics.registry.get_sample_value("collector_requests_total", labels):
+                break
+            time.sleep(0.05)
+        assert worker.metrics.registry.get_sample_value("collector_requests_total", labels) == 1
+        time.sleep(0.2)  # what the server would log after its answer
+        assert "ClientDisconnect" not in caplog.text and "Exception" not in caplog.text
+        assert worker.spool.pending() == 0
