@@ -18,7 +18,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ENGINE_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-START_TIMEOUT = 420.0
+# Four engines started together compile their models at once: on a slow 2-core host with a
+# cold torch.compile cache that took over 400 s.
+START_TIMEOUT = 900.0
 BASE_ARGS = ("--dtype", "bfloat16", "--max-model-len", "256", "--served-model-name", "fixture")
 STRICT_ARGS = ("--max-num-seqs", "1", "--no-enable-prefix-caching", "--no-enable-chunked-prefill")
 
