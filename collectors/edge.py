@@ -4,7 +4,8 @@
   one; the ledger serves records at ``/v1/records/{ID}``, so an ID is 1-200 URL-safe
   characters and never a path segment trick (``.``, ``..``).
 - :func:`engine_headers`: what the engine sees of the client's headers (credentials, content
-  type, accept) plus the request ID, as vLLM alone would have got them.
+  type, accept, a browser's origin and CORS preflight) plus the request ID, as vLLM alone
+  would have got them.
 - :func:`unless_gone`: the engine's work, cancelled when the client disconnects first, which
   closes the engine's connection, so vLLM aborts the generation as it would for the client.
 """
@@ -22,7 +23,16 @@ from starlette.requests import Request
 from ledger.errors import InvalidInput, LedgerError
 
 REQUEST_ID_HEADER = "x-request-id"
-FORWARD_HEADERS = ("authorization", "content-type", "accept")
+# Credentials, the body's type, and what vLLM's CORS middleware reads (a browser's origin and
+# a preflight's questions): nothing else of the client's changes what vLLM answers.
+FORWARD_HEADERS = (
+    "authorization",
+    "content-type",
+    "accept",
+    "origin",
+    "access-control-request-method",
+    "access-control-request-headers",
+)
 _REQUEST_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 _PATH_TRICKS = frozenset({".", ".."})
 
@@ -43,7 +53,7 @@ def request_id_of(request: Request) -> str:
 
 
 def forwarded_headers(request: Request) -> dict[str, str]:
-    """The client's credentials, content type and accept header, as the engine should see them."""
+    """The client's headers that vLLM reads (``FORWARD_HEADERS``), as the engine should see them."""
     return {h: request.headers[h] for h in FORWARD_HEADERS if h in request.headers}
 
 

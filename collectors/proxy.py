@@ -9,7 +9,10 @@ generation (``edge.unless_gone``). Requests are read as vLLM reads them
 (``collectors/vllm_request.py``); one the collector cannot read so goes to vLLM unchanged and
 vLLM's answer back unchanged (a 2xx there is counted in ``collector_unrecordable_total``, never
 recorded). Engine errors are passed through unchanged (status, body) and counted.
-``/v1/models`` and ``/health`` pass through; ``/metrics`` is the collector's own;
+vLLM's paths that generate nothing (``PASSED_THROUGH``: health, models, version, tokenizer)
+pass through, as does an OPTIONS on the generation paths and on any path the collector does
+not serve (a browser's CORS preflight is vLLM's to answer; vLLM's CORS headers pass on with
+every answer of vLLM's); ``/metrics`` is the collector's own;
 ``/ledger/v1/replay`` runs the ledger's signed replay orders (``collectors/replay.py``), never
 recorded as traffic. The collector's own errors are answered through one table
 (``collectors/errors.py``).
@@ -60,8 +63,22 @@ from collectors.worker_state import WorkerState
 from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError, Unreachable
 from ledger.logs import REQUEST_ID
 
-_OTHER_METHODS = ["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"]
-_EVERY_METHOD = ["POST", *_OTHER_METHODS]
+_OTHER_METHODS = ["GET", "HEAD", "PUT", "PATCH", "DELETE"]  # OPTIONS: vLLM's CORS
+_EVERY_METHOD = ["POST", "OPTIONS", *_OTHER_METHODS]
+# vLLM's paths that generate nothing and change nothing: any method goes to vLLM, its answer
+# comes back unchanged. Its other paths either generate (``/v1/responses``, ``/v1/messages``,
+# embeddings, scoring...), and would go unrecorded, or change the engine (LoRA adapters, sleep,
+# caches), and would change what its fingerprint says: they are not served here.
+PASSED_THROUGH = (
+    "/health",
+    "/ping",
+    "/version",
+    "/load",
+    "/v1/models",
+    "/tokenize",
+    "/detokenize",
+    "/tokenizer_info",
+)
 
 logger = logging.getLogger("ledger.collector")
 
@@ -87,8 +104,9 @@ def create_proxy(state: WorkerState) -> Starlette:
             Route(CHAT, generate, methods=["POST"]),
             Route(COMPLETIONS, other_method, methods=_OTHER_METHODS),
             Route(CHAT, other_method, methods=_OTHER_METHODS),
-            Route("/v1/models", passthrough, methods=_EVERY_METHOD),
-            Route("/health", passthrough, methods=_EVERY_METHOD),
+            Route(COMPLETIONS, passthrough, methods=["OPTIONS"]),  # a CORS preflight
+            Route(CHAT, passthrough, methods=["OPTIONS"]),
+            *(Route(path, passthrough, methods=_EVERY_METHOD) for path in PASSED_THROUGH),
             Route("/metrics", own_metrics, methods=["GET"]),
         ],
         # vLLM's server is FastAPI: a path or method it does not serve is JSON, as here
@@ -103,9 +121,13 @@ def _context(request: Request) -> tuple[WorkerState, Upstream]:
     return request.app.state.worker, request.app.state.engine
 
 
-async def _http_error(_: Request, exc: Exception) -> Response:
-    """FastAPI's answer to a path or method no route serves: ``{"detail": ...}``."""
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """FastAPI's answer to a path or method no route serves: ``{"detail": ...}``; but an
+    OPTIONS on a path no route serves, a browser's CORS preflight above all, is vLLM's to
+    answer, as it would be without the collector."""
     assert isinstance(exc, HTTPException)
+    if exc.status_code == 404 and request.method == "OPTIONS":
+        return await passthrough(request)
     return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
 
 
@@ -118,8 +140,8 @@ async def _client_left(request: Request, _: Exception) -> Response:
 
 
 async def passthrough(request: Request) -> Response:
-    """``/v1/models`` and ``/health``, any method: vLLM's answer (its 405 to all but GET),
-    with the client's credentials."""
+    """A path of ``PASSED_THROUGH``, any method: vLLM's answer (its 405 to a method it does
+    not serve there), with the client's headers vLLM reads."""
     _, engine = _context(request)
     path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     body = await request.body()
@@ -130,13 +152,8 @@ async def passthrough(request: Request) -> Response:
     except Unreachable as exc:
         return error_response(exc)
     return Response(
-        answer.body, answer.status, media_type=answer.content_type, headers=_allow(answer)
+        answer.body, answer.status, media_type=answer.content_type, headers=dict(answer.passed)
     )
-
-
-def _allow(answer: Answer) -> dict[str, str]:
-    """vLLM's ``Allow`` (on its 405s), passed on."""
-    return {} if answer.allow is None else {"Allow": answer.allow}
 
 
 async def own_metrics(request: Request) -> Response:
@@ -272,21 +289,26 @@ async def forward_unchanged(request: Request, read: _Unread) -> Response:
         )
     else:
         metrics.engine_errors.labels(str(answer.status)).inc()
-    headers = _allow(answer)
+    headers = dict(answer.passed)
     if request_id is not None:
         headers[REQUEST_ID_HEADER] = request_id
     return Response(answer.body, answer.status, media_type=answer.content_type, headers=headers)
 
 
-def _answer(content: bytes, status: int, media_type: str | None, request_id: str) -> Response:
-    return Response(content, status, media_type=media_type, headers={REQUEST_ID_HEADER: request_id})
+def _answer(ex: Exchange, answer: Answer, content: bytes, media_type: str | None) -> Response:
+    """``content`` with vLLM's status and passed-on headers, and the request's ID."""
+    return Response(
+        content,
+        answer.status,
+        media_type=media_type,
+        headers={**answer.passed, REQUEST_ID_HEADER: ex.request_id},
+    )
 
 
-async def _whole(request: Request, engine: Upstream, ex: Exchange) -> tuple[int, str | None, bytes]:
-    async with engine.stream(
+async def _whole(request: Request, engine: Upstream, ex: Exchange) -> Answer:
+    return await engine.request(
         "POST", ex.endpoint, body=ex.engine_raw, headers=engine_headers(request, ex.request_id)
-    ) as upstream:
-        return upstream.status, upstream.content_type, await upstream.read()
+    )
 
 
 async def forward_whole(request: Request, engine: Upstream, ex: Exchange, own: float) -> Response:
@@ -303,11 +325,11 @@ async def forward_whole(request: Request, engine: Upstream, ex: Exchange, own: f
     if answer is None:
         metrics.requests.labels(endpoint, "aborted").inc()
         return Response(status_code=499)  # nobody reads it
-    status, content_type, content = answer
-    if status != 200:
-        metrics.engine_errors.labels(str(status)).inc()
+    content = answer.body
+    if answer.status != 200:
+        metrics.engine_errors.labels(str(answer.status)).inc()
         metrics.requests.labels(endpoint, "engine_error").inc()
-        return _answer(content, status, content_type, request_id)
+        return _answer(ex, answer, content, answer.content_type)
     after = time.perf_counter()
     try:
         data = engine_json(content)
@@ -315,7 +337,7 @@ async def forward_whole(request: Request, engine: Upstream, ex: Exchange, own: f
         data = None
     if not isinstance(data, dict):  # not an answer of vLLM's OpenAI server: as it came
         count_unrecordable(ex, InvalidInput("the engine's answer is not a JSON object"), metrics)
-        return _answer(content, status, content_type, request_id)
+        return _answer(ex, answer, content, answer.content_type)
     ex.ttft_ns = time.perf_counter_ns() - ex.started_ns
     ex.acc.feed(data)
     out = content if not ex.plan.reshapes else ex.for_client(data)
@@ -325,7 +347,7 @@ async def forward_whole(request: Request, engine: Upstream, ex: Exchange, own: f
         # vLLM's answer holds nothing a record can be built from: the client gets it, and
         # /metrics counts it.
         count_unrecordable(ex, exc, metrics)
-        return _answer(out, 200, "application/json", request_id)
+        return _answer(ex, answer, out, "application/json")
     except LedgerError as exc:
         # Fail closed: an answer that cannot be stored is not handed out.
         metrics.requests.labels(endpoint, "not_recorded").inc()
@@ -338,4 +360,4 @@ async def forward_whole(request: Request, engine: Upstream, ex: Exchange, own: f
         return error_response(withheld, request_id)
     metrics.added_latency.observe(own + time.perf_counter() - after)
     metrics.requests.labels(endpoint, "recorded").inc()
-    return _answer(out, 200, "application/json", request_id)
+    return _answer(ex, answer, out, "application/json")

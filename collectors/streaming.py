@@ -61,7 +61,7 @@ async def forward_stream(request: Request, engine: Upstream, ex: Exchange, own: 
             relay(ex, upstream, stack),
             ended,
             media_type=upstream.content_type or "text/event-stream",
-            headers={REQUEST_ID_HEADER: request_id},
+            headers={**upstream.passed, REQUEST_ID_HEADER: request_id},
         )
     async with stack:
         try:
@@ -75,7 +75,7 @@ async def forward_stream(request: Request, engine: Upstream, ex: Exchange, own: 
         content,
         upstream.status,
         media_type=upstream.content_type,
-        headers={REQUEST_ID_HEADER: request_id},
+        headers={**upstream.passed, REQUEST_ID_HEADER: request_id},
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -28,16 +28,29 @@ _FAILURES = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 # connection about that old can be closed by the engine just as it is reused, and the request
 # then fails before the engine has read it; the pool drops idle connections well before that.
 KEEPALIVE = 2.0
+_PASSED = frozenset({"allow", "vary"})
 
 
 @dataclass(frozen=True)
 class Answer:
-    """A whole response: status, content type and body (and a 405's ``Allow``)."""
+    """A whole response: status, content type, body and the headers a client gets too
+    (:func:`passed_on`)."""
 
     status: int
     content_type: str | None
     body: bytes
-    allow: str | None = None
+    passed: Mapping[str, str] = field(default_factory=dict)
+
+
+def passed_on(headers: Mapping[str, str]) -> dict[str, str]:
+    """The engine's response headers its client gets through the collector too: a 405's
+    ``Allow``, and the CORS answer (``Access-Control-*``, ``Vary``) of vLLM's CORS middleware,
+    so a browser is allowed (or refused) what vLLM alone would allow it."""
+    return {
+        name: value
+        for name, value in headers.items()
+        if name.lower() in _PASSED or name.lower().startswith("access-control-")
+    }
 
 
 class Streamed:
@@ -48,7 +61,7 @@ class Streamed:
         self._upstream = upstream
         self.status = response.status
         self.content_type = response.headers.get("Content-Type")
-        self.allow = response.headers.get("Allow")
+        self.passed = passed_on(response.headers)
 
     async def read(self) -> bytes:
         try:
@@ -138,7 +151,7 @@ class Upstream:
         """One whole request and response."""
         async with self.stream(method, path, body=body, headers=headers) as response:
             body = await response.read()
-            return Answer(response.status, response.content_type, body, response.allow)
+            return Answer(response.status, response.content_type, body, response.passed)
 
     @asynccontextmanager
     async def stream(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,7 +9,13 @@ import pytest
 from fixture_model import build
 from ledger.storage.database import Database
 from tests.support.databases import PostgresDatabases, SqliteDatabases, require_postgres
-from tests.support.engine import STRICT_ARGS, EngineServer, engine_python, start_engines
+from tests.support.engine import (
+    ALLOWED_ORIGIN,
+    STRICT_ARGS,
+    EngineServer,
+    engine_python,
+    start_engines,
+)
 from tests.support.harness import Harness, start_harness
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -96,7 +103,9 @@ def tiny_engine(
     """One strict vLLM CPU server on the tiny model, shared by the session's differential
     tests (vLLM alone against the same server through a collector: deterministic)."""
     log = tmp_path_factory.mktemp("engine-logs") / "tiny.log"
-    server = EngineServer(fixture_models["tiny"], STRICT_ARGS, log, engine_python()).start()
+    # one browser origin allowed (vLLM allows none by default), for the CORS tests
+    args = (*STRICT_ARGS, "--allowed-origins", json.dumps([ALLOWED_ORIGIN]))
+    server = EngineServer(fixture_models["tiny"], args, log, engine_python()).start()
     try:
         yield server.wait_ready()
     finally:

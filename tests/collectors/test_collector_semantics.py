@@ -29,7 +29,7 @@ from tests.support.differential import (
     running_collector,
     send,
 )
-from tests.support.engine import EngineServer
+from tests.support.engine import ALLOWED_ORIGIN, EngineServer
 from tests.support.tcp_relay import TcpRelay
 
 pytestmark = pytest.mark.engine
@@ -348,6 +348,104 @@ def test_paths_vllm_does_not_serve_get_its_json_404(
     body = body_of(BASE) if method == "POST" else None
     result = check(engine, collector, path, body, JSON, method=method)
     assert result.through.status == 404 and result.through.json() == {"detail": "Not Found"}
+
+
+ORIGIN = {"origin": ALLOWED_ORIGIN}
+ASKS = {
+    "access-control-request-method": "POST",
+    "access-control-request-headers": "authorization, content-type, x-request-id",
+}
+PREFLIGHT = {**ORIGIN, **ASKS}
+REFUSED = {"origin": "https://elsewhere.example", **ASKS}  # an origin vLLM does not allow
+
+
+def _cors(base: str, path: str, method: str, headers: dict[str, str], body: bytes | None):
+    """Status, body and the CORS (and ``Allow``, ``Vary``) headers of one answer."""
+    response = httpx.request(method, base + path, headers=headers, content=body, timeout=60)
+    shown = {
+        name: value
+        for name, value in response.headers.items()
+        if name.startswith("access-control-") or name in ("allow", "vary")
+    }
+    return response.status_code, response.content, shown
+
+
+@pytest.mark.parametrize(
+    "path", [COMPLETIONS, CHAT, "/v1/models", "/tokenize", "/no/such/path", "/v1/responses"]
+)
+@pytest.mark.parametrize(
+    "headers", [PREFLIGHT, REFUSED, ORIGIN, {}], ids=["preflight", "refused", "origin", "none"]
+)
+def test_options_and_cors_preflights_get_vllms_answer(
+    engine: EngineServer, collector: CollectorUnderTest, path: str, headers: dict[str, str]
+):
+    alone = _cors(engine.url, path, "OPTIONS", headers, None)
+    through = _cors(collector.url, path, "OPTIONS", headers, None)
+    assert through == alone
+    if headers is PREFLIGHT:  # vLLM's CORS middleware answered it, allowing the origin
+        assert alone[0] == 200 and alone[2]["access-control-allow-origin"] == ALLOWED_ORIGIN
+    if headers is REFUSED:
+        assert alone[0] == 400 and "access-control-allow-origin" not in alone[2]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (COMPLETIONS, BASE),
+        (CHAT, _chat()),
+        (COMPLETIONS, {**BASE, "max_tokens": 10**6}),  # vLLM refuses it: 400
+    ],
+    ids=["completions", "chat", "refused"],
+)
+def test_a_browsers_request_gets_vllms_cors_headers(
+    engine: EngineServer,
+    collector: CollectorUnderTest,
+    path: str,
+    body: dict[str, object],
+    stream: bool,
+):
+    raw = body_of({**body, "stream": stream})
+    headers = {**ORIGIN, **JSON, "X-Request-ID": _id()}
+    status, _, alone = _cors(engine.url, path, "POST", headers, raw)
+    headers["X-Request-ID"] = request_id = _id()
+    through_status, _, through = _cors(collector.url, path, "POST", headers, raw)
+    assert (through_status, through) == (status, alone)
+    assert alone["access-control-allow-origin"] == ALLOWED_ORIGIN
+    assert len(collector.records(request_id)) == (1 if status == 200 else 0)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/version", None),
+        ("GET", "/load", None),
+        ("GET", "/ping", None),
+        ("POST", "/ping", None),
+        ("GET", "/tokenizer_info", None),  # not enabled on this engine: vLLM's 404
+        ("POST", "/tokenize", {"model": "fixture", "prompt": "The ledger keeps"}),
+        ("POST", "/tokenize", {"model": "fixture", "messages": MESSAGES}),
+        ("POST", "/tokenize", {"model": "fixture"}),  # vLLM: 400
+        ("GET", "/tokenize", None),  # vLLM: 405
+        ("POST", "/detokenize", {"model": "fixture", "tokens": [5, 6, 7]}),
+        ("POST", "/detokenize", {"model": "fixture", "tokens": [10**9]}),
+    ],
+)
+def test_vllms_paths_that_generate_nothing_pass_through_unrecorded(
+    engine: EngineServer,
+    collector: CollectorUnderTest,
+    method: str,
+    path: str,
+    body: dict[str, object] | None,
+):
+    raw = body_of(body) if body is not None else None
+    spooled = collector.state.spool.pending()
+    alone = _cors(engine.url, path, method, {**JSON, **ORIGIN}, raw)
+    through = _cors(collector.url, path, method, {**JSON, **ORIGIN}, raw)
+    assert through[0] == alone[0] and through[2] == alone[2]
+    if alone[1]:
+        assert json.loads(through[1]) == json.loads(alone[1])
+    assert collector.state.spool.pending() == spooled
 
 
 def _metric(text: str, name: str) -> float:

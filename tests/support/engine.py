@@ -16,7 +16,16 @@ from fixture_model.engine import (
 )
 
 ENGINE_PYTHON_ENV = "LEDGER_ENGINE_PYTHON"
-__all__ = ["STRICT_ARGS", "EngineServer", "engine_python", "free_port", "start_engines"]
+# The browser origin the shared tiny engine allows (vLLM allows none by default).
+ALLOWED_ORIGIN = "https://console.example"
+__all__ = [
+    "ALLOWED_ORIGIN",
+    "STRICT_ARGS",
+    "EngineServer",
+    "engine_python",
+    "free_port",
+    "start_engines",
+]
 
 
 def engine_python() -> str:
