@@ -11,16 +11,19 @@ changed. The same holds for functions and operators: one in a schema ahead of
 
 :func:`paths` computes each login role's path as Postgres would at login: the first of its
 settings for this database, its own settings, this database's settings, ``ALTER ROLE ALL``'s,
-else the server's default; ``$user`` is the role its sessions act as (its ``role`` setting,
-else itself), and ``pg_catalog`` comes first unless the path places it.
+else the server's default (its command line's, else its configuration files', else the
+built-in one); ``$user`` is the role its sessions act as (its ``role`` setting, else
+itself), and ``pg_catalog`` comes first unless the path places it.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
 
 _SETTINGS = text(
     "SELECT r.rolname, s.setdatabase <> 0 AS in_database, s.setconfig "
@@ -121,7 +124,8 @@ def _settings(config: list[str] | None) -> dict[str, str]:
 
 def _server_default(conn: Connection) -> str | UnknownDefault:
     """The path a role without settings gets: this session's reset value where the server set
-    it, else the configuration files' (readable by a superuser or pg_read_all_settings)."""
+    it, else the command line's (:func:`_command_line`), else the configuration files'
+    (readable by a superuser or pg_read_all_settings)."""
     row = conn.execute(
         text("SELECT reset_val, boot_val, source FROM pg_settings WHERE name = 'search_path'")
     ).one()
@@ -137,6 +141,9 @@ def _server_default(conn: Connection) -> str | UnknownDefault:
             "value, and it may not read pg_file_settings: audit as a role without a "
             "search_path setting, or grant it pg_read_all_settings"
         )
+    given = _command_line(conn)
+    if given is not None:  # the server's command line overrides its configuration files
+        return given
     filed = conn.execute(
         text(
             "SELECT setting FROM pg_file_settings WHERE name = 'search_path' AND applied "
@@ -144,3 +151,44 @@ def _server_default(conn: Connection) -> str | UnknownDefault:
         )
     ).scalar()
     return str(filed if filed is not None else row.boot_val)
+
+
+def _command_line(conn: Connection) -> str | None:
+    """The ``search_path`` the server's command line sets (``postgres -c search_path=...``),
+    read from ``postmaster.opts`` in its data directory where this session may read server
+    files (a superuser; ``GRANT EXECUTE ON FUNCTION pg_read_file(text)``); None when it sets
+    none or the file cannot be read."""
+    readable = conn.execute(
+        text("SELECT has_function_privilege('pg_read_file(text)', 'EXECUTE')")
+    ).scalar_one()
+    if not readable:
+        return None
+    with conn.begin_nested():  # a missing file fails this statement, not the session
+        try:
+            opts = conn.execute(text("SELECT pg_read_file('postmaster.opts')")).scalar_one()
+        except DBAPIError:
+            return None
+    return command_line_setting(str(opts), "search_path")
+
+
+def command_line_setting(opts: str, name: str) -> str | None:
+    """The value the postmaster's command line (as ``postmaster.opts`` holds it: each
+    argument in double quotes) gives setting ``name``: ``-c name=value``, ``-cname=value``
+    or ``--name=value`` (dashes read as underscores), the last one winning, as Postgres
+    reads them."""
+    try:
+        args = shlex.split(opts)
+    except ValueError:
+        return None
+    found = None
+    for i, arg in enumerate(args[1:], start=1):
+        if arg == "-c" and i + 1 < len(args):
+            option = args[i + 1]
+        elif arg.startswith(("-c", "--")) and arg != "-c":
+            option = arg[2:]
+        else:
+            continue
+        key, sep, value = option.partition("=")
+        if sep and key.replace("-", "_").lower() == name:
+            found = value
+    return found

@@ -13,11 +13,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
+import migrations
 from ledger.storage import checkpoints, ingest
 from ledger.storage.audit import audit
 from ledger.storage.database import Database
-from ledger.storage.search_path import searched, split
+from ledger.storage.search_path import command_line_setting, searched, split
 from tests.support.documents import record_envelope
+from tests.support.scratch_postgres import scratch_postgres
 from tests.support.seed import seed_ledger
 
 ORIGIN = "test.example/log"
@@ -278,6 +280,49 @@ def test_an_auditor_with_its_own_path_that_cannot_read_the_server_default_says_s
     assert any(
         f.check == "database" and "pg_read_all_settings" in f.message for f in report.findings
     ), report.findings
+
+
+@pytest.mark.postgres
+def test_a_search_path_on_the_servers_command_line_is_followed(postgres_databases):
+    """A server started as ``postgres -c search_path=tricks,public`` gives that path to every
+    role without a setting of its own. An auditor with one (its session's reset value is its
+    own) reads the server's from its command line, ``postmaster.opts``, which overrides the
+    configuration files, and names the view the ledger's role then reads."""
+    del postgres_databases  # the shared server must be up (skips, or fails under CI, if not)
+    with scratch_postgres("-c", "search_path=tricks,public") as admin:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE ledger")
+            conn.execute("ALTER ROLE postgres SET search_path = public")  # the auditor's own
+        url = admin.rpartition("/")[0] + "/ledger"
+        migrated = Database(url)
+        migrations.upgrade(migrated)
+        migrated.dispose()
+        made = Cluster(url)
+        try:
+            _shadow(made, "tricks")
+            assert made.as_role("SELECT count(*) FROM records") == RECORDS - 1  # it works
+            assert (
+                "records",
+                f"role {made.role} reads tricks.records, not the ledger's records: "
+                "tricks comes first on its search_path",
+            ) in made.findings()
+        finally:
+            made.db.dispose()
+
+
+@pytest.mark.parametrize(
+    ("opts", "value"),
+    [
+        ('/usr/lib/postgresql/15/bin/postgres "-D" "/var/lib/pg"\n', None),
+        ('/pg/bin/postgres "-D" "/d" "-c" "search_path=a, b"\n', "a, b"),
+        ('/pg/bin/postgres "-csearch_path=x" "--search-path=y"\n', "y"),
+        ('/pg/bin/postgres "--SEARCH_PATH=\\"$user\\", x" "-c" "port=5"\n', '"$user", x'),
+        ('/pg/bin/postgres "-c" "search_path_other=x" "-c"\n', None),
+        ('/pg/bin/postgres "-c" "search_path=unclosed\n', None),
+    ],
+)
+def test_the_command_lines_setting_is_read_as_postgres_reads_it(opts: str, value: str | None):
+    assert command_line_setting(opts, "search_path") == value
 
 
 @pytest.mark.postgres
