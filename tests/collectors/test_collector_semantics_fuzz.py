@@ -5,13 +5,14 @@ Hypothesis draws requests from the grammar of vLLM 0.32's own request models
 (``tests/assets/vllm_request_fields.json``, made from vLLM's pydantic models by
 ``tests/support/vllm_grammar.py``): both endpoints, streamed or not, with a few of the model's
 fields set to values that are valid, borderline (strings for numbers and flags, bounds, int64
-edges) or malformed (wrong types), odd content types, request IDs and tier headers. Each
-request goes to a strict vLLM CPU server alone and through a collector before the same server
+edges) or malformed (wrong types), odd content types, request IDs, tier headers and a
+browser's origin (one the engine allows, one it does not). Each request goes to a strict vLLM
+CPU server alone and through a collector before the same server
 (``tests/support/differential.py``). Then:
 
-- status and body agree (IDs and times aside; a stream's content, whatever its chunking), or the
-  collector gave one of the answers the README documents as intended differences, and only
-  when that difference applies to the request (``DOCUMENTED``);
+- status, body and vLLM's CORS headers agree (IDs and times aside; a stream's content,
+  whatever its chunking), or the collector gave one of the answers the README documents as
+  intended differences, and only when that difference applies to the request (``DOCUMENTED``);
 - an answer the collector passed with a 2xx has exactly one record under its request ID, or
   none and one more count in ``collector_unrecordable_total`` (the README's unrecordable
   classes); any other answer has no record.
@@ -42,7 +43,7 @@ from hypothesis import strategies as st
 
 from tests.support import vllm_grammar
 from tests.support.differential import CollectorUnderTest, body_of, differ, running_collector
-from tests.support.engine import EngineServer
+from tests.support.engine import ALLOWED_ORIGIN, EngineServer
 
 pytestmark = pytest.mark.engine
 
@@ -262,6 +263,9 @@ def cases(draw: st.DrawFn) -> Case:
     if request_id not in ("fresh", "") and not _valid_request_id(request_id):
         may.add("invalid_request_id")
         must = True
+    origin = draw(st.sampled_from([None, None, ALLOWED_ORIGIN, "https://elsewhere.example"]))
+    if origin is not None:  # a browser's request: vLLM's CORS headers must come back alike
+        headers["origin"] = origin
     tier = draw(st.sampled_from([None, None, None, "0", "1", "2", "3", "x"]))
     if tier is not None:
         headers["x-reproducibility-tier"] = tier
