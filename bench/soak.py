@@ -6,9 +6,13 @@ default scheduler), `ledger serve` (embedded SQLite in a scratch directory, or -
 run. For --minutes it sends mixed traffic through the collector from --concurrency clients:
 completions and chat, streamed and not, varied max_tokens, greedy, seeded and sampled,
 logprobs (with top alternatives) sometimes, n=2 when sampled, an X-Request-ID of ours on about
-half, streamed clients that leave after a few chunks (their records are marked aborted), and
-a few requests vLLM refuses (max_tokens beyond the model's length: 400, no record). The client
-keeps its own ledger: every request ID (X-Request-ID of the answer) and what it got.
+half, half of the greedy requests at tier 1 (cache answers), streamed clients that leave
+after a few chunks (their records are marked aborted), and a few requests vLLM refuses
+(max_tokens beyond the model's length: 400, no record). The same clients spend
+--lookup-share of their turns (0.2 by default) asking the ledger's cache
+(``POST /v1/cache/lookup``) for greedy requests of the same prompts: hits once recorded,
+misses before, so the ledger's kept cache answers fill and turn over as in production. The
+client keeps its own ledger: every request ID (X-Request-ID of the answer) and what it got.
 
 Every --sample-seconds it samples the resident memory (VmRSS from /proc/PID/status, summed
 over the process tree: vLLM's frontend and engine-core processes count as the engine) of the
@@ -103,6 +107,7 @@ class ClientLedger:
     id_mismatches: int = 0  # the answer's X-Request-ID was not the one we sent
     stream_error_chunks: int = 0
     errors: list[str] = field(default_factory=list)
+    lookups: Counter[str] = field(default_factory=Counter)  # cache lookups: hit, miss, error
 
 
 @dataclass(frozen=True)
@@ -151,8 +156,40 @@ def plan_request(rng: random.Random, texts: list[str], request_id: str | None) -
         )
     )
     headers = {"X-Request-ID": request_id} if request_id else {}
+    if body["temperature"] == 0 and "seed" not in body and rng.random() < 0.5:
+        headers["X-Reproducibility-Tier"] = "1"  # greedy, recorded at tier 1: a cache answer
     endpoint = "/v1/chat/completions" if chat else "/v1/completions"
     return Planned(endpoint, body, headers, leave_after, kind)
+
+
+def plan_lookup(rng: random.Random, texts: list[str], pool: str) -> dict[str, Any]:
+    """A cache lookup for a request the traffic sends greedily at tier 1 (a hit once it was
+    recorded and shipped; a miss before, or for a shape not sent yet)."""
+    chat = rng.random() < 0.5
+    text = rng.choice(texts)
+    request: dict[str, Any] = {
+        "max_tokens": rng.choice((1, 4, 8, 16, 32, 64)),
+        "model": "fixture",
+        "temperature": 0,
+        **({"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}),
+    }
+    if rng.random() < 0.5:
+        request["ignore_eos"] = True
+    endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+    return {"endpoint": endpoint, "pool": pool, "request": request}
+
+
+async def lookup(client: httpx.AsyncClient, payload: dict[str, Any], book: ClientLedger) -> None:
+    try:
+        r = await client.post("/v1/cache/lookup", json=payload)
+        outcome = "error" if r.status_code != 200 else ("hit" if r.json()["hit"] else "miss")
+        if r.status_code != 200 and len(book.errors) < 20:
+            book.errors.append(f"cache lookup: {r.status_code}: {r.text[:300]}")
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        outcome = "error"
+        if len(book.errors) < 20:
+            book.errors.append(f"cache lookup: {type(exc).__name__}: {exc}")
+    book.lookups[outcome] += 1
 
 
 async def send(client: httpx.AsyncClient, p: Planned, book: ClientLedger) -> None:
@@ -200,22 +237,39 @@ async def send(client: httpx.AsyncClient, p: Planned, book: ClientLedger) -> Non
         book.outcomes[request_id] = outcome
 
 
-async def traffic(url: str, seconds: float, concurrency: int, seed: int, run: str) -> ClientLedger:
+async def traffic(
+    urls: dict[str, str], token: str, args: argparse.Namespace, run: str, pool: str
+) -> ClientLedger:
+    """--concurrency clients of the collector; each also asks the ledger's cache, in turn,
+    --lookup-share of its turns."""
     book = ClientLedger()
     texts = prompts(500)
-    deadline = time.monotonic() + seconds
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+    deadline = time.monotonic() + 60 * args.minutes
+    limits = httpx.Limits(
+        max_connections=args.concurrency, max_keepalive_connections=args.concurrency
+    )
+    async with (
+        httpx.AsyncClient(base_url=urls["collector"], timeout=300, limits=limits) as client,
+        httpx.AsyncClient(
+            base_url=urls["ledger"],
+            timeout=300,
+            limits=limits,
+            headers={"Authorization": f"Bearer {token}"},
+        ) as cache,
+    ):
 
         async def worker(w: int) -> None:
-            rng = random.Random(seed * 1000 + w)
+            rng = random.Random(args.seed * 1000 + w)
             n = 0
             while time.monotonic() < deadline:
                 n += 1
+                if rng.random() < args.lookup_share:
+                    await lookup(cache, plan_lookup(rng, texts, pool), book)
+                    continue
                 rid = f"soak-{run}-{w}-{n}" if rng.random() < 0.5 else None
                 await send(client, plan_request(rng, texts, rid), book)
 
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        await asyncio.gather(*(worker(w) for w in range(args.concurrency)))
     return book
 
 
@@ -308,13 +362,13 @@ async def soak(
     pids: dict[str, int],
     files: dict[str, list[Path]],
     run: str,
+    token: str,
+    pool: str,
 ) -> tuple[ClientLedger, list[dict[str, Any]], float]:
     """Traffic for --minutes, sampled every --sample-seconds while it runs."""
     samples: list[dict[str, Any]] = []
     began = time.monotonic()
-    load = asyncio.ensure_future(
-        traffic(urls["collector"], 60 * args.minutes, args.concurrency, args.seed, run)
-    )
+    load = asyncio.ensure_future(traffic(urls, token, args, run, pool))
     async with httpx.AsyncClient(timeout=30) as client:
         while not load.done():
             samples.append(await sample(client, pids, urls, files, began))
@@ -491,6 +545,12 @@ def main() -> None:
     parser.add_argument("--drain-timeout", type=float, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--lookup-share",
+        type=float,
+        default=0.2,
+        help="share of each client's turns spent on a cache lookup at the ledger (0: none)",
+    )
+    parser.add_argument(
         "--engine-cpus",
         default="0" if (os.cpu_count() or 1) <= 4 else "auto",
         help="VLLM_CPU_OMP_THREADS_BIND for the engine's compute threads (as bench/proxy.py)",
@@ -573,7 +633,7 @@ def main() -> None:
             "spool": [work / f"spool.sqlite{x}" for x in sqlite],
             "ledger_db": [] if args.db else [work / "ledger" / f"ledger.db{x}" for x in sqlite],
         }
-        book, samples, elapsed = asyncio.run(soak(args, urls, pids, files, run))
+        book, samples, elapsed = asyncio.run(soak(args, urls, pids, files, run, token, pool))
         drained = wait_drained(collect_url, args.drain_timeout)
         result = check(ledger, pool, book)
         after = [s for s in samples if s["t_s"] >= 60 * args.warmup_minutes]
@@ -596,6 +656,7 @@ def main() -> None:
                             "unanswered": book.unanswered,
                             "id_mismatches": book.id_mismatches,
                             "stream_error_chunks": book.stream_error_chunks,
+                            "cache_lookups": dict(book.lookups),
                             "errors": book.errors,
                         },
                         "collector_after_drain": drained,
@@ -638,6 +699,10 @@ def report(
         + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
         + f", unanswered {book.unanswered}; answer ID mismatches {book.id_mismatches}; "
         f"error chunks {book.stream_error_chunks}"
+    )
+    print(
+        "cache lookups at the ledger: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(book.lookups.items())) or "none")
     )
     for err in book.errors[:5]:
         print(f"  client error: {err}")
