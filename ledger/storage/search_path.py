@@ -18,7 +18,6 @@ itself), and ``pg_catalog`` comes first unless the path places it.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -32,6 +31,11 @@ _SETTINGS = text(
 )
 # Sources under which this session's reset value of a setting is the server's own.
 _SERVER_SOURCES = ("default", "configuration file", "command line", "environment variable")
+# What a role needs to read the server's default path when it has a path of its own.
+READ_SERVER_DEFAULT = (
+    "GRANT SELECT ON pg_file_settings TO <role>; GRANT EXECUTE ON FUNCTION "
+    "pg_show_all_file_settings(), pg_read_file(text) TO <role>"
+)
 _NAMEDATALEN = 63  # bytes of a name Postgres keeps
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
@@ -124,22 +128,27 @@ def _settings(config: list[str] | None) -> dict[str, str]:
 
 def _server_default(conn: Connection) -> str | UnknownDefault:
     """The path a role without settings gets: this session's reset value where the server set
-    it, else the command line's (:func:`_command_line`), else the configuration files'
-    (readable by a superuser or pg_read_all_settings)."""
+    it; else the command line's (:func:`_command_line`), else the configuration files'
+    (readable by a superuser, or a role granted :data:`READ_SERVER_DEFAULT`)."""
     row = conn.execute(
         text("SELECT reset_val, boot_val, source FROM pg_settings WHERE name = 'search_path'")
     ).one()
     if row.source in _SERVER_SOURCES:
         return str(row.reset_val)
     readable = conn.execute(
-        text("SELECT has_function_privilege('pg_show_all_file_settings()', 'EXECUTE')")
+        text(
+            "SELECT has_table_privilege('pg_file_settings', 'SELECT') "
+            "AND has_function_privilege('pg_show_all_file_settings()', 'EXECUTE') "
+            "AND has_function_privilege('pg_read_file(text)', 'EXECUTE')"
+        )
     ).scalar_one()
     if not readable:
         return UnknownDefault(
             f"this connection's own search_path comes from a {row.source} setting, so the "
             "server's default (the path of every role without a setting) is not its reset "
-            "value, and it may not read pg_file_settings: audit as a role without a "
-            "search_path setting, or grant it pg_read_all_settings"
+            "value, and it may not read both the configuration files (pg_file_settings) and "
+            "the server's command line (postmaster.opts): audit as a role without a "
+            f"search_path setting, or grant it what reading them takes: {READ_SERVER_DEFAULT}"
         )
     given = _command_line(conn)
     if given is not None:  # the server's command line overrides its configuration files
@@ -153,42 +162,56 @@ def _server_default(conn: Connection) -> str | UnknownDefault:
     return str(filed if filed is not None else row.boot_val)
 
 
-def _command_line(conn: Connection) -> str | None:
+def _command_line(conn: Connection) -> str | UnknownDefault | None:
     """The ``search_path`` the server's command line sets (``postgres -c search_path=...``),
-    read from ``postmaster.opts`` in its data directory where this session may read server
-    files (a superuser; ``GRANT EXECUTE ON FUNCTION pg_read_file(text)``); None when it sets
-    none or the file cannot be read."""
-    readable = conn.execute(
-        text("SELECT has_function_privilege('pg_read_file(text)', 'EXECUTE')")
-    ).scalar_one()
-    if not readable:
-        return None
-    with conn.begin_nested():  # a missing file fails this statement, not the session
-        try:
+    from ``postmaster.opts`` in its data directory; None when it sets none."""
+    try:
+        with conn.begin_nested():  # a failed read fails this statement, not the session
             opts = conn.execute(text("SELECT pg_read_file('postmaster.opts')")).scalar_one()
-        except DBAPIError:
-            return None
-    return command_line_setting(str(opts), "search_path")
+    except DBAPIError as exc:
+        return UnknownDefault(f"the server's command line (postmaster.opts) cannot be read: {exc}")
+    try:
+        return command_line_setting(str(opts), "search_path")
+    except ValueError as exc:
+        return UnknownDefault(str(exc))
+
+
+# The postmaster's options that take an argument (its getopt string, Postgres 13-17:
+# "B:bC:c:D:d:EeFf:h:ijk:lN:nOPp:r:S:sTt:W:-:"); ``-c`` and ``--`` carry ``name=value``.
+_WITH_ARGUMENT = frozenset("BCcDdfhkNprStW-")
 
 
 def command_line_setting(opts: str, name: str) -> str | None:
-    """The value the postmaster's command line (as ``postmaster.opts`` holds it: each
-    argument in double quotes) gives setting ``name``: ``-c name=value``, ``-cname=value``
-    or ``--name=value`` (dashes read as underscores), the last one winning, as Postgres
-    reads them."""
-    try:
-        args = shlex.split(opts)
-    except ValueError:
-        return None
+    """The value the postmaster's command line gives setting ``name``, as Postgres reads it:
+    ``-c name=value``, ``-cname=value``, ``--name=value``, or ``c`` bundled after flags
+    (``-Fc name=value``), dashes in the name read as underscores, case ignored, the last one
+    winning. ``opts`` is ``postmaster.opts``: the program, then each argument in double
+    quotes, unescaped (``CreateOptsFile``); ValueError when it is not that."""
+    line = opts.removesuffix("\n")
+    at = line.find(' "')
+    if at >= 0 and not line.endswith('"'):
+        raise ValueError(f"postmaster.opts is not as the postmaster writes it: {opts!r}")
+    args = [] if at < 0 else line[at + 2 : -1].split('" "')
     found = None
-    for i, arg in enumerate(args[1:], start=1):
-        if arg == "-c" and i + 1 < len(args):
-            option = args[i + 1]
-        elif arg.startswith(("-c", "--")) and arg != "-c":
-            option = arg[2:]
-        else:
-            continue
-        key, sep, value = option.partition("=")
-        if sep and key.replace("-", "_").lower() == name:
-            found = value
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--":
+            break  # the end of the options
+        if not arg.startswith("-") or arg == "-":
+            continue  # not an option (the postmaster refuses one; getopt passes it over)
+        for j, letter in enumerate(arg[1:], start=2):
+            if letter not in _WITH_ARGUMENT:
+                continue  # a flag: the next letter is another option
+            if j < len(arg):
+                value = arg[j:]
+            elif i < len(args):
+                value, i = args[i], i + 1
+            else:
+                break
+            key, sep, given = value.partition("=")
+            if letter in "c-" and sep and key.replace("-", "_").lower() == name:
+                found = given
+            break
     return found

@@ -278,7 +278,7 @@ def test_an_auditor_with_its_own_path_that_cannot_read_the_server_default_says_s
     finally:
         db.dispose()
     assert any(
-        f.check == "database" and "pg_read_all_settings" in f.message for f in report.findings
+        f.check == "database" and "pg_read_file(text)" in f.message for f in report.findings
     ), report.findings
 
 
@@ -287,9 +287,11 @@ def test_a_search_path_on_the_servers_command_line_is_followed(postgres_database
     """A server started as ``postgres -c search_path=tricks,public`` gives that path to every
     role without a setting of its own. An auditor with one (its session's reset value is its
     own) reads the server's from its command line, ``postmaster.opts``, which overrides the
-    configuration files, and names the view the ledger's role then reads."""
+    configuration files, and names the view the ledger's role then reads; without that file
+    it says it cannot tell."""
     del postgres_databases  # the shared server must be up (skips, or fails under CI, if not)
-    with scratch_postgres("-c", "search_path=tricks,public") as admin:
+    with scratch_postgres("-c", "search_path=tricks,public") as server:
+        admin = server.url
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute("CREATE DATABASE ledger")
             conn.execute("ALTER ROLE postgres SET search_path = public")  # the auditor's own
@@ -306,23 +308,74 @@ def test_a_search_path_on_the_servers_command_line_is_followed(postgres_database
                 f"role {made.role} reads tricks.records, not the ledger's records: "
                 "tricks comes first on its search_path",
             ) in made.findings()
+            # Without postmaster.opts the command line cannot be told: said, not assumed
+            (server.data / "postmaster.opts").unlink()
+            assert any(
+                "postmaster.opts" in message and "cannot be read" in message
+                for _, message in made.findings()
+            )
         finally:
             made.db.dispose()
 
 
+# postmaster.opts as the postmaster writes it: the program, then each argument in double
+# quotes, unescaped (Postgres's CreateOptsFile).
 @pytest.mark.parametrize(
-    ("opts", "value"),
+    ("args", "value"),
     [
-        ('/usr/lib/postgresql/15/bin/postgres "-D" "/var/lib/pg"\n', None),
-        ('/pg/bin/postgres "-D" "/d" "-c" "search_path=a, b"\n', "a, b"),
-        ('/pg/bin/postgres "-csearch_path=x" "--search-path=y"\n', "y"),
-        ('/pg/bin/postgres "--SEARCH_PATH=\\"$user\\", x" "-c" "port=5"\n', '"$user", x'),
-        ('/pg/bin/postgres "-c" "search_path_other=x" "-c"\n', None),
-        ('/pg/bin/postgres "-c" "search_path=unclosed\n', None),
+        (["-D", "/var/lib/pg", "-c", "config_file=/etc/pg.conf"], None),
+        (["-D", "/d", "-c", "search_path=a, b"], "a, b"),
+        (["-csearch_path=x", "--search-path=y"], "y"),
+        (["--SEARCH_PATH=x", "-c", "port=5"], "x"),
+        (["-c", 'search_path="Tricks", public'], '"Tricks", public'),
+        (["-c", 'search_path="a b", c\\'], '"a b", c\\'),
+        (["-Fcsearch_path=x"], "x"),  # flags bundled before -c
+        (["-ec", "search_path=y"], "y"),  # -c's argument the next one
+        (["-D", "-csearch_path=z", "-c", "search_path=w"], "w"),  # -D's argument, not -c
+        (["-D", "-csearch_path=z"], None),
+        (["-c", "search_path_other=x", "-c"], None),
+        (["-c", "search_path=a", "--", "-c", "search_path=b"], "a"),
+        ([], None),
     ],
 )
-def test_the_command_lines_setting_is_read_as_postgres_reads_it(opts: str, value: str | None):
+def test_the_command_lines_setting_is_read_as_postgres_reads_it(args: list[str], value: str | None):
+    opts = "/usr/lib/postgresql/15/bin/postgres" + "".join(f' "{a}"' for a in args) + "\n"
     assert command_line_setting(opts, "search_path") == value
+
+
+def test_a_command_line_not_as_the_postmaster_writes_it_is_refused():
+    with pytest.raises(ValueError):
+        command_line_setting('/pg "-c" "search_path=unclosed\n', "search_path")
+
+
+@pytest.mark.postgres
+def test_an_auditor_that_cannot_read_the_servers_command_line_says_so(cluster: Cluster):
+    """An auditor with a path of its own, allowed to read the configuration files but not
+    the server's command line, cannot rule out a path given there: it says so; given that
+    too, it reads the server's default and finds nothing."""
+    login = sql.Identifier(cluster.role)
+    cluster.superuser(
+        sql.SQL("ALTER ROLE {} SET search_path = public").format(login),
+        sql.SQL("GRANT SELECT ON pg_file_settings TO {}").format(login),
+        sql.SQL("GRANT EXECUTE ON FUNCTION pg_show_all_file_settings() TO {}").format(login),
+    )
+    parts = urlsplit(cluster.url)
+    url = urlunsplit(parts._replace(netloc=f"{cluster.role}@{parts.hostname}:{parts.port or 5432}"))
+    db = Database(url)
+    try:
+        report = audit(db, cluster.log_key.public_key, **NOT_DUE)
+    finally:
+        db.dispose()
+    assert any(
+        f.check == "database" and "pg_read_file(text)" in f.message for f in report.findings
+    ), report.findings
+    cluster.superuser(sql.SQL("GRANT EXECUTE ON FUNCTION pg_read_file(text) TO {}").format(login))
+    db = Database(url)
+    try:
+        report = audit(db, cluster.log_key.public_key, **NOT_DUE)
+    finally:
+        db.dispose()
+    assert [f for f in report.findings if f.check == "database"] == []
 
 
 @pytest.mark.postgres

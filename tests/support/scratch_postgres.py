@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -25,7 +26,10 @@ from fixture_model.engine import free_port
 
 
 def _bindir() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
+    found = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+        key=lambda p: (p.parts[-3].isdigit(), int(p.parts[-3]) if p.parts[-3].isdigit() else 0),
+    )
     if found:
         return found[-1].parent
     initdb = shutil.which("initdb")
@@ -36,10 +40,15 @@ def _as_server_user(argv: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
 
 
+@dataclass(frozen=True)
+class Scratch:
+    url: str  # the superuser's: postgresql://postgres@127.0.0.1:PORT/postgres
+    data: Path  # its data directory
+
+
 @contextmanager
-def scratch_postgres(*options: str) -> Iterator[str]:
-    """A superuser URL (``postgresql://postgres@127.0.0.1:PORT/postgres``) of a fresh server
-    started as ``postgres OPTIONS...``; stopped and removed afterwards."""
+def scratch_postgres(*options: str) -> Iterator[Scratch]:
+    """A fresh server started as ``postgres OPTIONS...``; stopped and removed afterwards."""
     bindir = _bindir()
     if bindir is None:
         message = "the PostgreSQL server binaries (initdb) are not installed"
@@ -58,6 +67,7 @@ def scratch_postgres(*options: str) -> Iterator[str]:
         capture_output=True,
     )
     port = free_port()
+    log = (root / "server.log").open("wb")
     server = subprocess.Popen(
         _as_server_user(
             [
@@ -75,8 +85,8 @@ def scratch_postgres(*options: str) -> Iterator[str]:
                 *options,
             ]
         ),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     try:
@@ -85,11 +95,12 @@ def scratch_postgres(*options: str) -> Iterator[str]:
             try:
                 psycopg.connect(url, connect_timeout=2).close()
                 break
-            except psycopg.OperationalError:
+            except psycopg.OperationalError as exc:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise
+                    said = (root / "server.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"the scratch Postgres did not start: {said}") from exc
                 time.sleep(0.2)
-        yield url
+        yield Scratch(url, data)
     finally:
         server.terminate()
         try:
@@ -97,4 +108,5 @@ def scratch_postgres(*options: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        log.close()
         shutil.rmtree(root, ignore_errors=True)
