@@ -253,7 +253,13 @@ async def traffic(
         httpx.AsyncClient(
             base_url=urls["ledger"],
             timeout=300,
-            limits=limits,
+            # a client's turns between lookups can outlast the server's keep-alive (5 s):
+            # a pooled connection reused as the server closes it fails (httpx ReadError)
+            limits=httpx.Limits(
+                max_connections=args.concurrency,
+                max_keepalive_connections=args.concurrency,
+                keepalive_expiry=2.0,
+            ),
             headers={"Authorization": f"Bearer {token}"},
         ) as cache,
     ):

@@ -10,9 +10,9 @@ generation (``edge.unless_gone``). Requests are read as vLLM reads them
 vLLM's answer back unchanged (a 2xx there is counted in ``collector_unrecordable_total``, never
 recorded). Engine errors are passed through unchanged (status, body) and counted.
 vLLM's paths that generate nothing (``PASSED_THROUGH``: health, models, version, tokenizer)
-pass through, as does an OPTIONS on the generation paths and on any path the collector does
-not serve (a browser's CORS preflight is vLLM's to answer; vLLM's CORS headers pass on with
-every answer of vLLM's); ``/metrics`` is the collector's own;
+pass through, as do OPTIONS on the generation paths and a browser's CORS preflight on any
+path the collector does not serve (vLLM's CORS middleware answers it; vLLM's CORS headers
+pass on with every answer of vLLM's); ``/metrics`` is the collector's own;
 ``/ledger/v1/replay`` runs the ledger's signed replay orders (``collectors/replay.py``), never
 recorded as traffic. The collector's own errors are answered through one table
 (``collectors/errors.py``).
@@ -65,10 +65,12 @@ from ledger.logs import REQUEST_ID
 
 _OTHER_METHODS = ["GET", "HEAD", "PUT", "PATCH", "DELETE"]  # OPTIONS: vLLM's CORS
 _EVERY_METHOD = ["POST", "OPTIONS", *_OTHER_METHODS]
-# vLLM's paths that generate nothing and change nothing: any method goes to vLLM, its answer
-# comes back unchanged. Its other paths either generate (``/v1/responses``, ``/v1/messages``,
-# embeddings, scoring...), and would go unrecorded, or change the engine (LoRA adapters, sleep,
-# caches), and would change what its fingerprint says: they are not served here.
+# vLLM's paths that generate nothing and change nothing (unless the engine loads LoRA adapters
+# at run time, where any request naming a model it does not know may load one, these too):
+# any method goes to vLLM, its answer comes back unchanged. Its other paths either generate
+# (``/v1/responses``, ``/v1/messages``, embeddings, scoring...), and would go unrecorded, or
+# change the engine (LoRA adapters, sleep, caches), and would change what its fingerprint
+# says: they are not served here (but a CORS preflight on them is vLLM's to answer).
 PASSED_THROUGH = (
     "/health",
     "/ping",
@@ -122,13 +124,18 @@ def _context(request: Request) -> tuple[WorkerState, Upstream]:
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
-    """FastAPI's answer to a path or method no route serves: ``{"detail": ...}``; but an
-    OPTIONS on a path no route serves, a browser's CORS preflight above all, is vLLM's to
-    answer, as it would be without the collector."""
+    """FastAPI's answer to a path or method no route serves: ``{"detail": ...}``; but a
+    browser's CORS preflight on a path no route serves is vLLM's to answer (its CORS
+    middleware answers it without reaching a route), as it would be without the collector."""
     assert isinstance(exc, HTTPException)
-    if exc.status_code == 404 and request.method == "OPTIONS":
+    if exc.status_code == 404 and _preflight(request):
         return await passthrough(request)
     return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
+
+
+def _preflight(request: Request) -> bool:
+    """A CORS preflight, as Starlette's CORS middleware (vLLM's) tells one."""
+    return request.method == "OPTIONS" and "access-control-request-method" in request.headers
 
 
 async def _client_left(request: Request, _: Exception) -> Response:

@@ -46,11 +46,13 @@ def passed_on(headers: Mapping[str, str]) -> dict[str, str]:
     """The engine's response headers its client gets through the collector too: a 405's
     ``Allow``, and the CORS answer (``Access-Control-*``, ``Vary``) of vLLM's CORS middleware,
     so a browser is allowed (or refused) what vLLM alone would allow it."""
-    return {
-        name: value
-        for name, value in headers.items()
-        if name.lower() in _PASSED or name.lower().startswith("access-control-")
-    }
+    passed: dict[str, str] = {}
+    for name, value in headers.items():
+        key = name.lower()
+        if key in _PASSED or key.startswith("access-control-"):
+            # each of these is a list: one sent twice is one with both values
+            passed[key] = f"{passed[key]}, {value}" if key in passed else value
+    return passed
 
 
 class Streamed:

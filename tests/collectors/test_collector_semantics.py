@@ -370,9 +370,10 @@ def _cors(base: str, path: str, method: str, headers: dict[str, str], body: byte
     return response.status_code, response.content, shown
 
 
-@pytest.mark.parametrize(
-    "path", [COMPLETIONS, CHAT, "/v1/models", "/tokenize", "/no/such/path", "/v1/responses"]
-)
+UNSERVED = ("/no/such/path", "/v1/responses")
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT, "/v1/models", "/tokenize", *UNSERVED])
 @pytest.mark.parametrize(
     "headers", [PREFLIGHT, REFUSED, ORIGIN, {}], ids=["preflight", "refused", "origin", "none"]
 )
@@ -381,11 +382,39 @@ def test_options_and_cors_preflights_get_vllms_answer(
 ):
     alone = _cors(engine.url, path, "OPTIONS", headers, None)
     through = _cors(collector.url, path, "OPTIONS", headers, None)
+    if path in UNSERVED and headers is not PREFLIGHT and headers is not REFUSED:
+        # a path the collector does not serve: only a preflight goes to vLLM; else the
+        # collector's own 404 (vLLM's 405 where it serves the path; no CORS headers)
+        assert alone[0] == (405 if path == "/v1/responses" else 404)
+        assert through[0] == 404 and json.loads(through[1]) == {"detail": "Not Found"}
+        return
     assert through == alone
     if headers is PREFLIGHT:  # vLLM's CORS middleware answered it, allowing the origin
         assert alone[0] == 200 and alone[2]["access-control-allow-origin"] == ALLOWED_ORIGIN
     if headers is REFUSED:
         assert alone[0] == 400 and "access-control-allow-origin" not in alone[2]
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/metrics/x", "/metricsx"])
+def test_options_on_the_collectors_metrics_never_reach_vllms(
+    engine: EngineServer, collector: CollectorUnderTest, path: str
+):
+    """vLLM serves its Prometheus metrics under /metrics for any method; through the
+    collector an OPTIONS there is the collector's own answer, never vLLM's metrics."""
+    assert _cors(engine.url, path, "OPTIONS", {}, None)[0] == 200  # vLLM alone shows them
+    status, body, _ = _cors(collector.url, path, "OPTIONS", {}, None)
+    assert status in (404, 405) and b"vllm:" not in body
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/invocations", "/v1/messages"])
+def test_vllms_paths_that_would_go_unrecorded_are_not_served(
+    engine: EngineServer, collector: CollectorUnderTest, path: str
+):
+    body = body_of({"model": "fixture", "input": "The ledger keeps", "max_output_tokens": 4})
+    spooled = collector.state.spool.pending()
+    status, content, _ = _cors(collector.url, path, "POST", {**JSON, **ORIGIN}, body)
+    assert status == 404 and json.loads(content) == {"detail": "Not Found"}
+    assert collector.state.spool.pending() == spooled
 
 
 @pytest.mark.parametrize("stream", [False, True])
