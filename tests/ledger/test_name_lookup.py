@@ -64,9 +64,15 @@ class Cluster:
         with psycopg.connect(url) as conn:
             return conn.execute(query).fetchone()[0]  # type: ignore[index]
 
-    def findings(self) -> list[tuple[str | None, str]]:
-        """The database findings of an audit that logs in afresh, as `ledger audit` does."""
-        db = Database(self.url)
+    def findings(self, as_role: bool = False) -> list[tuple[str | None, str]]:
+        """The database findings of an audit that logs in afresh, as `ledger audit` does: as
+        the superuser, or as the test's role."""
+        url = self.url
+        if as_role:
+            parts = urlsplit(url)
+            host = f"{self.role}@{parts.hostname}:{parts.port or 5432}"
+            url = urlunsplit(parts._replace(netloc=host))
+        db = Database(url)
         try:
             report = audit(db, self.log_key.public_key, **NOT_DUE)
         finally:
@@ -270,16 +276,8 @@ def test_an_auditor_with_its_own_path_that_cannot_read_the_server_default_says_s
     settings search, and says so rather than assume Postgres's built-in default."""
     login = sql.Identifier(cluster.role)
     cluster.superuser(sql.SQL("ALTER ROLE {} SET search_path = public").format(login))
-    parts = urlsplit(cluster.url)
-    url = urlunsplit(parts._replace(netloc=f"{cluster.role}@{parts.hostname}:{parts.port or 5432}"))
-    db = Database(url)
-    try:
-        report = audit(db, cluster.log_key.public_key, **NOT_DUE)
-    finally:
-        db.dispose()
-    assert any(
-        f.check == "database" and "pg_read_file(text)" in f.message for f in report.findings
-    ), report.findings
+    found = cluster.findings(as_role=True)
+    assert any("pg_read_file(text)" in message for _, message in found), found
 
 
 @pytest.mark.postgres
@@ -359,23 +357,10 @@ def test_an_auditor_that_cannot_read_the_servers_command_line_says_so(cluster: C
         sql.SQL("GRANT SELECT ON pg_file_settings TO {}").format(login),
         sql.SQL("GRANT EXECUTE ON FUNCTION pg_show_all_file_settings() TO {}").format(login),
     )
-    parts = urlsplit(cluster.url)
-    url = urlunsplit(parts._replace(netloc=f"{cluster.role}@{parts.hostname}:{parts.port or 5432}"))
-    db = Database(url)
-    try:
-        report = audit(db, cluster.log_key.public_key, **NOT_DUE)
-    finally:
-        db.dispose()
-    assert any(
-        f.check == "database" and "pg_read_file(text)" in f.message for f in report.findings
-    ), report.findings
+    found = cluster.findings(as_role=True)
+    assert any("pg_read_file(text)" in message for _, message in found), found
     cluster.superuser(sql.SQL("GRANT EXECUTE ON FUNCTION pg_read_file(text) TO {}").format(login))
-    db = Database(url)
-    try:
-        report = audit(db, cluster.log_key.public_key, **NOT_DUE)
-    finally:
-        db.dispose()
-    assert [f for f in report.findings if f.check == "database"] == []
+    assert cluster.findings(as_role=True) == []
 
 
 @pytest.mark.postgres
