@@ -169,7 +169,8 @@ def _command_line(conn: Connection) -> str | UnknownDefault | None:
         with conn.begin_nested():  # a failed read fails this statement, not the session
             opts = conn.execute(text("SELECT pg_read_file('postmaster.opts')")).scalar_one()
     except DBAPIError as exc:
-        return UnknownDefault(f"the server's command line (postmaster.opts) cannot be read: {exc}")
+        said = str(exc.orig).strip() if exc.orig is not None else str(exc)
+        return UnknownDefault(f"the server's command line (postmaster.opts) cannot be read: {said}")
     try:
         return command_line_setting(str(opts), "search_path")
     except ValueError as exc:
