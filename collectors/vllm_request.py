@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.canonical import written_as_unsafe_integer
 from ledger.compact_json import compact_json
 
 JSON_MEDIA_TYPE = "application/json"
@@ -203,8 +204,9 @@ MAX_DEPTH = 64
 
 
 def recordable(value: Any, depth: int = 0) -> Any:
-    """``value`` as a signed record can hold it: integers beyond 2^53 and non-finite floats as
-    strings (DESIGN: formats); raises :class:`Unsure` for lone surrogates or deep nesting."""
+    """``value`` as a signed record can hold it: integers beyond 2^53 (integral floats from
+    2^53 to 1e21 too) as decimal strings and non-finite floats as strings (DESIGN: formats);
+    raises :class:`Unsure` for lone surrogates or deep nesting."""
     if depth > MAX_DEPTH:
         raise Unsure(f"nested deeper than {MAX_DEPTH}")
     if isinstance(value, dict):
@@ -216,6 +218,8 @@ def recordable(value: Any, depth: int = 0) -> Any:
     if isinstance(value, int):
         return value if -_SAFE <= value <= _SAFE else str(value)
     if isinstance(value, float):
+        if written_as_unsafe_integer(value):  # 1e17: JCS writes its digits, an unsafe integer
+            return str(int(value))
         if math.isfinite(value):
             return value
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")

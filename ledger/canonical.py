@@ -39,13 +39,15 @@ _PLAIN_ASCII = bytes(c for c in range(0x20, 0x7F) if c not in (0x22, 0x5C))
 _encode_str = json.encoder.encode_basestring
 _encode_ints = json.JSONEncoder(separators=(",", ":")).encode
 _FLOAT_FAST_MAX = float(2**53)
+_FLOAT_INTEGER_DIGITS_MAX = 1e21  # from here ECMAScript writes an exponent
 
 
 def canonicalize(value: Any) -> bytes:
     """Return the RFC 8785 canonical UTF-8 bytes of a JSON value.
 
     Raises InvalidInput for values JSON cannot carry exactly (NaN, infinities, integers
-    beyond the IEEE-754 safe range, lone surrogates, non-string member names).
+    beyond the IEEE-754 safe range, whether ints or integral floats that RFC 8785 writes as
+    integer digits, lone surrogates, non-string member names).
     """
     if type(value) is str:  # envelope members: orjson's escapes are RFC 8785's
         try:
@@ -104,7 +106,17 @@ def _float(value: float) -> str:
             return str(int(value))  # also -0.0 -> "0"
         if size >= 1e-4:
             return repr(value)
+    elif size < _FLOAT_INTEGER_DIGITS_MAX:
+        raise ValueError(f"number {value!r} is an integer outside the IEEE-754 safe range")
     return rfc8785.dumps(value).decode("ascii")
+
+
+def written_as_unsafe_integer(value: float) -> bool:
+    """Whether RFC 8785 writes the float ``value`` as integer digits beyond 2**53 - 1
+    (2**53 <= |value| < 1e21). Those digits read back as an integer beyond the safe range, so
+    :func:`canonicalize` refuses such a float as it refuses that integer: canonical bytes
+    always parse to a value that canonicalizes to them again."""
+    return _FLOAT_FAST_MAX <= abs(value) < _FLOAT_INTEGER_DIGITS_MAX
 
 
 _GENERAL: Any = object()  # "this value needs the general walk"

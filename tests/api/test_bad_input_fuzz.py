@@ -7,7 +7,9 @@ classes that have answered 500 before: date arithmetic at the ends of the calend
 past Postgres' bigint and past JSON's safe range, lone surrogates and NUL, invalid UTF-8 in
 paths and bodies, deep nesting, bodies that are not objects, members of the wrong type, and
 signed records and fingerprints with one member replaced (so validation past the signature
-is reached too). LEDGER_FUZZ_EXAMPLES=5000 runs a longer hunt (default 300 per backend).
+is reached too), signed over the project's canonical bytes or the reference ``rfc8785``
+package's. Whatever gets logged must then pass the audit (the last test).
+LEDGER_FUZZ_EXAMPLES=5000 runs a longer hunt (default 300 per backend).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import os
 from typing import Any
 from urllib.parse import quote
 
+import rfc8785
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from ledger.fingerprint import FINGERPRINT_KIND
-from ledger.signing import SigningKey, sign_envelope
+from ledger.signing import ALG, SigningKey, sign_envelope
+from ledger.storage.audit import audit
 from tests.support.documents import fingerprint_body, record_body
 from tests.support.harness import Harness
 
@@ -87,11 +91,14 @@ BIG_INTS = st.one_of(
     st.integers(min_value=-(2**64), max_value=-(2**63) + 2),
     st.integers(min_value=10**30, max_value=10**40),
 )
+# integral floats RFC 8785 writes as integer digits beyond 2**53 (and their neighbours)
+BIG_FLOATS = st.floats(min_value=2.0**52, max_value=1e22) | st.floats(-1e22, -(2.0**52))
 SCALARS = st.one_of(
     st.none(),
     st.booleans(),
     BIG_INTS,
     st.floats(allow_nan=False, allow_infinity=False),
+    BIG_FLOATS,
     TEXT,
     EDGE_STRINGS,
 )
@@ -233,16 +240,26 @@ def _mutate(draw: st.DrawFn, body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def _sign(kind: str, body: dict[str, Any], key: SigningKey, reference: bool) -> dict[str, Any]:
+    """An envelope signed over the project's canonical bytes, or over the reference
+    ``rfc8785`` package's, as a collector built on another canonicalizer would sign it."""
+    if not reference:
+        return sign_envelope(kind, body, key).to_dict()
+    sig = key.sign(rfc8785.dumps(body))
+    return {"kind": kind, "body": body, "signature": {"alg": ALG, "key_id": key.key_id, "sig": sig}}
+
+
 @st.composite
 def _signed(draw: st.DrawFn, path: str, key: SigningKey, fp: str) -> bytes:
+    reference = draw(st.booleans())
     if path == "/v1/records":
-        env = sign_envelope("inference_record", _mutate(draw, record_body(fp)), key)
+        env = _sign("inference_record", _mutate(draw, record_body(fp)), key, reference)
         try:
-            return json.dumps({"envelopes": [env.to_dict()]}).encode()
+            return json.dumps({"envelopes": [env]}).encode()
         except ValueError:  # a value json cannot write: send the unsigned shape instead
             return b'{"envelopes": [{}]}'
-    env = sign_envelope(FINGERPRINT_KIND, _mutate(draw, fingerprint_body()), key)
-    return env.canonical
+    env = _sign(FINGERPRINT_KIND, _mutate(draw, fingerprint_body()), key, reference)
+    return json.dumps(env).encode()
 
 
 @st.composite
@@ -303,3 +320,10 @@ def test_no_request_gets_a_server_error(api: Harness, data: st.DataObject):
         assert isinstance(error["code"], str) and error["code"] and error["message"]
         code = error["code"]
     event(f"{method} {template}: {resp.status_code} {code}")  # --hypothesis-show-statistics
+
+
+def test_what_the_fuzz_had_logged_passes_the_audit(api: Harness):
+    """Whatever the requests above got logged is a valid entry: an accepted document the audit
+    cannot read back (a number canonicalized to integer digits beyond 2**53) failed here."""
+    report = audit(api.db, api.log_key.public_key)
+    assert report.ok, [f.to_dict() for f in report.findings]

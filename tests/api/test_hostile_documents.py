@@ -10,11 +10,15 @@ import html
 import io
 import re
 from typing import Any
+from unittest import mock
 
 import httpx
+import rfc8785
 
 from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.signing import SigningKey, sign_envelope
+from ledger.storage.audit import audit
+from ledger.storage.log import log_size
 from tests.support.documents import record_v2
 from tests.support.harness import Harness
 from tests.support.workers import heartbeat, post_heartbeat
@@ -189,3 +193,62 @@ def test_a_fingerprint_nested_past_the_limit_is_refused_at_ingest(api: Harness) 
         if status == 422:
             assert answer.json()["error"]["code"] == "schema_violation"
             assert "fingerprint nests deeper than 128 levels" in answer.json()["error"]["message"]
+
+
+def _signed_elsewhere(kind: str, body: dict[str, Any], key: SigningKey) -> dict[str, Any]:
+    """An envelope signed over the reference RFC 8785 bytes (``rfc8785``), as a collector
+    built on another canonicalizer signs it: that library writes an integral float beyond
+    2**53 as integer digits."""
+    sig = key.sign(rfc8785.dumps(body))
+    return {
+        "kind": kind,
+        "body": body,
+        "signature": {"alg": "ed25519", "key_id": key.key_id, "sig": sig},
+    }
+
+
+BEYOND_SAFE = -3.607410259360783e16  # RFC 8785 writes it "-36074102593607830"
+
+
+def test_a_number_that_reads_back_beyond_the_safe_range_is_refused_at_ingest(api: Harness) -> None:
+    """A float such as -3.6e16 has canonical form "-36074102593607830", which reads back as an
+    integer beyond the safe range: a record or fingerprint carrying one was logged, and then
+    ``ledger audit`` could not canonicalize its leaf ("integer ... is out of range"). Each is
+    refused with 422 ``not_canonicalizable``, nothing is logged, and the audit still passes."""
+    from ledger.record_v2 import commit_record
+    from ledger.records import RECORD_KIND
+    from tests.support.documents import fingerprint_body, record_body
+
+    key = api.collector()
+    fp = api.fingerprint(key)
+    with api.db.read() as session:
+        size = log_size(session)
+
+    v1 = record_body(fp, request_extra={"seed_hint": BEYOND_SAFE})
+    # its disclosures made by the reference canonicalizer too, which accepts the number
+    with mock.patch("ledger.disclosures.canonicalize", rfc8785.dumps):
+        v2_body, disclosures = commit_record(
+            record_body(fp, request_extra={"temperature": 2.0**60})
+        )
+    fingerprint = fingerprint_body()
+    fingerprint["model"]["size"] = 2.0**53
+    records_v2 = {
+        "records": [
+            {"envelope": _signed_elsewhere(RECORD_KIND, v2_body, key), "disclosures": disclosures}
+        ]
+    }
+    answers = [
+        api.client().post(
+            "/v1/records", json={"envelopes": [_signed_elsewhere(RECORD_KIND, v1, key)]}
+        ),
+        api.client().post("/v1/records", json=records_v2),
+        api.client().post(
+            "/v1/fingerprints", json=_signed_elsewhere(FINGERPRINT_KIND, fingerprint, key)
+        ),
+    ]
+    assert [a.status_code for a in answers] == [422] * 3, [a.text for a in answers]
+    assert {a.json()["error"]["code"] for a in answers} == {"not_canonicalizable"}
+    with api.db.read() as session:
+        assert log_size(session) == size
+    report = audit(api.db, api.log_key.public_key)
+    assert report.ok, [f.to_dict() for f in report.findings]

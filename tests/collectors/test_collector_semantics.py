@@ -239,6 +239,27 @@ def test_int64_seeds_are_recorded_as_strings(
     assert json.loads(__import__("base64").b64decode(record["request_raw"]))["seed"] == seed
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_integral_floats_beyond_the_safe_range_are_recorded_as_strings(
+    engine: EngineServer, collector: CollectorUnderTest, stream: bool
+):
+    """RFC 8785 writes 1e17 as integer digits, which read back as an integer beyond 2**53: a
+    record holding the float was logged and then failed the audit. The record holds each as
+    its decimal string, as it holds an int64 seed; ``request_raw`` keeps the bytes sent."""
+    request_id = _id()
+    fields = {"seed": 1e17, "x_note": -3.607410259360783e16, "x_far": 1e21, "stream": stream}
+    body = body_of({**BASE, "temperature": 0.8, **fields})
+    headers = {**JSON, "X-Request-ID": request_id, "X-Reproducibility-Tier": "1"}
+    result = differ(engine.url, collector.url, COMPLETIONS, body, headers)
+    result.assert_same()
+    assert result.through.status == 200
+    (record,) = collector.records(request_id)
+    request = record["request"]
+    assert (request["seed"], request["x_note"]) == ("100000000000000000", "-36074102593607832")
+    assert request["x_far"] == 1e21  # written 1e+21, a float again when read back
+    assert json.loads(__import__("base64").b64decode(record["request_raw"]))["seed"] == 1e17
+
+
 def test_an_empty_request_id_counts_as_none(collector: CollectorUnderTest):
     answer = send(collector.url, COMPLETIONS, body_of(BASE), {**JSON, "X-Request-ID": ""})
     assert answer.status == 200 and answer.request_id and answer.request_id.startswith("req-")

@@ -471,10 +471,12 @@
         "not_canonicalizable"
       );
     }
-    if (!isFloat && Number.isInteger(v) && !Number.isSafeInteger(v)) {
+    // Below 1e21 RFC 8785 writes an integral number as its digits, which read back as an
+    // integer: beyond 2**53 Python refuses it, int or float, so the text reads back the same.
+    if (Number.isInteger(v) && !Number.isSafeInteger(v) && (!isFloat || Math.abs(v) < 1e21)) {
       throw new LedgerError(
         `value cannot be canonicalized (RFC 8785): the integral number ${v} is beyond 2**53 ` +
-          "(Python refuses such an integer and writes such a float; which one it was is lost)",
+          "(RFC 8785 writes it as integer digits, an integer Python refuses)",
         "not_canonicalizable"
       );
     }
@@ -528,9 +530,10 @@
   /**
    * RFC 8785 canonical JSON text of a value (UTF-8 it with TextEncoder for the bytes).
    * Throws, as ledger.canonical.canonicalize raises, for what has no canonical form: NaN,
-   * infinities, lone surrogates, integers beyond 2**53; and for an integral JS number beyond
-   * 2**53, which JSON.parse made of either an integer (Python refuses) or a float (Python
-   * writes it): that is ambiguous, so it fails loudly instead of guessing.
+   * infinities, lone surrogates, integers beyond 2**53 and integral floats from 2**53 to
+   * 1e21 (written as integer digits); and for an integral JS number beyond 2**53, which
+   * JSON.parse made of either an integer or a float: that is ambiguous, so it fails loudly
+   * instead of guessing.
    */
   function canonicalize(value) {
     return canon(value, 0);

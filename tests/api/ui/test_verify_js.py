@@ -827,7 +827,12 @@ def test_base64_is_decoded_as_binascii_strict_mode_does(verify_page: BrowserPage
 
 JSON_TEXTS = [
     "[1, 1.0, -0, -0.0, 0.0, 2, 2.5e0]",
-    "[1e21, 1E21, 1e+21, 1e20, 100000000000000000000, 1e400, -1e400, 1e-400]",
+    "[1e21, 1E21, 1e+21, 1e400, -1e400, 1e-400]",
+    "[1e20]",
+    "[100000000000000000000]",
+    "[9007199254740992.0]",
+    "[9007199254740991.0, -9007199254740991.0, 999999999999999900000.0]",
+    "[-3.607410259360783e16]",
     "[9007199254740991, 9007199254740992, 9007199254740993, -9007199254740993]",
     "[123456789012345678901234567890, 18446744073709551616]",
     "[0.1, 5e-324, 1e-7, 0.00001, 123456789.125, 9.999e-05, 1.5e300]",
@@ -869,7 +874,8 @@ def _python_canonical(text: str) -> str:
 
 def test_json_is_read_and_canonicalized_as_python_does(verify_page: BrowserPage) -> None:
     """Integers of any size stay integers (refused beyond 2**53), 1.0 is a float written 1,
-    1e21 a float written 1e+21, -0 is 0; member names sort by UTF-16 code units."""
+    1e21 a float written 1e+21, 1e20 a float refused (its digits would read back as an integer
+    beyond 2**53), -0 is 0; member names sort by UTF-16 code units."""
     expected = [_python_canonical(t) for t in JSON_TEXTS]
     got = verify_page.evaluate(
         """(texts) => texts.map((t) => {
