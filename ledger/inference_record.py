@@ -226,6 +226,18 @@ def parse_record(
 MAX_RECORD_DEPTH = MAX_DEPTH
 
 
+def as_logged(record: InferenceRecord, logged_body: Mapping[str, Any]) -> InferenceRecord:
+    """``record`` (parsed from a body as sent, where types are checked strictly) with its
+    free-form members as the logged bytes read back (``logged_body``: Envelope.read_back),
+    which is what the audit derives rows from: the signed bytes write ``7.0`` and ``-0.0`` as
+    ``7`` and ``0``, and a v1 request's ``stop_token_ids: [7.0]`` was keyed by neither.
+    A v2 request is read from its disclosures, canonical bytes already."""
+    if record.schema_version == 1:
+        request = logged_body["request"]
+        return record._replace(request=request, sampling=sampling_of(request))
+    return record._replace(sampling=logged_body["sampling"])
+
+
 def _check_depth(view: Mapping[str, Any]) -> None:
     """InvalidInput when a record's v1-shaped body nests deeper than MAX_RECORD_DEPTH."""
     check_depth(view, "record", MAX_RECORD_DEPTH)
@@ -244,4 +256,11 @@ def body_view(answer: Mapping[str, Any]) -> dict[str, Any]:
     return assemble(body, opened)
 
 
-__all__ = ["DIGESTS", "InferenceRecord", "RecordChoice", "body_view", "parse_record"]
+__all__ = [
+    "DIGESTS",
+    "InferenceRecord",
+    "RecordChoice",
+    "as_logged",
+    "body_view",
+    "parse_record",
+]

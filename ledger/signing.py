@@ -304,14 +304,28 @@ class Envelope:
         integers lie within 2**53), and its canonical bytes and body digest differ from the
         stored ones, which every caller compares or verifies.
         """
+        return cls.from_dict(_read_json(data))
+
+    def read_back(self) -> Envelope:
+        """This envelope with its body as its canonical bytes read back: the values every
+        reader of the logged envelope sees (the audit, ``ledger verify``, the browser's
+        verifier), where the body as sent may differ in type only (``7.0`` and ``-0.0`` are
+        written ``7`` and ``0``). The canonical bytes are the same, so none is recomputed."""
         try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            try:
-                parsed = json.loads(data)
-            except RecursionError as exc:
-                raise ValueError("the envelope is nested too deeply to parse") from exc
-        return cls.from_dict(parsed)
+            body = _read_json(self.body_bytes)
+        except ValueError as exc:  # deeper than the parsers go
+            raise InvalidInput(str(exc), code="schema_violation") from exc
+        copy = object.__new__(Envelope)
+        for name, value in (
+            ("kind", self.kind),
+            ("body", body),
+            ("key_id", self.key_id),
+            ("sig", self.sig),
+            ("body_bytes", self.body_bytes),
+            ("canonical", self.canonical),
+        ):
+            object.__setattr__(copy, name, value)
+        return copy
 
     @classmethod
     def from_dict(cls, data: Any) -> Envelope:
@@ -340,6 +354,18 @@ class Envelope:
         if not isinstance(sig["key_id"], str) or not isinstance(sig["sig"], str):
             raise InvalidInput("signature key_id and sig must be strings", code="schema_violation")
         return cls(kind=kind, body=body, key_id=sig["key_id"], sig=sig["sig"])
+
+
+def _read_json(data: bytes) -> Any:
+    """``orjson`` for the common case; what it refuses (lone surrogates, ``NaN``, deep
+    nesting, other encodings) is parsed by ``json``. ValueError for what neither reads."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(data)
+        except RecursionError as exc:
+            raise ValueError("the envelope is nested too deeply to parse") from exc
 
 
 def sign_envelope(kind: str, body: dict[str, Any], key: SigningKey) -> Envelope:

@@ -30,7 +30,7 @@ from ledger.errors import (
     VerificationError,
 )
 from ledger.fingerprint import FINGERPRINT_KIND, validate_fingerprint_body
-from ledger.inference_record import InferenceRecord, parse_record
+from ledger.inference_record import InferenceRecord, as_logged, parse_record
 from ledger.nesting import check_depth
 from ledger.records import RECORD_KIND, STARTED_SKEW, RecordSummary
 from ledger.signing import Envelope
@@ -147,6 +147,7 @@ def _check_items(items: Sequence[RecordItem]) -> list[_Checked]:
         try:
             env = parse_envelope(item.envelope, RECORD_KIND)
             record = parse_record(env.body, item.disclosures, complete=True)
+            record = as_logged(record, env.read_back().body)  # rows as the audit derives them
         except LedgerError as exc:
             raise exc.with_details(item=i) from None
         checked.append(_Checked(env, record, env.body_digest, record.salt_keys))

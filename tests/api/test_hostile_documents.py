@@ -252,3 +252,34 @@ def test_a_number_that_reads_back_beyond_the_safe_range_is_refused_at_ingest(api
         assert log_size(session) == size
     report = audit(api.db, api.log_key.public_key)
     assert report.ok, [f.to_dict() for f in report.findings]
+
+
+def test_a_record_is_keyed_as_its_signed_bytes_read_back(api: Harness) -> None:
+    """The signature covers the canonical bytes, where 7.0 is written 7 and -0.0 is 0, so a
+    collector may send either inside the free-form request. Ingest keyed the request as sent,
+    every later reader the bytes read back: ``stop_token_ids: [7.0]`` got no cache keys at
+    ingest while the audit derived two (it named the missing rows), and no lookup found the
+    record. Now ingest keys it as the audit does: found by a lookup, the audit clean. (Typed
+    members stay strict: ``tier: 1.0`` is refused, tests/api/test_bad_input.py.)"""
+    import json
+
+    from ledger.records import RECORD_KIND
+    from tests.support.documents import record_body
+
+    key = api.collector()
+    fp = api.fingerprint(key)
+    extra = {"stop_token_ids": [7], "temperature": 0}
+    body = record_body(fp, text_prompt=True, request_extra=extra)
+    sent = json.loads(json.dumps(sign_envelope(RECORD_KIND, body, key).to_dict()))
+    sent["body"]["request"]["stop_token_ids"] = [7.0]
+    sent["body"]["request"]["temperature"] = -0.0
+    answer = api.client().post("/v1/records", json={"envelopes": [sent]})
+    assert answer.status_code == 201, answer.text
+    lookup = api.client().post(
+        "/v1/cache/lookup",
+        json={"endpoint": "/v1/completions", "request": body["request"], "fingerprint_id": fp},
+    )
+    assert lookup.status_code == 200, lookup.text
+    assert lookup.json()["hit"] is True and lookup.json()["request_id"] == body["request_id"]
+    report = audit(api.db, api.log_key.public_key)
+    assert report.ok, [f.to_dict() for f in report.findings]
