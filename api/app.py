@@ -89,15 +89,17 @@ async def _retention(state: AppState, days: int, interval: float) -> None:
 def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI:
     """Build the app around an already migrated database and the ledger's key."""
     keystore.trust_log_key(log_key.public_key)  # each worker process's own (ledger serve)
+    metrics = Metrics(LogGauges(db, log_key, settings.worker_ttl, utc_now))
+    metrics.cache_kept_limit.set(settings.cache_memory_bytes)
     state = AppState(
         settings=settings,
         db=db,
         log_key=log_key,
-        metrics=Metrics(LogGauges(db, log_key, settings.worker_ttl, utc_now)),
+        metrics=metrics,
         origin=settings.log_origin or checkpoints.default_origin(log_key),
         token_cache=TokenCache(settings.token_cache_seconds),
         ingest_limit=InflightLimit(settings.max_inflight_batches, settings.max_inflight_bytes),
-        hot_answers=HotAnswers(settings.cache_memory_bytes),
+        hot_answers=HotAnswers(settings.cache_memory_bytes, on_change=metrics.cache_kept),
     )
 
     @asynccontextmanager

@@ -11,16 +11,17 @@ jump back between scrapes. The log gauges are read from the database when scrape
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 from fastapi import Response
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -153,6 +154,26 @@ class Metrics:
             buckets=(1, 10, 50, 100, 250, 500, 1000, 5000),
             registry=self.registry,
         )
+        # Each process keeps its own answers: livesum adds up the live processes' figures.
+        self.cache_kept_bytes = Gauge(
+            "ledger_cache_kept_bytes",
+            "Memory the kept cache answers are charged, over the server's processes (each "
+            "keeps at most LEDGER_CACHE_MEMORY_BYTES)",
+            multiprocess_mode="livesum",
+            registry=self.registry,
+        )
+        self.cache_kept_answers = Gauge(
+            "ledger_cache_kept_answers",
+            "Cache answers kept, over the server's processes",
+            multiprocess_mode="livesum",
+            registry=self.registry,
+        )
+        self.cache_kept_limit = Gauge(
+            "ledger_cache_kept_bytes_limit",
+            "What the kept cache answers may be charged, over the server's processes",
+            multiprocess_mode="livesum",
+            registry=self.registry,
+        )
         self.group_size = Histogram(
             "ledger_ingest_group_batches",
             "Ingest batches appended per transaction (group commit)",
@@ -160,13 +181,20 @@ class Metrics:
             registry=self.registry,
         )
 
+    def cache_kept(self, size: int, answers: int) -> None:
+        """HotAnswers' on_change: how full this process's kept answers are."""
+        self.cache_kept_bytes.set(size)
+        self.cache_kept_answers.set(answers)
+
     def render(self) -> Response:
         """The exposition (call it off the event loop: the log gauges read the database)."""
         with self._render:
             return self._exposition()
 
     def _exposition(self) -> Response:
-        if os.environ.get(MULTIPROC_ENV):
+        directory = os.environ.get(MULTIPROC_ENV)
+        if directory:
+            forget_dead_processes(directory)
             registry = CollectorRegistry()
             MultiProcessCollector(registry)  # every process's counters, summed
         else:
@@ -178,6 +206,27 @@ class Metrics:
         finally:
             if self.log_gauges is not None:
                 registry.unregister(self.log_gauges)
+
+
+_LIVE_GAUGE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db")
+
+
+def forget_dead_processes(directory: str) -> None:
+    """Drop the live gauges of processes that are gone (a worker the server restarted): a
+    ``livesum`` gauge sums the files of the processes named there, and nothing else removes a
+    dead one's (prometheus_client leaves that to the server's process manager)."""
+    pids = set()
+    for name in os.listdir(directory):
+        match = _LIVE_GAUGE_FILE.fullmatch(name)
+        if match:
+            pids.add(int(match[1]))
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            mark_process_dead(pid, directory)
+        except PermissionError:  # alive, under another user
+            pass
 
 
 def utc_now() -> datetime:

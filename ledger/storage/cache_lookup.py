@@ -123,11 +123,18 @@ class HotAnswers:
     recently used out once they are charged more than ``max_bytes`` (:func:`kept_bytes`; an
     answer charged more than that alone is not kept)."""
 
-    def __init__(self, max_bytes: int = 128 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        max_bytes: int = 128 * 1024 * 1024,
+        on_change: Callable[[int, int], None] | None = None,
+    ) -> None:
         self._max_bytes = max_bytes
         self._items: OrderedDict[str, tuple[_Kept, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        # Told (bytes charged, answers kept) after each change, under the lock, so in order:
+        # the API's gauges of how full the kept answers are.
+        self._on_change = on_change
         # Counts erasures forgotten: an answer verified before one (it may hold content
         # erased since) is not kept after it.
         self._erasures = 0
@@ -159,25 +166,34 @@ class HotAnswers:
         with self._lock:
             if generation != self._erasures:
                 return
-            self._remove(key)
+            removed = self._remove(key)
             size = kept_bytes(kept)
             if size > self._max_bytes:
+                if removed:
+                    self._changed()
                 return
             self._items[key] = (kept, size)
             self._bytes += size
             while self._bytes > self._max_bytes:
                 _, (_, evicted) = self._items.popitem(last=False)
                 self._bytes -= evicted
+            self._changed()
 
-    def _remove(self, key: str) -> None:
+    def _remove(self, key: str) -> bool:
         item = self._items.pop(key, None)
         if item is not None:
             self._bytes -= item[1]
+        return item is not None
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self._bytes, len(self._items))
 
     def drop(self, key: str) -> None:
         """Forget a key whose rows changed: what it kept may be content erased since."""
         with self._lock:
-            self._remove(key)
+            if self._remove(key):
+                self._changed()
 
     def clear(self) -> None:
         """Forget every answer (an erasure that failed part way: which records it erased
@@ -186,6 +202,7 @@ class HotAnswers:
             self._erasures += 1
             self._items.clear()
             self._bytes = 0
+            self._changed()
 
     def after_erasure(self, erase: Callable[[], _E], erased: Callable[[_E], Collection[str]]) -> _E:
         """Run an erasure and forget the answers it made stale: those of the records it
@@ -213,6 +230,8 @@ class HotAnswers:
             ]
             for key in gone:
                 self._remove(key)
+            if gone:
+                self._changed()
 
 
 @dataclass(frozen=True)

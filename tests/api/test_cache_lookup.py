@@ -474,6 +474,43 @@ def _kept_ids(hot: HotAnswers) -> set[str]:
     return {k.found.hit.request_id for k, _ in hot._items.values() if k.found.hit is not None}
 
 
+def _kept_figures(api: Harness) -> tuple[float, float, float]:
+    """``ledger_cache_kept_bytes``, ``_answers`` and ``_bytes_limit`` as /metrics says now."""
+    text_ = api.client(None).get("/metrics").text
+    values = dict(
+        line.rsplit(" ", 1) for line in text_.splitlines() if line.startswith("ledger_cache_kept")
+    )
+    prefix = "ledger_cache_kept"
+    return (
+        float(values[f"{prefix}_bytes"]),
+        float(values[f"{prefix}_answers"]),
+        float(values[f"{prefix}_bytes_limit"]),
+    )
+
+
+def test_metrics_say_how_full_the_kept_answers_are(api: Harness) -> None:
+    """/metrics gives what the kept answers are charged, how many there are and the limit, as
+    they stand: after a lookup keeps one, and after an erasure forgets it."""
+    key, fp = api.setup_collector()
+    c = api.client()
+    hot: HotAnswers = api.server.server.config.app.state.ledger.hot_answers
+    limit = api.server.server.config.app.state.ledger.settings.cache_memory_bytes
+    env, disclosures = record_v2(key, fp, tier=1, seed=7070, text_prompt=True, request_extra=GREEDY)
+    posted = c.post(
+        "/v1/records", json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    )
+    assert posted.status_code == 201, posted.text
+    rid = env.body["request_id"]
+    body = record_body(fp, seed=7070, text_prompt=True, request_extra=GREEDY)
+    before = len(hot)
+    assert _one_call(c, body["request"], fingerprint_id=fp).json()["request_id"] == rid
+    assert rid in _kept_ids(hot) and len(hot) == before + 1
+    assert _kept_figures(api) == (hot.bytes, len(hot), limit) and hot.bytes > 0
+    assert c.post(f"/v1/records/{rid}/erasure", json={"reason": "r"}).status_code == 201
+    assert rid not in _kept_ids(hot)
+    assert _kept_figures(api) == (hot.bytes, len(hot), limit)
+
+
 def test_an_erasure_leaves_no_kept_answer_holding_the_content(api: Harness) -> None:
     """A kept answer holds the record it serves, content and all: the process that erases a
     record forgets it at once, and any process drops it the next time the key is looked up

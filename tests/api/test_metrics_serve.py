@@ -6,8 +6,10 @@ collectors' unacknowledged records, from signed heartbeats)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -16,7 +18,7 @@ import pytest
 from client.ledger_client import LedgerClient
 from demo.server_thread import free_port
 from tests.support.certification_worker import add_worker
-from tests.support.served import serve
+from tests.support.served import Served, serve
 
 _SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$", re.M)
 
@@ -79,10 +81,67 @@ def test_counts_add_up_across_processes_and_the_log_gauges_are_the_logs(
         text = fresh_get(url, "/metrics").text
         assert samples(text, "ledger_log_checkpoint_tree_size")[""] == size
         assert 0 <= samples(text, "ledger_log_checkpoint_age_seconds")[""] < 60
+        _the_cache_gauges_count_the_live_processes(served)
     finally:
         if worker is not None:
             worker.close()
         served.stop(signal.SIGTERM)
+
+
+def _workers(parent: int) -> set[int]:
+    """The server's worker processes (multiprocessing's spawned children of ``parent``)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat, cmdline = (entry / "stat").read_text(), (entry / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        # stat: "pid (comm) state ppid ...": comm may hold spaces, so split after its ")"
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"spawn_main" in cmdline:
+            found.add(int(entry.name))
+    return found
+
+
+def _the_cache_gauges_count_the_live_processes(served: Served) -> None:
+    """Each process keeps its own cache answers: the gauges add up the live ones (two limits
+    of 128 MiB). A worker killed and restarted by the server leaves its figures behind; they
+    are dropped at the next scrape, so the sum stays that of two processes."""
+    limit = 2 * 128 * 1024 * 1024
+
+    def figures() -> tuple[float, float]:
+        text = fresh_get(served.url, "/metrics").text
+        return (
+            samples(text, "ledger_cache_kept_bytes_limit")[""],
+            samples(text, "ledger_cache_kept_bytes")[""],
+        )
+
+    assert figures() == (limit, 0.0)
+    before = _workers(served.proc.pid)
+    assert len(before) == 2, before
+    os.kill(min(before), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        now = _workers(served.proc.pid)
+        if len(now) == 2 and now != before:
+            break
+        assert time.monotonic() < deadline, now
+        time.sleep(0.2)
+    (new,) = now - before
+    environ = Path(f"/proc/{new}/environ").read_bytes().split(b"\0")
+    (directory,) = [
+        v.split(b"=", 1)[1] for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")
+    ]
+    deadline = time.monotonic() + 30
+    while not (Path(directory.decode()) / f"gauge_livesum_{new}.db").exists():  # set as it starts
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    while figures()[0] < limit:  # its file is made as its gauge is, then the limit set
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    for _ in range(5):
+        assert figures() == (limit, 0.0)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

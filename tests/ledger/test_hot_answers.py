@@ -193,5 +193,43 @@ def test_forgetting_erased_records_gives_back_their_bytes(
     assert hot.bytes == _total(hot) == kept_bytes(kept[0]) + kept_bytes(kept[2])
 
 
+def test_every_change_is_reported_as_it_leaves_the_answers(
+    ledger: tuple[Database, Seeded],
+) -> None:
+    """``on_change`` (the API's gauges of how full the kept answers are) is told the bytes
+    charged and the answers kept after every change: puts, evictions, a key kept again, one
+    too large for the budget replacing a kept one, drops, forgets and clears."""
+    import random
+
+    db, seeded = ledger
+    hits = [_kept(db, seeded, False) for _ in range(3)]
+    told: list[tuple[int, int]] = []
+    one = kept_bytes(_empty(1))
+    hot = HotAnswers(max_bytes=12 * one, on_change=lambda *now: told.append(now))
+    rng = random.Random(5)
+    for step in range(400):
+        key = f"k{rng.randrange(20)}"
+        action = rng.choice(["put", "put", "put", "huge", "drop", "forget", "clear", "get"])
+        before = len(told)
+        if action == "put":
+            hot.put(key, rng.choice([_empty(rng.randrange(1, 4)), *hits]), hot.generation)
+        elif action == "huge":
+            hot.put(key, _empty(10_000), hot.generation)
+        elif action == "drop":
+            hot.drop(key)
+        elif action == "forget":
+            hit = rng.choice(hits).found.hit
+            assert hit is not None
+            hot.forget({hit.request_id})
+        elif action == "clear" and rng.random() < 0.1:
+            hot.clear()
+        else:
+            hot.get(key)
+        if len(told) > before:
+            assert told[-1] == (hot.bytes, len(hot)), (step, action)
+        assert told == [] or told[-1] == (hot.bytes, len(hot)), (step, action)
+    assert len(told) > 100
+
+
 if __name__ == "__main__":
     print(json.dumps(_measure_all(Path(sys.argv[1]))))
