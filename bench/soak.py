@@ -357,6 +357,11 @@ async def sample(
         out["ledger_records_created"] = led.get(
             'ledger_records_ingested_total{status="created"}', 0.0
         )
+        out["ledger_cache_kept"] = {
+            "bytes": led.get("ledger_cache_kept_bytes", 0.0),
+            "answers": led.get("ledger_cache_kept_answers", 0.0),
+            "limit": led.get("ledger_cache_kept_bytes_limit", 0.0),
+        }
     except httpx.HTTPError as exc:
         out["metrics_error"] = str(exc)
     return out
@@ -385,6 +390,7 @@ async def soak(
                 + f"  spooled {s.get('collector', {}).get('spooled', 0):.0f}"
                 f"  pending {s.get('collector', {}).get('pending', 0):.0f}"
                 f"  ledger {s.get('ledger_records_created', 0):.0f}"
+                f"  kept {s.get('ledger_cache_kept', {}).get('bytes', 0) / 2**20:.1f} MB"
                 f"  spool files {s['disk_mb']['spool']:.1f} MB",
                 flush=True,
             )
@@ -475,6 +481,16 @@ def slope_fit(points: list[tuple[float, float]]) -> dict[str, Any]:
 # --- the ledger's side -----------------------------------------------------------------------
 
 
+def cache_full_since(samples: list[dict[str, Any]]) -> float | None:
+    """When the ledger's kept cache answers first came within 10% of their limit (eviction
+    under way from there on: each answer is charged a few tens of KiB), or None."""
+    for s in samples:
+        kept = s.get("ledger_cache_kept", {})
+        if kept.get("limit") and kept["bytes"] >= 0.9 * kept["limit"]:
+            return float(s["t_s"])
+    return None
+
+
 def wait_drained(url: str, timeout: float) -> dict[str, Any]:
     """Poll the collector until its spool holds nothing, three times in a row, a second apart
     (a client that left has its aborted record spooled by a task of its own); its counters
@@ -557,6 +573,12 @@ def main() -> None:
         help="share of each client's turns spent on a cache lookup at the ledger (0: none)",
     )
     parser.add_argument(
+        "--ledger-cache-mb",
+        type=float,
+        help="LEDGER_CACHE_MEMORY_BYTES for the ledger, in MiB (default: the ledger's, 128), so "
+        "that its kept cache answers fill within the run and the slope once full is measured",
+    )
+    parser.add_argument(
         "--engine-cpus",
         default="0" if (os.cpu_count() or 1) <= 4 else "auto",
         help="VLLM_CPU_OMP_THREADS_BIND for the engine's compute threads (as bench/proxy.py)",
@@ -588,6 +610,8 @@ def main() -> None:
         }
         if args.db:
             env["LEDGER_DATABASE_URL"] = args.db
+        if args.ledger_cache_mb is not None:
+            env["LEDGER_CACHE_MEMORY_BYTES"] = str(int(args.ledger_cache_mb * 2**20))
         procs.append(
             subprocess.Popen(
                 [*LEDGER, "serve", "--log-level", "warning"],
@@ -647,6 +671,11 @@ def main() -> None:
             name: slope_fit([(s["t_s"] / 3600, s["rss_mb"][name]) for s in after])
             for name in PROCESSES
         }
+        full = cache_full_since(samples)
+        if full is not None:  # the ledger once its kept answers reached their limit
+            slopes["ledger (cache full)"] = slope_fit(
+                [(s["t_s"] / 3600, s["rss_mb"]["ledger"]) for s in after if s["t_s"] >= full]
+            )
         report(args, book, samples, slopes, drained, result, elapsed, work)
         if args.json:
             args.json.write_text(
@@ -668,6 +697,7 @@ def main() -> None:
                         "collector_after_drain": drained,
                         "ledger_check": result,
                         "slopes": slopes,
+                        "cache_full_since_s": full,
                         "samples": samples,
                     },
                     indent=2,
@@ -746,6 +776,15 @@ def report(
             f"| {name} | {f['samples']} | {f['first_mb']:.1f} / {f['last_mb']:.1f} | "
             f"{f['slope_mb_per_h']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | "
             f"{f['day_growth_pct_of_rss']:.2f}% | {f['verdict']} |"
+        )
+    kept = [s["ledger_cache_kept"] for s in samples if "ledger_cache_kept" in s]
+    if kept:
+        full = cache_full_since(samples)
+        print(
+            f"ledger's kept cache answers: {kept[-1]['answers']:.0f} at the end, "
+            f"{max(k['bytes'] for k in kept) / 2**20:.1f} MiB at most of "
+            f"{kept[-1]['limit'] / 2**20:.1f} MiB; "
+            + ("never full" if full is None else f"full from {full / 60:.1f} min")
         )
     first, last = samples[0]["disk_mb"], samples[-1]["disk_mb"]
     print(
