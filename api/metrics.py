@@ -10,6 +10,7 @@ jump back between scrapes. The log gauges are read from the database when scrape
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -215,16 +216,17 @@ def forget_dead_processes(directory: str) -> None:
     """Drop the live gauges of processes that are gone (a worker the server restarted): a
     ``livesum`` gauge sums the files of the processes named there, and nothing else removes a
     dead one's (prometheus_client leaves that to the server's process manager)."""
-    pids = set()
-    for name in os.listdir(directory):
-        match = _LIVE_GAUGE_FILE.fullmatch(name)
-        if match:
-            pids.add(int(match[1]))
+    try:
+        names = os.listdir(directory)
+    except OSError:  # removed as the server stops
+        return
+    pids = {int(m[1]) for m in map(_LIVE_GAUGE_FILE.fullmatch, names) if m}
     for pid in pids:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            mark_process_dead(pid, directory)
+            with contextlib.suppress(OSError):  # another process's scrape removed it first
+                mark_process_dead(pid, directory)
         except PermissionError:  # alive, under another user
             pass
 

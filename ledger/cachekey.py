@@ -18,7 +18,8 @@ Normalization (so equivalent requests agree):
   ``top_k`` -1 (0 means the same), ``min_p`` 0, penalties 0 / 1, ``n`` 1, ``max_tokens`` 16
   for completions, unbounded for chat, where ``max_completion_tokens`` is the limit unless it
   is null, and ``max_tokens`` only then, as vLLM reads them);
-  ``stop`` as a sorted list, ``stop_token_ids`` sorted, ``ignore_eos`` false);
+  ``stop`` as a sorted list, ``stop_token_ids`` sorted, ``ignore_eos`` false; a token ID
+  given as an integral float is that integer, in ``stop_token_ids`` and a token-ID prompt);
 - under greedy decoding (``temperature`` 0) the sampler's randomness and truncation do not
   matter: ``seed``, ``top_p``, ``top_k`` and ``min_p`` are dropped;
 - any other field is kept as given: an unknown parameter may change the output.
@@ -80,6 +81,19 @@ def _number(value: Any, name: str) -> Any:
     return value
 
 
+def _token_ids(values: Any) -> list[int] | None:
+    """``values`` as token IDs, or None when it is not a list of them. An integral float is its
+    integer (vLLM reads ``7.0`` as 7, and a signed record's bytes write it ``7``, so the audit
+    reads it back as 7); a boolean is not one."""
+    if not isinstance(values, list):
+        return None
+    if all(type(t) is int for t in values):
+        return values
+    if all(type(t) is int or (type(t) is float and t.is_integer()) for t in values):
+        return [int(t) for t in values]
+    return None
+
+
 def normalize_params(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
     """The request's parameters other than the prompt, normalized as the module says."""
     prompt_fields = ("prompt",) if endpoint == COMPLETIONS else ("messages",)
@@ -105,10 +119,8 @@ def normalize_params(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise InvalidInput("stop must be a string or a list of strings", code="invalid_request")
     params["stop"] = sorted(set(stop))
-    ids = params["stop_token_ids"]
-    if not isinstance(ids, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in ids
-    ):
+    ids = _token_ids(params["stop_token_ids"])
+    if ids is None:
         raise InvalidInput("stop_token_ids must be a list of integers", code="invalid_request")
     params["stop_token_ids"] = sorted(set(ids))
     if params["temperature"] == 0:
@@ -140,12 +152,9 @@ def _prompt(
     if prompt_token_ids is not None:
         return {"token_ids": list(prompt_token_ids)}
     prompt = request.get("prompt")
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        return {"token_ids": prompt}
+    ids = _token_ids(prompt) if prompt else None
+    if ids is not None:
+        return {"token_ids": ids}
     if isinstance(prompt, str):
         return {"text": prompt}
     raise InvalidInput(

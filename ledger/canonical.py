@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -106,7 +107,7 @@ def _float(value: float) -> str:
             return str(int(value))  # also -0.0 -> "0"
         if size >= 1e-4:
             return repr(value)
-    elif size < _FLOAT_INTEGER_DIGITS_MAX:
+    elif written_as_unsafe_integer(value):
         raise ValueError(f"number {value!r} is an integer outside the IEEE-754 safe range")
     return rfc8785.dumps(value).decode("ascii")
 
@@ -117,6 +118,15 @@ def written_as_unsafe_integer(value: float) -> bool:
     :func:`canonicalize` refuses such a float as it refuses that integer: canonical bytes
     always parse to a value that canonicalizes to them again."""
     return _FLOAT_FAST_MAX <= abs(value) < _FLOAT_INTEGER_DIGITS_MAX
+
+
+def figure(value: float | None) -> float | None:
+    """A computed figure as a signed document holds it: None for what has no canonical form
+    (an infinity, NaN, or a float written as an integer beyond 2**53: a logprob delta between
+    float32 values near -1e17 is one)."""
+    if value is None or not math.isfinite(value) or written_as_unsafe_integer(value):
+        return None
+    return value
 
 
 _GENERAL: Any = object()  # "this value needs the general walk"

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.canonical import figure
 from ledger.clock import utc_now
 from ledger.compare import BITWISE, Comparison, Generation
 
@@ -119,7 +120,7 @@ def probe_request(probe: Probe, max_tokens: int, model: str | None) -> dict[str,
 
 
 def _min(values: Sequence[float]) -> float | None:
-    return min(values) if values else None
+    return figure(min(values)) if values else None
 
 
 def cell(

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.canonical import figure
+
 BITWISE = "bitwise"
 LOGPROBS_DRIFT = "tokens_match_logprobs_drift"
 DIVERGED = "diverged"
@@ -76,8 +78,8 @@ class ChoiceComparison:
             "logprobs_compared": self.logprobs_compared,
             "logprobs_differing": self.logprobs_differing,
             "first_logprob_difference": self.first_logprob_difference,
-            "max_abs_logprob_delta": _finite(self.max_abs_logprob_delta),
-            "top2_margin_at_divergence": self.top2_margin_at_divergence,
+            "max_abs_logprob_delta": figure(self.max_abs_logprob_delta),
+            "top2_margin_at_divergence": figure(self.top2_margin_at_divergence),
             "verdict": self.verdict,
         }
 
@@ -123,11 +125,6 @@ def _delta(a: float, b: float) -> float:
         return math.inf
     d = abs(a - b)
     return d if not math.isnan(d) else math.inf  # inf - inf
-
-
-def _finite(value: float | None) -> float | None:
-    """JSON (and RFC 8785) hold no infinities: an infinite delta is reported as null."""
-    return value if value is None or math.isfinite(value) else None
 
 
 def _margin(top: Sequence[Sequence[float]] | None, position: int) -> float | None:

@@ -228,7 +228,7 @@ MAX_RECORD_DEPTH = MAX_DEPTH
 
 def as_logged(record: InferenceRecord, logged_body: Mapping[str, Any]) -> InferenceRecord:
     """``record`` (parsed from a body as sent, where types are checked strictly) with its
-    free-form members as the logged bytes read back (``logged_body``: Envelope.read_back),
+    free-form members as the logged bytes read back (``logged_body``: Envelope.body_read_back),
     which is what the audit derives rows from: the signed bytes write ``7.0`` and ``-0.0`` as
     ``7`` and ``0``, and a v1 request's ``stop_token_ids: [7.0]`` was keyed by neither.
     A v2 request is read from its disclosures, canonical bytes already."""

@@ -35,6 +35,7 @@ from the fingerprint's (:func:`_hot_key`).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -60,6 +61,8 @@ from ledger.storage.cache_rows import ROWS_LIMIT, AsyncRows, NotRead, Rows, foun
 from ledger.storage.database import Database
 from ledger.storage.models import CacheKey, Fingerprint
 from ledger.storage.queries import StoredRecord
+
+logger = logging.getLogger("ledger.storage")
 
 # Other registered fingerprints a miss checks for the same request (newest first).
 _SIBLINGS = 64
@@ -132,9 +135,10 @@ class HotAnswers:
         self._items: OrderedDict[str, tuple[_Kept, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        # Told (bytes charged, answers kept) after each change, under the lock, so in order:
-        # the API's gauges of how full the kept answers are.
+        # Told (bytes charged, answers kept) at the start and after each change, under the
+        # lock, so in order: the API's gauges of how full the kept answers are.
         self._on_change = on_change
+        self._changed()
         # Counts erasures forgotten: an answer verified before one (it may hold content
         # erased since) is not kept after it.
         self._erasures = 0
@@ -186,8 +190,12 @@ class HotAnswers:
         return item is not None
 
     def _changed(self) -> None:
-        if self._on_change is not None:
+        if self._on_change is None:
+            return
+        try:
             self._on_change(self._bytes, len(self._items))
+        except Exception:  # a gauge never fails a lookup or an erasure
+            logger.exception("reporting the kept cache answers failed")
 
     def drop(self, key: str) -> None:
         """Forget a key whose rows changed: what it kept may be content erased since."""

@@ -147,7 +147,7 @@ def _check_items(items: Sequence[RecordItem]) -> list[_Checked]:
         try:
             env = parse_envelope(item.envelope, RECORD_KIND)
             record = parse_record(env.body, item.disclosures, complete=True)
-            record = as_logged(record, env.read_back().body)  # rows as the audit derives them
+            record = as_logged(record, env.body_read_back())  # rows as the audit derives them
         except LedgerError as exc:
             raise exc.with_details(item=i) from None
         checked.append(_Checked(env, record, env.body_digest, record.salt_keys))

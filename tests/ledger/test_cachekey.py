@@ -131,6 +131,17 @@ def test_bad_requests_are_refused(request_body: dict[str, Any]) -> None:
         key(request_body)
 
 
+def test_token_ids_given_as_integral_floats_are_those_integers() -> None:
+    """vLLM reads 7.0 as the ID 7 and a signed record's bytes write it 7, so the audit keys the
+    record with 7: a lookup with 7.0 gets that key (it was refused), and 7.5 or true stay
+    refused."""
+    assert key({**BASE, "stop_token_ids": [7.0, 3]}) == key({**BASE, "stop_token_ids": [3, 7]})
+    assert key({**BASE, "prompt": [1.0, 2.0]}) == key({**BASE, "prompt": [1, 2]})
+    for bad in ({"stop_token_ids": [7.5]}, {"stop_token_ids": [True]}, {"prompt": [1.0, 0.5]}):
+        with pytest.raises(InvalidInput):
+            key({**BASE, **bad})
+
+
 def test_chat_without_messages_is_refused() -> None:
     with pytest.raises(InvalidInput):
         cache_key(CHAT, {"prompt": "x"}, FP)

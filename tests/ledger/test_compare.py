@@ -85,6 +85,23 @@ def test_token_divergence_names_the_position_margin_and_prefix_delta() -> None:
     assert math.isclose(c.max_abs_logprob_delta or 0, 0.05, rel_tol=1e-6)
 
 
+def test_figures_without_an_exact_json_form_are_null_and_the_report_signable() -> None:
+    """float32 logprobs near -1e17 are accepted (finite): the delta and the margin between them
+    are integral floats RFC 8785 writes as integers beyond 2**53, which no signed document can
+    hold. They are reported as null, so the verdict is still signed and logged."""
+    far = f32(-1e17)
+    recorded = Output([5, 6], [far, -0.5], top_logprobs=[[-0.0, far], [-0.0, far]])
+    replayed = Output([5, 7], [-0.25, -0.5])
+    result = compare(gen(recorded), gen(replayed))
+    (c,) = result.choices
+    assert c.max_abs_logprob_delta is not None and c.max_abs_logprob_delta > 2**53
+    assert c.top2_margin_at_divergence is not None and c.top2_margin_at_divergence > 2**53
+    report = result.to_dict()["choices"][0]
+    assert report["max_abs_logprob_delta"] is None
+    assert report["top2_margin_at_divergence"] is None
+    canonicalize(result.to_dict())
+
+
 def test_shorter_replay_diverges_where_it_stops() -> None:
     result = compare(gen(Output([5, 6, 7], [-1, -1, -1])), gen(Output([5, 6], [-1, -1])))
     assert result.verdict == DIVERGED

@@ -231,5 +231,23 @@ def test_every_change_is_reported_as_it_leaves_the_answers(
     assert len(told) > 100
 
 
+def test_a_failing_report_fails_no_lookup_or_erasure() -> None:
+    """The report is told at the start, and a report that raises (a gauge that cannot be
+    written) is logged: the answer is kept, the drop and the clear done."""
+    told: list[tuple[int, int]] = []
+
+    def report(size: int, answers: int) -> None:
+        told.append((size, answers))
+        raise OSError("the gauge file is gone")
+
+    hot = HotAnswers(max_bytes=10 * kept_bytes(_empty(1)), on_change=report)
+    assert told == [(0, 0)]
+    hot.put("k", _empty(1), hot.generation)
+    assert hot.get("k") is not None and told[-1] == (hot.bytes, 1)
+    hot.drop("k")
+    hot.clear()
+    assert len(hot) == 0 and told[-1] == (0, 0)
+
+
 if __name__ == "__main__":
     print(json.dumps(_measure_all(Path(sys.argv[1]))))

@@ -476,7 +476,9 @@
     if (Number.isInteger(v) && !Number.isSafeInteger(v) && (!isFloat || Math.abs(v) < 1e21)) {
       throw new LedgerError(
         `value cannot be canonicalized (RFC 8785): the integral number ${v} is beyond 2**53 ` +
-          "(RFC 8785 writes it as integer digits, an integer Python refuses)",
+          (isFloat
+            ? "(RFC 8785 writes it as integer digits, an integer Python refuses)"
+            : "(Python refuses such an integer and writes such a float; which one it was is lost)"),
         "not_canonicalizable"
       );
     }
