@@ -230,7 +230,7 @@ def as_logged(record: InferenceRecord, logged_body: Mapping[str, Any]) -> Infere
     """``record`` (parsed from a body as sent, where types are checked strictly) with its
     free-form members as the logged bytes read back (``logged_body``: Envelope.body_read_back),
     which is what the audit derives rows from: the signed bytes write ``7.0`` and ``-0.0`` as
-    ``7`` and ``0``, and a v1 request's ``stop_token_ids: [7.0]`` was keyed by neither.
+    ``7`` and ``0``, so rows derived from the body as sent could differ from the audit's.
     A v2 request is read from its disclosures, canonical bytes already."""
     if record.schema_version == 1:
         request = logged_body["request"]
