@@ -124,9 +124,10 @@ def start(
     worker = max(live, key=lambda w: w.last_seen)
     with state.db.read() as s:
         fp = cache.fingerprint_body(s, worker.fingerprint_id)
-    engine = fp.get("engine") or {}
+    engine = fp.get("engine")
+    engine = engine if isinstance(engine, dict) else {}  # what the collector signed, any shape
     max_len = engine.get("max_model_len")
-    max_len = max_len if isinstance(max_len, int) else DEFAULT_MAX_MODEL_LEN
+    max_len = max_len if type(max_len) is int and max_len > 0 else DEFAULT_MAX_MODEL_LEN
     budget = max_len - max(max_tokens) - 8
     if budget < 8:
         raise InvalidInput(
@@ -141,7 +142,7 @@ def start(
         "concurrency": sorted_c,
         "max_tokens": sorted_m,
         "seed": seed,
-        "prompt_chars": budget,
+        "prompt_chars": min(budget, certify.MAX_PROMPT_CHARS),
         "model": _served_name(engine.get("served_model_name")),
     }
     job = certification_jobs.create(
@@ -332,7 +333,9 @@ async def _wave(probes: list[Coroutine[Any, Any, Generation]]) -> list[Generatio
 async def _probes(state: AppState, run: Run) -> dict[str, Any]:
     """Run the matrix; the certificate body."""
     p = run.job.parameters
-    probes = certify.probe_prompts(p["prompts"], p["seed"], p["prompt_chars"])
+    probes = await run_in_threadpool(
+        certify.probe_prompts, p["prompts"], p["seed"], p["prompt_chars"]
+    )
     counter = iter(range(1_000_000))
     results = []
     for m in p["max_tokens"]:

@@ -32,7 +32,7 @@ import httpx
 from starlette.concurrency import run_in_threadpool
 
 from api.settings import Settings
-from ledger.errors import Unreachable, VerificationError
+from ledger.errors import LedgerError, Unreachable, VerificationError
 from ledger.replay import ORDER_KIND, OUTPUT_KIND, build_order, check_output
 from ledger.signing import Envelope, SigningKey, sign_envelope
 from ledger.storage import keystore
@@ -186,9 +186,42 @@ async def run_order(
             code="worker_error",
             details={"status": status},
         )
-    envelope = Envelope.from_dict(data)
-    await run_in_threadpool(_verify, db, worker, envelope, replay_id, request_id)
+    try:
+        envelope = Envelope.from_dict(data)
+        await run_in_threadpool(_verify, db, worker, envelope, replay_id, request_id)
+    except LedgerError as exc:
+        # What the checks say may quote the answer (its member names, its kind, its values:
+        # a prompt, say), and a verdict's reason is a signed leaf no erasure removes: the
+        # verdict says what was wrong in the ledger's words, the details go to the log.
+        logger.warning(
+            "worker %s answered replay %s with an output the ledger refuses (%s): %.300s",
+            worker.worker_id,
+            replay_id,
+            exc.code,
+            exc.message,
+        )
+        raise VerificationError(
+            f"{_REFUSED.get(exc.code, 'the worker answered no valid replay output')} "
+            "(the details are in the ledger's log)",
+            code=exc.code,
+        ) from None
     return WorkerAnswer(json.loads(envelope.canonical), envelope.body, envelope.key_id)
+
+
+# A refused answer's reason, by the check that refused it, in the ledger's words only.
+_REFUSED = {
+    "wrong_signer": "the replay output is not signed by the key the worker is bound to",
+    "wrong_order": "the replay output answers another order, request or worker",
+    "invalid_replay_document": "the worker's answer is not a well-formed replay output",
+    "schema_violation": "the worker's answer is not a signed document",
+    "not_canonicalizable": "the worker's answer holds a value JSON cannot carry exactly",
+    "bad_signature": "the replay output's signature does not verify",
+    "unsupported_algorithm": "the replay output is not signed with Ed25519",
+    "revoked_key": "the replay output is signed by a revoked key",
+    "unknown_key": "the replay output is signed by a key the ledger does not hold",
+    "key_role_not_allowed": "the replay output is signed by a key whose role may not sign it",
+    "wrong_kind": "the worker answered a document of another kind, not a replay output",
+}
 
 
 async def _post(
@@ -216,12 +249,14 @@ async def _post(
                 return response.status_code, bytes(raw)
     except TimeoutError as exc:
         raise Unreachable(
-            f"worker {worker.worker_id} at {worker.url} did not answer within {deadline:g} s",
+            f"worker {worker.worker_id} did not answer within {deadline:g} s",
             code="worker_unreachable",
         ) from exc
     except httpx.HTTPError as exc:
+        logger.warning("worker %s at %s does not answer: %r", worker.worker_id, worker.url, exc)
         raise Unreachable(
-            f"worker {worker.worker_id} at {worker.url} does not answer: {exc!r}",
+            f"worker {worker.worker_id} does not answer ({type(exc).__name__}; the details "
+            "are in the ledger's log)",
             code="worker_unreachable",
         ) from exc
 
@@ -232,7 +267,7 @@ def _verify(
     """The answer counts only as a replay output signed by the key bound to ``worker``
     (registered, unrevoked, role collector), for this worker, order and request."""
     if env.kind != OUTPUT_KIND:
-        raise VerificationError(f"worker answered a {env.kind!r}, not a replay output")
+        raise VerificationError(_REFUSED["wrong_kind"], code="wrong_kind")
     if env.key_id != worker.key_id:
         raise VerificationError(
             f"replay output signed by {env.key_id}, not by the key {worker.key_id} that "

@@ -29,6 +29,7 @@ from collectors import vllm_flags
 from collectors.overrides import config_args, last_value, tokenizer
 from collectors.procinfo import EngineProcess
 from ledger.errors import Unreachable
+from ledger.heartbeat import derive_invariance
 
 DEFAULT = "default"
 # engine.system_fingerprint when the engine runs with --fingerprint-mode custom
@@ -447,29 +448,6 @@ def parse_info_metric(text: str, name: str) -> dict[str, str] | None:
     return None
 
 
-def _env_flag_on(value: str | None) -> bool:
-    """vLLM's reading of a 0/1 variable: ``bool(int(value))`` (" 1" and "2" are on; a value
-    that is no integer stops vLLM from starting, so it is not on here)."""
-    if value is None:
-        return False
-    try:
-        return int(value) != 0
-    except ValueError:
-        return False
-
-
-def batch_invariance(fields: dict[str, Any], env: dict[str, str] | None) -> str:
-    if env is not None and _env_flag_on(env.get("VLLM_BATCH_INVARIANT")):
-        return "kernel"
-    if (
-        fields.get("max_num_seqs") == 1
-        and fields.get("enable_prefix_caching") is False
-        and fields.get("enable_chunked_prefill") is False
-    ):
-        return "serial"
-    return "none"
-
-
 def _get(client: httpx.Client, url: str) -> httpx.Response:
     try:
         response = client.get(url)
@@ -612,7 +590,7 @@ def snapshot_engine(
         **fields,
         "other_flags": other_flags,
         "env": env_body,
-        "batch_invariance": batch_invariance(fields, env_body),
+        "batch_invariance": derive_invariance(fields, env_body),
         # in custom mode the answer is a label, not a description: kept out of the ID, which
         # the label names (CUSTOM_FINGERPRINT)
         "system_fingerprint": CUSTOM_FINGERPRINT if mode == "custom" else system_fingerprint,

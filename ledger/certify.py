@@ -30,6 +30,10 @@ from ledger.compare import BITWISE, Comparison, Generation
 SCHEMA_VERSION = 1
 MAX_CONCURRENCY = 256  # a wave's size
 MAX_TOKENS = 4096  # a probe's output length
+# The longest probe prompt, in characters: near a pool's max_model_len up to this (a signed
+# max_model_len is the collector's word, and a 1M-token context needs no megabyte probes to
+# show batch variance).
+MAX_PROMPT_CHARS = 65_536
 _WORDS = [
     "ledger",
     "record",
@@ -95,11 +99,13 @@ def probe_prompts(count: int, seed: int, char_budget: int) -> list[Probe]:
         kind = ("short", "medium", "long")[i % 3]
         words: list[str] = []
         limit = budgets[kind] if kind == "long" else rng.randint(budgets[kind] // 2, budgets[kind])
+        size = -1  # the length of " ".join(words), kept as the words are added
         while True:
             word = rng.choice(_WORDS)
-            if len(" ".join([*words, word])) > limit:
+            if size + 1 + len(word) > limit:
                 break
             words.append(word)
+            size += 1 + len(word)
         probes.append(Probe(i, kind, " ".join(words) or rng.choice(_WORDS)[: max(limit, 1)]))
     return probes
 

@@ -282,7 +282,16 @@ def verify_bundle(bundle: Any, pinned_log_key: Ed25519PublicKey | None) -> Verif
         fp_env, fp_index = b.fingerprint.envelope, b.fingerprint.index
         _verify_key("fingerprint_key", b.fingerprint_signer, fp_env, fp_index, cp, log_key)
     replays = _verify_replays(b.replays, record, index, cp, log_key)
-    content = verify_content(b.disclosures, b.erasure, record, index, cp, log_key)
+    outputs = [r.envelope.body.get("output_digest") for r in b.replays]
+    content = verify_content(
+        b.disclosures,
+        b.erasure,
+        record,
+        index,
+        cp,
+        log_key,
+        [d for d in outputs if isinstance(d, str)],
+    )
     return VerifiedBundle(
         format=b.format,
         checks=CHECKS if facts else _CHECKS_V1,

@@ -15,6 +15,7 @@ erased: the exporter left it out).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -78,7 +79,10 @@ def verify_content(
     record_index: int,
     cp: Checkpoint,
     log_key: VerifyingKey,
+    replay_outputs: Collection[str] = (),
 ) -> ContentReport:
+    """``replay_outputs``: the ``output_digest`` of each replay verdict the bundle carries (an
+    erasure erases the record's replay outputs with its content)."""
     try:
         parsed = parse_record(record.body, disclosures)
     except VerificationError as exc:
@@ -89,6 +93,13 @@ def verify_content(
     summary = None
     if erasure is not None:
         summary, erased = _verify_erasure(erasure, record, record_index, cp, log_key)
+        unknown = erased - set(parsed.digests) - set(replay_outputs)
+        if unknown:
+            raise fail(
+                "erasure",
+                f"the erasure event names {len(unknown)} digest(s) that neither the record nor "
+                "its replay verdicts in this bundle commit to",
+            )
     by_digest = {d.digest: d.member for d in parsed.disclosed.values()}
     items = tuple(
         ContentItem(

@@ -193,8 +193,9 @@ def _at(body: dict[str, Any], path: str) -> Any:
     """The value at a ``_walk`` path such as ``gpu.gpus[0].name`` (None where there is none)."""
     value: Any = body
     for part in path.replace("[", ".[").split("."):
-        if part.startswith("[") and part.endswith("]") and part[1:-1].isdigit():
-            i = int(part[1:-1])
+        index = part[1:-1]
+        if part.startswith("[") and part.endswith("]") and index.isascii() and index.isdigit():
+            i = int(index)  # "²" is a digit to str.isdigit, and no int
             value = value[i] if isinstance(value, list) and i < len(value) else None
         else:
             value = value.get(part) if isinstance(value, dict) else None

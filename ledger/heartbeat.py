@@ -21,6 +21,7 @@ when it registered it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -138,9 +139,42 @@ def parse_time(value: str) -> datetime:
 
 
 def batch_invariance(fingerprint_body: dict[str, Any]) -> str:
-    """The batch invariance a fingerprint body implies: its engine section's derived
-    ``batch_invariance`` (``kernel`` or ``serial``); anything else, or no engine section,
-    is ``none``."""
+    """The batch invariance a fingerprint body implies, derived from its engine section's
+    signed flags and environment by :func:`derive_invariance` (the rule the collector applies
+    when it writes the section's ``batch_invariance``, which is its claim and not read here:
+    a section saying ``serial`` beside ``max_num_seqs: 256`` is ``none``). No engine section,
+    or one in another shape, is ``none``."""
     engine = fingerprint_body.get("engine")
-    value = engine.get("batch_invariance") if isinstance(engine, dict) else None
-    return value if value in ("kernel", "serial") else "none"
+    if not isinstance(engine, dict):
+        return "none"
+    env = engine.get("env")
+    return derive_invariance(engine, env if isinstance(env, dict) else None)
+
+
+def derive_invariance(flags: Mapping[str, Any], env: Mapping[str, Any] | None) -> str:
+    """``kernel`` when the engine's ``VLLM_BATCH_INVARIANT`` is a non-zero integer (as vLLM
+    reads it: ``bool(int(value))``); ``serial`` when ``max_num_seqs`` is 1 and prefix caching
+    and chunked prefill are both off (every request runs alone); ``none`` otherwise, flags
+    unknown included (docs/FINGERPRINT.md)."""
+    if env is not None and env_flag_on(env.get("VLLM_BATCH_INVARIANT")):
+        return "kernel"
+    seqs = flags.get("max_num_seqs")
+    if (
+        type(seqs) is int  # true is not 1
+        and seqs == 1
+        and flags.get("enable_prefix_caching") is False
+        and flags.get("enable_chunked_prefill") is False
+    ):
+        return "serial"
+    return "none"
+
+
+def env_flag_on(value: Any) -> bool:
+    """vLLM's reading of a 0/1 variable: ``bool(int(value))`` (" 1" and "2" are on; a value
+    that is no integer stops vLLM from starting, so it is not on here)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return int(value) != 0
+    except ValueError:
+        return False

@@ -294,6 +294,7 @@ def check_clear_values(body: Mapping[str, Any]) -> None:
             "(vllm-<version>-<8 hex>, or the custom label)",
             "system_fingerprint",
         )
+    _check_sampling_values(body["sampling"])
     stop = body["sampling"].get("stop")
     stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
     for i, c in enumerate(body["choices"]):
@@ -317,6 +318,50 @@ def check_clear_values(body: Mapping[str, Any]) -> None:
             f"{list(ENGINE_STOP_REASONS)}",
             f"choices[{i}].stop_reason",
         )
+
+
+# A sampling value given as a string, as vLLM's request models (pydantic, lax) read one: a
+# number ("0.5", " 7 ", "1e-3", "1_000", "inf") or a boolean word ("true", "on", "yes").
+_NUMBER_TEXT = re.compile(
+    r"\s*[+-]?(?:(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)\s*",
+    re.IGNORECASE,
+)
+_BOOL_WORDS = frozenset(("true", "false", "yes", "no", "on", "off", "t", "f", "y", "n"))
+_TEXT_MAX = 64
+
+
+def _sampling_scalar(value: Any) -> bool:
+    """A value of a number or boolean parameter, in a form vLLM may have accepted."""
+    if value is None or type(value) in (bool, int, float):
+        return True
+    return (
+        isinstance(value, str)
+        and len(value) <= _TEXT_MAX
+        and (_NUMBER_TEXT.fullmatch(value) is not None or value.strip().lower() in _BOOL_WORDS)
+    )
+
+
+def _check_sampling_values(sampling: Mapping[str, Any]) -> None:
+    """Every sampling member but ``stop`` (the request's stop strings, in the clear by design)
+    is a number or boolean parameter, so its value is one, or a list of them for
+    ``stop_token_ids``: a value of any other shape is no sampling parameter vLLM takes, and
+    would keep whatever it holds in the clear, where no erasure reaches."""
+    for name, value in sampling.items():
+        if name == "stop":
+            continue
+        ok = (
+            isinstance(value, list) and all(map(_sampling_scalar, value))
+            if name == "stop_token_ids"
+            else _sampling_scalar(value)
+        )
+        if not ok:
+            raise _clear_fail(
+                f"sampling.{name} must be a number or a boolean (or a number or boolean word "
+                f"of at most {_TEXT_MAX} characters, as vLLM reads one)"
+                + (", or a list of them" if name == "stop_token_ids" else "")
+                + ": the clear is never erased",
+                f"sampling.{name}",
+            )
 
 
 def assemble(body: Mapping[str, Any], opened: Mapping[str, Disclosure]) -> dict[str, Any]:

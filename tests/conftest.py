@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from fixture_model import build
 from ledger.storage.database import Database
@@ -19,6 +20,11 @@ from tests.support.engine import (
 from tests.support.harness import Harness, start_harness
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+# No per-example deadline: on a loaded 2-core host one example may take longer than
+# hypothesis's 200 ms for reasons of the host alone. Speed is the benchmarks' (bench/).
+settings.register_profile("ledger", deadline=None)
+settings.load_profile("ledger")
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,8 @@ class ContentEvents:
     erasures: dict[str, ErasureEvent] = field(default_factory=dict)
     holds: dict[str, tuple[int, HoldScope]] = field(default_factory=dict)
     releases: dict[str, int] = field(default_factory=dict)
+    # Releases of a hold no earlier leaf placed, or released already: (leaf, hold ID).
+    stray_releases: list[tuple[int, str]] = field(default_factory=list)
 
     def note(self, env: Envelope, idx: int, log_key: VerifyingKey | None) -> None:
         """Note one event leaf (ignored unless signed by the log key: the signature check of
@@ -68,7 +70,10 @@ class ContentEvents:
             elif env.kind == HOLD_KIND:
                 self.holds.setdefault(str(body["hold_id"]), (idx, HoldScope.of(body)))
             else:
-                self.releases.setdefault(str(body["hold_id"]), idx)
+                hold_id = str(body["hold_id"])
+                if hold_id not in self.holds or hold_id in self.releases:
+                    self.stray_releases.append((idx, hold_id))
+                self.releases.setdefault(hold_id, idx)
         except (KeyError, TypeError, ValueError, AttributeError):
             return  # a malformed body: leaves.py reports it
 
@@ -78,6 +83,7 @@ def resolve(
     events: ContentEvents,
     content_left: Callable[[Sequence[str]], dict[str, int]],
     record_rows: Callable[[Sequence[str]], list[RecordRow]],
+    committed: Callable[[Sequence[tuple[str, int | None]]], dict[str, set[str]]],
 ) -> list[Finding]:
     """Replace the pending findings with real ones, and add the erasure and hold findings."""
     out: list[Finding] = []
@@ -117,7 +123,29 @@ def resolve(
                     "disclosures",
                 )
             )
+    if erased:
+        digests = committed([(e.request_id, e.record_index) for e in erased])
+        for e in erased:
+            unknown = e.digests - digests.get(e.request_id, set())
+            if unknown:
+                out.append(
+                    Finding(
+                        "content",
+                        f"the erasure event at leaf {e.index} names {len(unknown)} digest(s) "
+                        f"that neither record {e.request_id!r} nor its replay verdicts commit to",
+                        e.index,
+                    )
+                )
     out.extend(_holds_kept(erased, events, record_rows))
+    out.extend(
+        Finding(
+            "content",
+            f"the hold release at leaf {idx} releases hold {hold_id!r}, which no earlier leaf "
+            "placed, or which an earlier release released",
+            idx,
+        )
+        for idx, hold_id in events.stray_releases
+    )
     return out
 
 

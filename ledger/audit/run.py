@@ -209,7 +209,11 @@ class _Audit:
         if opts.signatures:
             self._tables(end)
             resolved = content.resolve(
-                self.found, self.events, reader.content_left, reader.record_rows
+                self.found,
+                self.events,
+                reader.content_left,
+                reader.record_rows,
+                reader.committed_digests,
             )
             self.found[:] = resolved
         self.report.seconds = time.perf_counter() - started

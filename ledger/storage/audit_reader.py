@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg.abc import Loader
 from psycopg.pq import Format
@@ -43,9 +44,11 @@ from ledger.audit.rows import (
     Spans,
     micros,
 )
+from ledger.records import RECORD_KIND
+from ledger.replay import VERDICT_KIND
 from ledger.storage import protections, tree
 from ledger.storage.database import Database
-from ledger.storage.models import CacheKey, Disclosure, MerkleNode, Replay
+from ledger.storage.models import CacheKey, Disclosure, LogEntry, MerkleNode, Replay
 from ledger.storage.prefetch import prefetched
 
 _PG_EPOCH = 946_684_800_000_000  # 2000-01-01T00:00:00Z in microseconds since 1970
@@ -368,6 +371,35 @@ class StorageAuditReader:
                         out[rid] = out.get(rid, 0) + int(n)
         return out
 
+    def committed_digests(self, records: Sequence[tuple[str, int | None]]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {rid: set() for rid, _ in records}
+        leaves: dict[int, str] = {idx: rid for rid, idx in records if idx is not None}
+        with self._read() as s:
+            indexes = sorted(leaves)
+            for start in range(0, len(indexes), 500):
+                part = indexes[start : start + 500]
+                rows = s.execute(
+                    select(LogEntry.idx, LogEntry.envelope).where(LogEntry.idx.in_(part))
+                )
+                for idx, envelope in rows:
+                    body = _leaf_body(envelope, RECORD_KIND, leaves[idx])
+                    digests = body.get("disclosure_digests") if body else None
+                    if isinstance(digests, list):
+                        out[leaves[idx]].update(d for d in digests if isinstance(d, str))
+            ids = sorted(out)
+            for start in range(0, len(ids), 500):
+                verdicts = s.execute(
+                    select(Replay.request_id, LogEntry.envelope)
+                    .join(LogEntry, LogEntry.idx == Replay.log_index)
+                    .where(Replay.request_id.in_(ids[start : start + 500]))
+                )
+                for rid, envelope in verdicts:
+                    body = _leaf_body(envelope, VERDICT_KIND, rid)
+                    digest = body.get("output_digest") if body else None
+                    if isinstance(digest, str):
+                        out[rid].add(digest)
+        return out
+
     def record_rows(self, request_ids: Sequence[str]) -> list[RecordRow]:
         """The rows of these records, times as the streams read them (``infinity``, or text
         that is no time on SQLite, is a value the audit reports, not an error)."""
@@ -412,3 +444,14 @@ class StorageAuditReader:
                 "revocations",
             )
         ]
+
+
+def _leaf_body(envelope: Any, kind: str, request_id: str) -> dict[str, Any] | None:
+    """The body of a logged leaf of ``kind`` about ``request_id`` (None for any other)."""
+    try:
+        leaf = orjson.loads(bytes(envelope))
+        body = leaf["body"]
+        ok = leaf["kind"] == kind and body["request_id"] == request_id
+    except (ValueError, KeyError, TypeError):
+        return None
+    return body if ok and isinstance(body, dict) else None

@@ -38,6 +38,7 @@ from ledger.erasure import (
     release_body,
 )
 from ledger.errors import Conflict, InvalidInput, NotFound
+from ledger.replay import VERDICT_KIND
 from ledger.signing import SigningKey, sign_envelope
 from ledger.storage import log
 from ledger.storage.database import Database, utcnow
@@ -191,20 +192,30 @@ def _erase_in(
         Disclosure.request_id.in_(ids),
         Disclosure.log_index.in_(select(Replay.log_index).where(Replay.request_id.in_(ids))),
     )
-    stored: dict[str, set[str]] = {}
-    for rid, verdict_of, digest in session.execute(
-        select(Disclosure.request_id, Replay.request_id, Disclosure.digest)
+    committed = _committed(session, records)
+    for rid, verdict_of, digest, index in session.execute(
+        select(Disclosure.request_id, Replay.request_id, Disclosure.digest, Disclosure.log_index)
         .outerjoin(Replay, Replay.log_index == Disclosure.log_index)
         .where(content)
     ):
-        stored.setdefault(verdict_of or rid, set()).add(digest)
+        owner = verdict_of or rid
+        if digest not in committed.get(owner, ()):
+            # an inserted row: never named in a signed event, nor deleted before the audit
+            # has seen it
+            raise mismatch(
+                f"the disclosures of record {owner!r}",
+                index if type(index) is int else -1,
+                "a disclosure row holds a digest that neither the record nor its replay "
+                "verdicts commit to",
+                request_id=owner,
+            )
     at = utcnow()  # the event's time is its leaf's: erased_at is appended_at
     bodies = [
         erasure_body(
             request_id=r.request_id,
             log_index=r.log_index,
             content_hash=r.content_hash,
-            erased_digests=sorted(set(r.record.digests) | stored.get(r.request_id, set())),
+            erased_digests=sorted(committed[r.request_id]),
             reason_code=reason_code,
             reason=reason,
             requested_by=requested_by,
@@ -226,6 +237,35 @@ def _erase_in(
         Erased(b["request_id"], "erased", idx, len(b["erased_digests"]))
         for b, idx in zip(bodies, indexes, strict=True)
     ]
+
+
+def _committed(session: Session, records: Sequence[StoredRecord]) -> dict[str, set[str]]:
+    """Per record, the digests its content is committed to in the log: its body's (read
+    through its leaf) and the ``output_digest`` of each of its replay verdicts, read from the
+    verdicts' leaves (a ``replays`` row naming a leaf that is no verdict of the record is
+    index_mismatch)."""
+    committed = {r.request_id: set(r.record.digests) for r in records}
+    for rid, index, envelope in session.execute(
+        select(Replay.request_id, Replay.log_index, LogEntry.envelope)
+        .outerjoin(LogEntry, LogEntry.idx == Replay.log_index)
+        .where(Replay.request_id.in_(list(committed)))
+    ):
+        try:
+            leaf = json.loads(bytes(envelope)) if envelope is not None else None
+            about = leaf["body"]["request_id"] if leaf and leaf["kind"] == VERDICT_KIND else None
+            digest = leaf["body"].get("output_digest") if about == rid else None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            about = digest = None
+        if about != rid:
+            raise mismatch(
+                f"a replay of record {rid!r}",
+                index if type(index) is int else -1,
+                "the leaf is not a replay verdict about this record",
+                request_id=rid,
+            )
+        if isinstance(digest, str):
+            committed[rid].add(digest)
+    return committed
 
 
 def _already(record: StoredRecord) -> Erased | None:
@@ -464,6 +504,16 @@ def release_hold(
         hold = s.get(Hold, hold_id)
         if hold is None:
             raise NotFound(f"no hold {hold_id!r}", code="hold_not_found")
+        # the hold as its leaf placed it (an inserted row names no such leaf: index_mismatch,
+        # and no release of a hold never placed is signed)
+        placement = s.get(LogEntry, hold.log_index) if type(hold.log_index) is int else None
+        if placement is None:
+            raise mismatch(
+                f"hold {hold_id!r}",
+                hold.log_index if type(hold.log_index) is int else -1,
+                "the log holds no such leaf",
+            )
+        _placed(hold, placement.envelope)
         released = s.get(HoldRelease, hold_id)
         if released is not None:
             at_index = released.log_index if type(released.log_index) is int else None

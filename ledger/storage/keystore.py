@@ -34,6 +34,7 @@ from ledger.storage import log
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import KeyRevocation, LogEntry
 from ledger.storage.models import SigningKey as KeyRow
+from ledger.storage.queries import mismatch
 
 REGISTRATION_KIND = "key_registration"
 REVOCATION_KIND = "key_revocation"
@@ -311,6 +312,7 @@ def revoke_key(db: Database, log_key: SigningKey, key_id: str, reason: str) -> t
         if existing is None:
             raise NotFound(f"no key {key_id}", code="key_not_found")
         if existing.revoked:
+            _check_logged_revocation(s, existing)
             return existing, False
         at = utcnow()
         body = {
@@ -326,6 +328,32 @@ def revoke_key(db: Database, log_key: SigningKey, key_id: str, reason: str) -> t
         )
         info = load_keys(s, [key_id])[key_id]
     return info, True
+
+
+def _check_logged_revocation(s: Session, key: KeyInfo) -> None:
+    """A ``key_revocations`` row is answered as the key's revocation only when its leaf is
+    that revocation, logged after the key's registration, with the row's reason: otherwise
+    IndexMismatch (an inserted row would make the revoke call answer "revoked" and log
+    nothing, and the key would be live again once the row was deleted)."""
+    row = s.get(KeyRevocation, key.key_id)
+    entry = s.get(LogEntry, row.log_index) if row is not None else None
+    problem = "the log holds no such leaf"
+    if row is not None and entry is not None:
+        try:
+            logged = Envelope.from_bytes(bytes(entry.envelope))
+            agrees = (
+                logged.kind == REVOCATION_KIND
+                and logged.body.get("key_id") == key.key_id
+                and logged.body.get("reason") == row.reason
+                and row.log_index > key.log_index
+            )
+        except (LedgerError, ValueError):
+            agrees = False
+        problem = "the leaf is not this key's revocation, logged after its registration"
+        if agrees:
+            return
+    index = row.log_index if row is not None else -1
+    raise mismatch(f"the revocation of key {key.key_id}", index, problem, key_id=key.key_id)
 
 
 def check_signer(envelope: Envelope, keys: dict[str, KeyInfo]) -> KeyInfo:

@@ -14,10 +14,11 @@ from ledger.canonical import digest_of, sha256_digest
 from ledger.checkpoint import verifier_key
 from ledger.clock import rfc3339
 from ledger.disclosures import parse
-from ledger.errors import IndexMismatch, LedgerError, StorageError
+from ledger.errors import Conflict, IndexMismatch, LedgerError, StorageError
 from ledger.evidence import b64 as _b64
 from ledger.evidence import build_bundle, proven_leaf
 from ledger.inference_record import parse_record
+from ledger.record_v2 import SCHEMA_VERSION as V2
 from ledger.record_v2 import check_redact, is_redacted
 from ledger.records import RECORD_KIND
 from ledger.signing import SigningKey, public_key_raw
@@ -236,6 +237,13 @@ def _evidence(
             [i for leaf in dict.fromkeys(leaves) for i in merkle.inclusion_plan(leaf, tree_size)]
         )
     envelope = json.loads(row.envelope)
+    if redact and envelope["body"].get("schema_version") != V2:
+        raise Conflict(
+            f"record {request_id!r} is schema v1: its content is part of its signed envelope, "
+            "so no bundle of it can leave any out (ask without redact for the whole bundle)",
+            code="not_redactable",
+            details={"request_id": request_id, "redact": list(redact)},
+        )
     _check_content(envelope["body"], disclosures, erasure is not None, row.log_index)
     fingerprint = json.loads(row.fp_envelope)
     if envelope["body"].get("fingerprint_id") != row.fingerprint_id:

@@ -65,3 +65,23 @@ def test_ingest_refuses_a_reused_salt_and_content_in_the_clear(api: Harness):
     assert err["details"] == {"field": "timings", "item": 0}
     missing = api.client().get(f"/v1/records/{body['request_id']}")
     assert missing.status_code == 404
+
+
+def test_a_redacted_bundle_of_a_schema_v1_record_is_refused_not_served_whole(api: Harness):
+    """A v1 record's content is inside its signed envelope: a bundle asked for without the
+    prompt would carry it anyway, so the ledger refuses (and says why) instead of serving
+    the whole bundle under the name of a redacted one."""
+    key, fp = api.setup_collector()
+    env = sign_envelope(RECORD_KIND, record_body(fp, text_prompt=True), key)
+    assert _post(api, env.to_dict(), []).status_code == 201
+    rid = env.body["request_id"]
+    for redact in ("prompt", "choices[0].text", "output,request_raw"):
+        err = assert_error(
+            api.client().get(f"/v1/records/{rid}/evidence", params={"redact": redact}),
+            409,
+            "not_redactable",
+        )
+        assert err["details"]["request_id"] == rid
+        assert "schema v1" in err["message"]
+    whole = api.client().get(f"/v1/records/{rid}/evidence")
+    assert whole.status_code == 200 and whole.json()["disclosures"] == []

@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import update
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ledger.certify import MAX_PROMPT_CHARS
 from ledger.heartbeat import MAX_SKEW
 from ledger.signing import SigningKey, sign_envelope
 from ledger.storage.models import Worker
@@ -265,6 +266,38 @@ def test_a_pool_no_worker_registered_in_is_pool_not_found_to_replays_and_certifi
     _error(api.client().post("/v1/certifications", json={"pool": pool}), 404, "pool_not_found")
 
 
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "vllm",
+        [1, 2],
+        7,
+        {"max_model_len": True},
+        {"max_model_len": 10**15},
+        {"max_model_len": "4096"},
+    ],
+    ids=["string", "list", "number", "bool-length", "huge-length", "string-length"],
+)
+def test_a_certification_of_any_signed_engine_section_starts_with_bounded_probes(
+    api: Harness, fakes: list[FakeWorker], engine: Any
+) -> None:
+    """The engine section is the collector's word, in any shape: a certification of its pool
+    starts (no 500), and its longest probe prompt stays within certify.MAX_PROMPT_CHARS however
+    long a context it claims (building one near 10**15 characters would take the server's
+    memory and, on its event loop, every other request's time)."""
+    key = api.collector()
+    fp = register_fingerprint(api, key, engine)
+    record = _record(api, key, fp)
+    worker = _register(api, key, fp, _fake(fakes, key, record).url)
+    response = api.client().post(
+        "/v1/certifications", json={"pool": worker["pool"], "prompts": 3, "max_tokens": [4]}
+    )
+    assert response.status_code == 202, response.text
+    chars = response.json()["parameters"]["prompt_chars"]
+    assert 8 <= chars <= MAX_PROMPT_CHARS
+    assert api.client().get("/healthz").status_code == 200
+
+
 def test_an_edited_worker_row_is_not_trusted(api: Harness, fakes: list[FakeWorker]) -> None:
     """A database superuser points the victim's worker at a fake signing with its own key."""
     victim, attacker = api.collector(), api.collector()
@@ -485,6 +518,54 @@ def test_a_workers_error_message_is_not_written_into_the_signed_verdict(
     assert "SECRET" not in json.dumps(verdict)
 
 
+SECRET = "MY SECRET PROMPT 078-05-1120"
+
+
+def _signed_as(key: SigningKey, kind: str) -> Callable[[dict[str, Any]], Response]:
+    def respond(_: dict[str, Any]) -> Response:
+        return Response(sign_envelope(kind, {"x": 1}, key).canonical, media_type="application/json")
+
+    return respond
+
+
+@pytest.mark.parametrize(
+    ("how", "code"),
+    [
+        ("kind", "wrong_kind"),
+        ("member", "invalid_replay_document"),
+        ("worker_id", "wrong_order"),
+        ("schema_version", "invalid_replay_document"),
+        ("envelope", "schema_violation"),
+    ],
+)
+def test_what_a_worker_writes_in_its_answer_never_reaches_the_signed_verdict(
+    api: Harness, fakes: list[FakeWorker], how: str, code: str
+) -> None:
+    """A compromised worker may put anything in its answer (a prompt it saw in the order, say):
+    the verdict is a signed leaf no erasure removes, so its reason is in the ledger's words
+    and names the check that refused the answer, never what the answer held."""
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    record = _record(api, key, fp)
+    kw: dict[str, Any] = {}
+    if how == "kind":
+        kw["respond"] = _signed_as(key, SECRET)
+    elif how == "envelope":
+        kw["respond"] = lambda _: JSONResponse({"kind": "k", "body": {}, SECRET: 1})
+    else:
+        edits = {
+            "member": {SECRET: 1},
+            "worker_id": {"worker_id": SECRET},
+            "schema_version": {"schema_version": SECRET},
+        }
+        kw["tamper"] = lambda output: output.update(edits[how])
+    worker = _register(api, key, fp, _fake(fakes, key, record, **kw).url)
+    verdict = _replay(api, record["request_id"], worker["pool"])
+    assert verdict["verdict"] == "error" and verdict["reason"].startswith(f"{code}: "), verdict
+    assert "SECRET" not in json.dumps(verdict)
+    assert "SECRET" not in api.client().get(f"/v1/replays/{verdict['replay_id']}").text
+
+
 @pytest.mark.parametrize("bad", [{"x": 1}, 12, "not-a-fingerprint"])
 def test_an_output_naming_a_malformed_fingerprint_is_an_error_verdict_not_a_500(
     api: Harness, fakes: list[FakeWorker], bad: object
@@ -495,12 +576,15 @@ def test_an_output_naming_a_malformed_fingerprint_is_an_error_verdict_not_a_500(
     fake = _fake(fakes, key, record, tamper=lambda output: output.update(fingerprint_id=bad))
     worker = _register(api, key, fp, fake.url)
     verdict = _replay(api, record["request_id"], worker["pool"])  # asserts 201
-    assert verdict["verdict"] == "error" and "fingerprint_id" in verdict["reason"], verdict
+    assert verdict["verdict"] == "error", verdict
+    assert verdict["reason"].startswith("invalid_replay_document: "), verdict
     listed = api.client().get(f"/v1/records/{record['request_id']}").json()["replays"]
     assert verdict["replay_id"] in [item["replay_id"] for item in listed]
 
 
 # ---- batch invariance is derived, never claimed ------------------------------------------
+
+SERIAL = serial_engine()
 
 
 @pytest.mark.parametrize(
@@ -508,8 +592,21 @@ def test_an_output_naming_a_malformed_fingerprint_is_an_error_verdict_not_a_500(
     [
         (None, "none"),  # no engine section
         ({"name": "test"}, "none"),
-        ({"name": "vllm", "batch_invariance": "serial"}, "serial"),
-        ({"name": "vllm", "batch_invariance": "kernel"}, "kernel"),
+        (SERIAL, "serial"),
+        (
+            {"name": "vllm", "env": {"VLLM_BATCH_INVARIANT": "1"}, "batch_invariance": "kernel"},
+            "kernel",
+        ),
+        # the section's batch_invariance is the collector's claim: the ledger derives its own
+        ({"name": "vllm", "batch_invariance": "serial"}, "none"),
+        ({"name": "vllm", "batch_invariance": "kernel"}, "none"),
+        ({**SERIAL, "max_num_seqs": 256}, "none"),
+        ({**SERIAL, "enable_prefix_caching": True}, "none"),
+        ({**SERIAL, "max_num_seqs": True}, "none"),  # true is not 1
+        ({**SERIAL, "batch_invariance": "none"}, "serial"),
+        ({"name": "vllm", "env": {"VLLM_BATCH_INVARIANT": "0"}}, "none"),
+        ({"name": "vllm", "env": {"VLLM_BATCH_INVARIANT": 1}}, "none"),  # vLLM reads strings
+        ({"name": "vllm", "env": "VLLM_BATCH_INVARIANT=1"}, "none"),
         ({"name": "vllm", "batch_invariance": "yes, trust me"}, "none"),
         ({"name": "vllm", "batch_invariance": True}, "none"),
     ],

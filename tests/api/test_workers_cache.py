@@ -13,14 +13,19 @@ from ledger.cachekey import cache_key
 from ledger.storage.models import Worker
 from tests.support.collector import ints
 from tests.support.harness import Harness
-from tests.support.workers import heartbeat, post_heartbeat, register_fingerprint
+from tests.support.workers import (
+    engine_deriving,
+    heartbeat,
+    post_heartbeat,
+    register_fingerprint,
+)
 
 
 def _setup(api: Harness, invariance: str = "serial", url: str = "http://127.0.0.1:9") -> dict:
     """A collector key, a fingerprint whose engine section derives ``invariance``, and a worker
     registered by a heartbeat signed with that key."""
     key = api.collector()
-    fp = register_fingerprint(api, key, {"name": "vllm", "batch_invariance": invariance})
+    fp = register_fingerprint(api, key, engine_deriving(invariance))
     pool = f"pool-{uuid.uuid4().hex[:8]}"
     worker = {"worker_id": f"w-{uuid.uuid4().hex[:8]}", "pool": pool, "url": url}
     response = post_heartbeat(api, heartbeat(key, **worker, fingerprint_id=fp))

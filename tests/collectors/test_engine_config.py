@@ -6,7 +6,6 @@ import pytest
 
 from collectors.engine import (
     DEFAULT,
-    batch_invariance,
     parse_engine_args,
     parse_info_metric,
     redact_argv,
@@ -15,6 +14,7 @@ from collectors.engine import (
 )
 from collectors.procinfo import EngineProcess
 from ledger.fingerprint_diff import diff
+from ledger.heartbeat import derive_invariance
 
 BASE = ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m")
 
@@ -104,7 +104,7 @@ def test_secrets_never_leave_the_process():
     ],
 )
 def test_batch_invariance(fields: dict, env: dict | None, expected: str):
-    assert batch_invariance(fields, env) == expected
+    assert derive_invariance(fields, env) == expected
 
 
 def test_info_metric_labels():

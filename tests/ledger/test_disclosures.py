@@ -347,6 +347,7 @@ def _v2(**v1_changes: object) -> tuple[dict, list]:
     return commit_record(_v1_with(**v1_changes))
 
 
+_REQUEST = {"model": "m", "prompt": "p", "max_tokens": 3}
 # vLLM's FINISH_REASON_STRINGS, and tool_calls (chat with a tool parser)
 _VLLM_FINISH_REASONS = ("stop", "length", "abort", "error", "repetition", "tool_calls")
 _SMUGGLED = "Patient Jane Roe, DOB 1970-01-01, HIV positive"
@@ -366,6 +367,19 @@ _SMUGGLED = "Patient Jane Roe, DOB 1970-01-01, HIV positive"
         ({"choice": {"stop_reason": _SMUGGLED}}, "choices[0].stop_reason"),
         ({"choice": {"stop_reason": -1}}, "choices[0].stop_reason"),
         ({"choice": {"stop_reason": 2**31}}, "choices[0].stop_reason"),
+        *(
+            ({"request": _REQUEST | {name: value}}, f"sampling.{name}")
+            for name, value in (
+                ("temperature", _SMUGGLED),
+                ("seed", {"note": _SMUGGLED}),
+                ("n", [1, _SMUGGLED]),
+                ("logprobs", "1" * 65),
+                ("ignore_eos", "yes, " + _SMUGGLED),
+                ("stop_token_ids", [2, _SMUGGLED]),
+                ("stop_token_ids", "2"),
+                ("top_p", "0x10"),
+            )
+        ),
     ],
 )
 def test_ingest_refuses_content_in_the_clear_members(change: dict, field: str):
@@ -401,6 +415,25 @@ def test_ingest_refuses_content_in_the_clear_members(change: dict, field: str):
             "request": {"model": "m", "prompt": "p", "max_tokens": 3, "stop": "END"},
             "choice": {"finish_reason": "stop", "stop_reason": "END"},
         },
+        # sampling values as vLLM's request models (pydantic, lax) take them, and as the
+        # collector writes an integer beyond 2**53 (its decimal string)
+        *(
+            {"request": _REQUEST | {name: value}}
+            for name, value in (
+                ("temperature", " 0.5 "),
+                ("temperature", "1e-3"),
+                ("top_p", 1),
+                ("seed", "18446744073709551615"),
+                ("seed", None),
+                ("ignore_eos", "yes"),
+                ("logprobs", True),
+                ("n", "+1"),
+                ("max_tokens", "1_000"),
+                ("stop_token_ids", [1, 2.0, "3"]),
+                ("stop_token_ids", []),
+                ("stop", ["a free stop string, in the clear by design"]),
+            )
+        ),
     ],
 )
 def test_what_vllm_answers_stays_accepted(change: dict):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from ledger.fingerprint import fingerprint_id
 from ledger.fingerprint_diff import diff
 
@@ -165,3 +167,14 @@ def test_a_section_missing_on_one_side_is_not_called_a_small_change() -> None:
     del b["runtime"]
     (found,) = diff(a, b)
     assert found.path == "runtime" and "missing or malformed" in found.impact
+
+
+@pytest.mark.parametrize("name", ["²", "٣", "0", "[1]", "a.b", "x]"])
+def test_a_device_or_file_named_anything_is_diffed_not_an_error(name: str) -> None:
+    """Names in a signed body are the signer's: one that str.isdigit calls a digit but int()
+    refuses ("²", "٣") is a name like any other."""
+    a = {"gpu": {"gpus": [{"path": name, "uuid": "GPU-a"}]}}
+    b = {"gpu": {"gpus": [{"path": name + "'", "uuid": "GPU-a"}]}}
+    found = diff(a, b)
+    assert {d.path for d in found} == {f"gpu.gpus[{name}]", f"gpu.gpus[{name}']"}
+    assert all(d.impact for d in found)

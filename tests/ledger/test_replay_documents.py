@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -156,6 +157,31 @@ def test_probe_prompts_are_seeded_mixed_and_within_budget() -> None:
     assert all(p.text.isascii() for p in probes)
     request = certify.probe_request(probes[0], 16, "fixture")
     assert request["temperature"] == 0 and request["logprobs"] == 2 and request["ignore_eos"]
+
+
+def _probe_texts_as_first_written(count: int, seed: int, budget: int) -> list[str]:
+    """probe_prompts' texts as its first version built them, re-joining the words for every
+    word added (quadratic): the prompts a certification's seed stands for must not change."""
+    rng = random.Random(seed)
+    budgets = {"short": min(24, budget), "medium": min(160, budget), "long": max(budget, 1)}
+    texts = []
+    for i in range(count):
+        kind = ("short", "medium", "long")[i % 3]
+        words: list[str] = []
+        limit = budgets[kind] if kind == "long" else rng.randint(budgets[kind] // 2, budgets[kind])
+        while True:
+            word = rng.choice(certify._WORDS)
+            if len(" ".join([*words, word])) > limit:
+                break
+            words.append(word)
+        texts.append(" ".join(words) or rng.choice(certify._WORDS)[: max(limit, 1)])
+    return texts
+
+
+@pytest.mark.parametrize(("seed", "budget"), [(0, 1), (1, 5), (3, 120), (7, 2000), (11, 40)])
+def test_probe_prompts_are_those_a_seed_always_gave(seed: int, budget: int) -> None:
+    got = [p.text for p in certify.probe_prompts(12, seed=seed, char_budget=budget)]
+    assert got == _probe_texts_as_first_written(12, seed, budget)
 
 
 def test_cell_figures_and_the_certificate_verdict() -> None:

@@ -128,11 +128,15 @@ def test_heartbeat_body() -> None:
     assert _code(check_heartbeat, {k: v for k, v in body.items() if k != "url"}, now)
 
 
-def test_batch_invariance_is_derived_from_the_engine_section() -> None:
-    assert batch_invariance({"engine": {"batch_invariance": "serial"}}) == "serial"
-    assert batch_invariance({"engine": {"batch_invariance": "kernel"}}) == "kernel"
-    assert batch_invariance({"engine": {"batch_invariance": "none"}}) == "none"
-    assert batch_invariance({"engine": {"batch_invariance": ["serial"]}}) == "none"
+def test_batch_invariance_is_derived_from_the_engine_sections_flags() -> None:
+    serial = {"max_num_seqs": 1, "enable_prefix_caching": False, "enable_chunked_prefill": False}
+    assert batch_invariance({"engine": serial}) == "serial"
+    assert batch_invariance({"engine": {"env": {"VLLM_BATCH_INVARIANT": " 2"}}}) == "kernel"
+    # the section's own batch_invariance is the collector's claim, never read
+    assert batch_invariance({"engine": {"batch_invariance": "serial"}}) == "none"
+    assert batch_invariance({"engine": {"batch_invariance": "kernel"}}) == "none"
+    assert batch_invariance({"engine": {**serial, "batch_invariance": "none"}}) == "serial"
+    assert batch_invariance({"engine": {**serial, "max_num_seqs": 256}}) == "none"
     assert batch_invariance({"engine": "serial"}) == "none"
     assert batch_invariance({"model": {}}) == "none"
 

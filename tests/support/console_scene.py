@@ -35,6 +35,7 @@ FINGERPRINT = {
         "batch_invariance": "serial",
         "max_num_seqs": 1,
         "enable_prefix_caching": False,
+        "enable_chunked_prefill": False,
     },
     "runtime": {"torch": "2.13.0", "cuda": "13.0", "cublas": "13.1.0.3", "nccl": "2.28.7"},
     "gpu": {

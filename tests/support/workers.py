@@ -39,7 +39,22 @@ def register_fingerprint(api: Harness, key: SigningKey, engine: dict[str, Any] |
 
 
 def serial_engine() -> dict[str, Any]:
-    return {"name": "vllm", "max_num_seqs": 1, "batch_invariance": "serial"}
+    return {
+        "name": "vllm",
+        "max_num_seqs": 1,
+        "enable_prefix_caching": False,
+        "enable_chunked_prefill": False,
+        "batch_invariance": "serial",
+    }
+
+
+def engine_deriving(invariance: str) -> dict[str, Any]:
+    """An engine section whose signed flags derive ``invariance`` (kernel, serial or none)."""
+    if invariance == "serial":
+        return serial_engine()
+    if invariance == "kernel":
+        return {"name": "vllm", "env": {"VLLM_BATCH_INVARIANT": "1"}, "batch_invariance": "kernel"}
+    return {"name": "vllm", "max_num_seqs": 256, "batch_invariance": "none"}
 
 
 def heartbeat(

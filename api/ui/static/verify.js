@@ -1969,6 +1969,18 @@
     let erased = new Set();
     if (b.erasure) {
       ({ summary: erasure, erased } = await verifyErasure(run, b.erasure, record, index, cp, logKey));
+      const committed = new Set(parsed.digests);
+      for (const r of b.replays) {
+        const out = get(r.envelope.body, "output_digest");
+        if (isStr(out)) committed.add(out);
+      }
+      const unknown = [...erased].filter((d) => !committed.has(d)).length;
+      if (unknown) {
+        throw fail(
+          "erasure",
+          `the erasure event names ${unknown} digest(s) that neither the record nor its replay verdicts in this bundle commit to`
+        );
+      }
       pass(
         "erasure",
         `the record's content was erased (${erasure.reason_code || "no reason code"}` +

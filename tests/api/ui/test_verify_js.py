@@ -100,6 +100,9 @@ class Ledger:
     # A record naming a pool its key's registration does not allow, logged by a ledger that
     # did not check scopes (an older one, or one whose check was bypassed).
     out_of_scope: dict[str, Any]
+    # A record whose erasure event, signed by the log key, names a digest nothing commits to
+    # (a ledger that took its digests from an edited index row).
+    overreaching_erasure: dict[str, Any]
 
     def case(self, name: str) -> Case:
         return Case(name, json.dumps(self.bundles[name]), self.pem)
@@ -169,6 +172,18 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
         ingest.ingest_records(db, [stray])
     ids["stray"] = stray["body"]["request_id"]
     out_of_scope = export("stray")
+    liar = record_item_v2(collector, seeded.fingerprint_id, out_len=3, prompt_len=4)
+    ingest.ingest_records(db, [liar])
+    ids["liar"] = liar.envelope["body"]["request_id"]
+    bogus = "sha256:" + "ab" * 32
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            erasures,
+            "_committed",
+            lambda _, records: {r.request_id: {*r.record.digests, bogus} for r in records},
+        )
+        erasures.erase(db, log_key, ids["liar"], reason="data subject request", requested_by="x")
+    overreaching = export("liar")
     bundles = {"erasable": export("gone")}
     erasures.erase(db, log_key, ids["gone"], reason="data subject request", requested_by="dpo")
     bundles |= {
@@ -177,7 +192,9 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
         "redacted": export("full", ("output",)),
         "erased": export("gone"),
     }
-    yield Ledger(log_key, host, public_key_pem(log_key.public_key), bundles, out_of_scope)
+    yield Ledger(
+        log_key, host, public_key_pem(log_key.public_key), bundles, out_of_scope, overreaching
+    )
     db.dispose()
 
 
@@ -696,6 +713,14 @@ def tamper_cases(ledger: Ledger, cases: dict[str, Case]) -> list[tuple[str, str,
             json.dumps(ledger.out_of_scope),
             ledger.pem,
             "collector_key",
+        )
+    )
+    out.append(
+        (
+            "an erasure event naming a digest neither the record nor its verdicts commit to",
+            json.dumps(ledger.overreaching_erasure),
+            ledger.pem,
+            "erasure",
         )
     )
     for name in ("example", "disclosed"):

@@ -1,0 +1,193 @@
+"""Write routes act on index rows only as their leaves say, on SQLite and Postgres.
+
+A row inserted beside the log (as the app's own database role, triggers enabled, or as a
+superuser who deletes it again afterwards) must never make a route sign something false or
+skip what it should log: an erasure names only digests the record and its replay verdicts
+commit to, a key is answered "revoked" only by its logged revocation, and only a hold some
+leaf placed is released. Each refusal is 500 ``index_mismatch`` with nothing logged, and the
+audit names the row; a release of a hold no leaf placed fails the audit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from sqlalchemy import func, insert, select
+
+from ledger import disclosures
+from ledger.erasure import RELEASE_KIND, release_body
+from ledger.signing import sign_envelope
+from ledger.storage import erasures, log
+from ledger.storage.audit import audit
+from ledger.storage.database import utcnow
+from ledger.storage.models import Disclosure, Hold, KeyRevocation, LogEntry
+from tests.conftest import BACKENDS, fresh_url
+from tests.support.documents import record_v2
+from tests.support.harness import Harness, start_harness
+from tests.support.superuser import Superuser
+
+
+@pytest.fixture(params=BACKENDS)
+def api(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Harness]:
+    backend = request.param
+    harness = start_harness(backend, fresh_url(request, backend), tmp_path_factory.mktemp(backend))
+    yield harness
+    harness.close()
+
+
+def _post_v2(api: Harness) -> tuple[str, int, list[str]]:
+    key, fp = api.setup_collector()
+    env, disclosures = record_v2(key, fp, tier=1)
+    resp = api.client().post(
+        "/v1/records",
+        json={"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]},
+    )
+    assert resp.status_code == 201, resp.text
+    return env.body["request_id"], resp.json()["results"][0]["log_index"], disclosures
+
+
+def _log_size(api: Harness) -> int:
+    with api.db.read() as s:
+        return int(s.execute(select(func.count()).select_from(LogEntry)).scalar_one())
+
+
+def _mismatch(answer: httpx.Response) -> dict:
+    assert answer.status_code == 500, answer.text
+    error: dict = answer.json()["error"]
+    assert error["code"] == "index_mismatch", answer.text
+    return error
+
+
+def _findings(api: Harness) -> list:
+    return audit(api.db, api.log_key.public_key).findings
+
+
+def test_an_inserted_disclosure_row_is_never_named_in_a_signed_erasure(api: Harness):
+    """A well-formed disclosure of something the record never committed to, stored under its
+    request ID at another leaf (where reading the record does not look): the erasure, which
+    deletes the record's content by request ID, would have signed its digest as erased."""
+    rid, _, committed = _post_v2(api)
+    bogus = disclosures.make("request", {"prompt": "never recorded"})
+    with api.db.write() as s:
+        s.execute(
+            insert(Disclosure),
+            [
+                {
+                    "request_id": rid,
+                    "digest": bogus.digest,
+                    "log_index": 0,
+                    "disclosure": bogus.encoded,
+                }
+            ],
+        )
+    size = _log_size(api)
+    error = _mismatch(
+        api.client(api.token("erasure")).post(f"/v1/records/{rid}/erasure", json={"reason": "dsr"})
+    )
+    assert error["details"] == {"log_index": 0, "request_id": rid}, error
+    assert _log_size(api) == size  # no erasure event, nothing deleted
+    with api.db.read() as s:
+        held = s.scalar(select(func.count()).where(Disclosure.request_id == rid))
+    assert held == len(committed) + 1  # the record's own and the inserted row, all still there
+    assert any(f.table == "disclosures" for f in _findings(api))
+
+
+def test_an_honest_erasure_names_exactly_the_records_digests(api: Harness):
+    rid, _, disclosures = _post_v2(api)
+    erased = api.client(api.token("erasure")).post(
+        f"/v1/records/{rid}/erasure", json={"reason": "dsr"}
+    )
+    assert erased.status_code == 201, erased.text
+    assert erased.json()["erased_digests"] == len(disclosures)
+    assert _findings(api) == []
+
+
+def test_an_inserted_revocation_row_is_not_answered_as_the_keys_revocation(api: Harness):
+    key, _ = api.setup_collector()
+    with api.db.write() as s:
+        s.execute(
+            insert(KeyRevocation),
+            [{"key_id": key.key_id, "reason": "forged", "log_index": 0, "revoked_at": utcnow()}],
+        )
+    size = _log_size(api)
+    error = _mismatch(
+        api.client().post(f"/v1/keys/{key.key_id}/revoke", json={"reason": "stolen laptop"})
+    )
+    assert error["details"] == {"log_index": 0, "key_id": key.key_id}
+    assert _log_size(api) == size
+    assert any(f.table == "key_revocations" for f in _findings(api))
+
+
+def test_a_logged_revocation_is_answered_again_unchanged(api: Harness):
+    key, _ = api.setup_collector()
+    first = api.client().post(f"/v1/keys/{key.key_id}/revoke", json={"reason": "stolen"})
+    assert first.status_code == 200, first.text
+    size = _log_size(api)
+    again = api.client().post(f"/v1/keys/{key.key_id}/revoke", json={"reason": "stolen"})
+    assert again.status_code == 200 and again.json()["revoked_at"] == first.json()["revoked_at"]
+    assert _log_size(api) == size
+
+
+def test_only_a_hold_some_leaf_placed_is_released(api: Harness):
+    rid, index, _ = _post_v2(api)
+    hold_id = "hold-" + "0" * 24
+    with api.db.write() as s:
+        s.execute(
+            insert(Hold),
+            [
+                {
+                    "hold_id": hold_id,
+                    "log_index": index,  # the record's leaf: no placement of this hold
+                    "request_id": rid,
+                    "filter": None,
+                    "created_at": utcnow(),
+                }
+            ],
+        )
+    size = _log_size(api)
+    holds = api.client(api.token("holds"))
+    _mismatch(holds.delete(f"/v1/holds/{hold_id}", params={"reason": "closed"}))
+    assert _log_size(api) == size
+
+
+def test_a_logged_release_of_a_hold_never_placed_fails_the_audit(api: Harness):
+    """The release a superuser's row once let the route sign, with the row deleted since."""
+    hold_id = "hold-" + "1" * 24
+    body = release_body(
+        hold_id=hold_id, reason="closed", released_by="admin", released_at="2026-12-06T00:00:00Z"
+    )
+    at = utcnow()
+    with api.db.write() as s:
+        (idx,) = log.append(s, [sign_envelope(RELEASE_KIND, body, api.log_key)], at)
+    # its index row, as the route wrote it (the hold row it referred to is deleted since)
+    su = Superuser(str(api.settings.database_url))
+    su.execute(
+        [("INSERT INTO hold_releases VALUES (%s, %s, %s)", (hold_id, idx, su.time(at)))],
+        ["hold_releases"],
+    )
+    found = _findings(api)
+    assert any(f.index == idx and hold_id in f.message for f in found), found
+
+
+def test_an_erasure_event_naming_a_digest_nothing_commits_to_fails_the_audit(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The event a ledger that took its digests from an edited row would have signed."""
+    rid, _, _ = _post_v2(api)
+    bogus = "sha256:" + "cd" * 32
+    monkeypatch.setattr(
+        erasures,
+        "_committed",
+        lambda _, records: {r.request_id: {*r.record.digests, bogus} for r in records},
+    )
+    erased = api.client(api.token("erasure")).post(
+        f"/v1/records/{rid}/erasure", json={"reason": "dsr"}
+    )
+    assert erased.status_code == 201, erased.text
+    found = [f for f in _findings(api) if f.check == "content"]
+    assert len(found) == 1 and "names 1 digest(s)" in found[0].message, found
+    assert found[0].index == erased.json()["log_index"]
