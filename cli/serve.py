@@ -19,7 +19,7 @@ from api.metrics import MULTIPROC_ENV
 from api.server_protocol import HeaderTimeoutProtocol
 from cli.common import LogFormatOption, check_listen, console, ledger_errors, load_settings
 from ledger.logs import LogFormat, LogLevel, logging_config
-from ledger.malloc import fix_mmap_threshold
+from ledger.malloc import fix_mmap_threshold, limit_arenas, trim_every
 from ledger.storage.database import Database
 
 logger = logging.getLogger("ledger.serve")
@@ -52,6 +52,7 @@ def serve(
     settings = load_settings(host=host, port=port, database_url=db_url)
     check_listen(settings.host, settings.port)
     fix_mmap_threshold()  # ingest batches' buffers go back to the system when freed
+    limit_arenas()  # before threads start: two heaps to fragment, not one per thread
     log_config = logging_config(log_format, log_level)
     logging.config.dictConfig(log_config)
     with ledger_errors():
@@ -64,6 +65,7 @@ def serve(
     if boot.admin_token_file is not None:
         say(f"ledger: first start: admin token written to {boot.admin_token_file}")
     if workers == 1:
+        trim_every()  # free heap pages back to the system each minute
         app = create_app(settings, db, boot.log_key)
         uvicorn.run(
             app,

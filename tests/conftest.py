@@ -66,6 +66,17 @@ def api(
     harness.close()
 
 
+@pytest.fixture(params=BACKENDS)
+def fresh_api(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Harness]:
+    """A live API on a fresh ledger per test, per backend: the audit sees only its log."""
+    backend = request.param
+    harness = start_harness(backend, fresh_url(request, backend), tmp_path_factory.mktemp(backend))
+    yield harness
+    harness.close()
+
+
 @pytest.fixture(scope="session")
 def fixture_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The small and tiny fixture models, built once per session (about 2 s)."""

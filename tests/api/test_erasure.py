@@ -12,7 +12,6 @@ key left behind.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -29,22 +28,16 @@ from ledger.storage import erasures, log, proofs, queries, verdicts
 from ledger.storage.audit import audit
 from ledger.storage.database import as_utc, utcnow
 from ledger.storage.queries import RecordFilter
-from tests.conftest import BACKENDS, fresh_url
 from tests.support.documents import record_envelope, record_v2, verdict_body
-from tests.support.harness import Harness, start_harness
+from tests.support.harness import Harness
 from tests.support.superuser import Superuser
 from tests.support.walk import paths
 
 
-@pytest.fixture(params=BACKENDS)
-def api(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Harness]:
-    """A fresh ledger per test: the audit sees only this test's log."""
-    backend = request.param
-    harness = start_harness(backend, fresh_url(request, backend), tmp_path_factory.mktemp(backend))
-    yield harness
-    harness.close()
+@pytest.fixture
+def api(fresh_api: Harness) -> Harness:
+    """A fresh ledger per test (tests/conftest.py)."""
+    return fresh_api
 
 
 def _post_v2(api: Harness, key: SigningKey, fp: str, **kw: Any) -> str:

@@ -12,7 +12,6 @@ bulk erasure's filter must name something: an empty one would erase every record
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import httpx
@@ -26,19 +25,14 @@ from ledger.storage.audit import audit
 from ledger.storage.database import utcnow
 from ledger.storage.models import Disclosure, Erasure, LogEntry
 from tests.api.ui.test_console_http import Scene, sign_in
-from tests.conftest import BACKENDS, fresh_url
 from tests.support.documents import record_v2
-from tests.support.harness import Harness, start_harness
+from tests.support.harness import Harness
 
 
-@pytest.fixture(params=BACKENDS)
-def api(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Harness]:
-    backend = request.param
-    harness = start_harness(backend, fresh_url(request, backend), tmp_path_factory.mktemp(backend))
-    yield harness
-    harness.close()
+@pytest.fixture
+def api(fresh_api: Harness) -> Harness:
+    """A fresh ledger per test (tests/conftest.py)."""
+    return fresh_api
 
 
 def _post_v2(api: Harness, key: SigningKey, fp: str) -> str:

@@ -10,8 +10,6 @@ audit names the row; a release of a hold no leaf placed fails the audit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 from sqlalchemy import func, insert, select
@@ -23,20 +21,15 @@ from ledger.storage import erasures, log
 from ledger.storage.audit import audit
 from ledger.storage.database import utcnow
 from ledger.storage.models import Disclosure, Hold, KeyRevocation, LogEntry
-from tests.conftest import BACKENDS, fresh_url
 from tests.support.documents import record_v2
-from tests.support.harness import Harness, start_harness
+from tests.support.harness import Harness
 from tests.support.superuser import Superuser
 
 
-@pytest.fixture(params=BACKENDS)
-def api(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Harness]:
-    backend = request.param
-    harness = start_harness(backend, fresh_url(request, backend), tmp_path_factory.mktemp(backend))
-    yield harness
-    harness.close()
+@pytest.fixture
+def api(fresh_api: Harness) -> Harness:
+    """A fresh ledger per test (tests/conftest.py)."""
+    return fresh_api
 
 
 def _post_v2(api: Harness) -> tuple[str, int, list[str]]:

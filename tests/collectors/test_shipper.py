@@ -128,7 +128,10 @@ def test_a_record_under_a_fingerprint_the_ledger_lacks_waits_for_it(api: Harness
     spool.fingerprint_registered(fp_id)  # as the shipper saw it: nothing left to register
     run = ship(api, spool, [env])
     assert spool.pending() == 0 and spool.dead_letters() == 0
-    assert run.batches == [1] and run.failures == ["unknown_fingerprint"]
+    # a batch is shipped again when its answer came too late (a loaded host): at least once
+    assert run.batches and set(run.batches) == {1}
+    assert run.failures[0] == "unknown_fingerprint"
+    assert "unknown_fingerprint" not in run.failures[1:]
     assert api.client().get(f"/v1/fingerprints/{fp_id}").status_code == 200
     assert held(api, [env]) == [200]
 

@@ -7,11 +7,13 @@ import os
 import platform
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from ledger.malloc import ENV
+from ledger.malloc import ARENA_ENV, ENV, trim_every
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,3 +62,57 @@ def test_with_the_fix_a_megabyte_buffer_is_still_its_own_mapping():
 
 def test_an_operators_own_setting_is_left_as_set():
     assert _probe("fix", **{ENV: "8388608"}) == ("False", 0)  # 8 MiB: 1 MiB is heap
+
+
+# The resident memory of a heap whose free space lies between live blocks, before and after
+# trim_now (the small blocks are below the mmap threshold: they come from the heap).
+TRIM = """
+import sys
+from ledger.malloc import limit_arenas, trim_now
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) * 1024
+limited = limit_arenas()
+blocks = [bytearray(4000) for _ in range(50_000)]  # about 200 MB
+kept = blocks[::64]  # one live block in every 256 KB: the heap cannot shrink from its top
+del blocks
+before = rss()
+trimmed = trim_now()
+print(limited, trimmed, before - rss())
+"""
+
+
+def test_trimming_hands_free_heap_pages_back_to_the_system():
+    environ = {k: v for k, v in os.environ.items() if k != ARENA_ENV}
+    out = subprocess.run(
+        [sys.executable, "-c", TRIM],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out[:2] == ["True", "True"]
+    assert int(out[2]) > 100 << 20  # most of the 200 MB freed is no longer resident
+
+
+def test_an_operators_arena_limit_is_left_as_set():
+    environ = {**os.environ, ARENA_ENV: "4"}
+    probe = "from ledger.malloc import limit_arenas; print(limit_arenas())"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=environ, capture_output=True, text=True
+    )
+    assert out.stdout.split() == ["False"]
+
+
+def test_the_trimming_thread_runs_until_stopped():
+    stop = trim_every(0.01)
+    assert stop is not None
+    assert any(t.name == "malloc-trim" for t in threading.enumerate())
+    stop.set()
+    for _ in range(100):
+        if not any(t.name == "malloc-trim" for t in threading.enumerate()):
+            break
+        time.sleep(0.01)
+    assert not any(t.name == "malloc-trim" for t in threading.enumerate())
