@@ -55,15 +55,21 @@ def db(request: pytest.FixtureRequest) -> Iterator[Database]:
     database.dispose()
 
 
+def _live_api(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Harness]:
+    backend = request.param
+    harness = start_harness(backend, fresh_url(request, backend), tmp_path_factory.mktemp(backend))
+    yield harness
+    harness.close()
+
+
 @pytest.fixture(scope="session", params=BACKENDS)
 def api(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Harness]:
     """A live API (real HTTP) per backend, shared by the session's API tests."""
-    backend = request.param
-    harness = start_harness(backend, fresh_url(request, backend), tmp_path_factory.mktemp(backend))
-    yield harness
-    harness.close()
+    yield from _live_api(request, tmp_path_factory)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -71,10 +77,7 @@ def fresh_api(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Harness]:
     """A live API on a fresh ledger per test, per backend: the audit sees only its log."""
-    backend = request.param
-    harness = start_harness(backend, fresh_url(request, backend), tmp_path_factory.mktemp(backend))
-    yield harness
-    harness.close()
+    yield from _live_api(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -39,16 +39,22 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _probe(mode: str, **env: str) -> tuple[str, int]:
-    environ = {k: v for k, v in os.environ.items() if k != ENV} | env
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE, mode],
+def _run(code: str, *args: str, without: str = "", **env: str) -> list[str]:
+    """What a fresh interpreter running ``code`` prints, words split (``without``: a variable
+    of this environment it does not get)."""
+    environ = {k: v for k, v in os.environ.items() if k != without} | env
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
         cwd=ROOT,
         env=environ,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
+
+
+def _probe(mode: str, **env: str) -> tuple[str, int]:
+    out = _run(PROBE, mode, without=ENV, **env)
     return out[0], int(out[1])
 
 
@@ -84,26 +90,14 @@ print(limited, trimmed, before - rss())
 
 
 def test_trimming_hands_free_heap_pages_back_to_the_system():
-    environ = {k: v for k, v in os.environ.items() if k != ARENA_ENV}
-    out = subprocess.run(
-        [sys.executable, "-c", TRIM],
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    out = _run(TRIM, without=ARENA_ENV)
     assert out[:2] == ["True", "True"]
     assert int(out[2]) > 100 << 20  # most of the 200 MB freed is no longer resident
 
 
 def test_an_operators_arena_limit_is_left_as_set():
-    environ = {**os.environ, ARENA_ENV: "4"}
     probe = "from ledger.malloc import limit_arenas; print(limit_arenas())"
-    out = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, env=environ, capture_output=True, text=True
-    )
-    assert out.stdout.split() == ["False"]
+    assert _run(probe, **{ARENA_ENV: "4"}) == ["False"]
 
 
 def test_the_trimming_thread_runs_until_stopped():
