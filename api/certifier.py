@@ -37,7 +37,7 @@ from ledger.compact_json import compact_json
 from ledger.compare import Comparison, Generation, compare
 from ledger.errors import Conflict, InvalidInput, LedgerError
 from ledger.replay import output_generation
-from ledger.storage import cache, certification_jobs, queries, verdicts, workers
+from ledger.storage import cache, certification_jobs, queries, workers
 from ledger.storage.certification_jobs import INTERRUPTED, Job
 from ledger.storage.workers import WorkerInfo
 
@@ -240,14 +240,8 @@ def _conclude(state: AppState, run: Run, body: dict[str, Any]) -> None:
     if not certification_jobs.renew(db, run.job_id, runner, done=run.done, lease=LEASE):
         logger.warning("certification %s lost its lease before logging", run.job_id)
         return
-    stored = verdicts.append_certificate(db, state.log_key, body)
-    certification_jobs.finish(
-        db,
-        run.job_id,
-        runner,
-        done=run.done,
-        certificate_id=stored.id,
-        log_index=stored.log_index,
+    certification_jobs.conclude(
+        db, state.log_key, run.job_id, runner, done=run.done, certificate=body
     )
 
 

@@ -26,9 +26,7 @@ from sqlalchemy.orm import Session
 
 from ledger.audit.derive import chat_template
 from ledger.cachekey import CHAT, PREFIX, cache_key, is_deterministic, keys_of_record
-from ledger.canonical import sha256_digest
 from ledger.errors import InvalidInput, NotFound
-from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.inference_record import InferenceRecord
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database
@@ -36,8 +34,8 @@ from ledger.storage.models import CacheKey, Fingerprint, LogEntry, Record
 from ledger.storage.queries import (
     FINGERPRINT_ID,
     StoredRecord,
+    fingerprint_leaf,
     from_log,
-    logged_envelope,
     mismatch,
     with_content,
 )
@@ -64,16 +62,12 @@ def fingerprint_body(session: Session, fingerprint_id: str) -> dict[str, Any]:
         )
     row = session.execute(
         select(Fingerprint.log_index, LogEntry.envelope)
-        .join(LogEntry, LogEntry.idx == Fingerprint.log_index)
+        .outerjoin(LogEntry, LogEntry.idx == Fingerprint.log_index)
         .where(Fingerprint.fingerprint_id == fingerprint_id)
     ).first()
     if row is None:
         raise NotFound(f"no fingerprint {fingerprint_id}", code="fingerprint_not_found")
-    what = f"fingerprint {fingerprint_id}"
-    env, body_bytes = logged_envelope(bytes(row.envelope), row.log_index, FINGERPRINT_KIND)
-    if sha256_digest(body_bytes) != fingerprint_id:
-        raise mismatch(what, row.log_index, "the entry is another fingerprint")
-    body: dict[str, Any] = env["body"]
+    body: dict[str, Any] = fingerprint_leaf(fingerprint_id, row.log_index, row.envelope)["body"]
     return body
 
 

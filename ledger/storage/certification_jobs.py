@@ -1,13 +1,13 @@
 """Certification jobs: the live state of pool certifications, shared by every API process.
 
 Not a ledger table: a job's row is updated as it runs (progress, lease, outcome). The signed
-certificate a finished job produced is a log leaf (``verdicts.append_certificate``); the row
-only points at it (``certificate_id``, ``log_index``), and reading a done job returns that
-leaf's envelope, once checked to be this job's certificate (else :class:`IndexMismatch`: a
-row edited to point at another leaf is never answered).
+certificate a finished job produced is a log leaf, logged in the transaction that marks the
+job done (:func:`conclude`); the row only points at it (``certificate_id``, ``log_index``), and
+reading a done job returns that leaf's envelope, once checked to be this job's certificate
+(else :class:`IndexMismatch`: a row edited to point at another leaf is never answered).
 
 States: ``running`` (from creation: the process that accepted the job runs it), then ``done``
-or ``failed``, both final (but see :func:`finish`: a logged certificate always wins). A running
+or ``failed``, both final (but see :func:`conclude`: a logged certificate always wins). A running
 job belongs to one process, its *runner*, which holds a lease (``lease_until``) and renews it
 every few seconds, writing the progress with it. A running job whose lease has expired (its
 process died, or stopped without handing the job back) is failed with ``interrupted`` by
@@ -28,10 +28,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import insert, select, update
-from sqlalchemy.orm import aliased
+from sqlalchemy.orm import Session, aliased
 
 from ledger.clock import rfc3339
 from ledger.errors import IndexMismatch, NotFound
+from ledger.signing import SigningKey
+from ledger.storage import verdicts
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import Certificate, CertificationJob, LogEntry
 from ledger.storage.verdicts import CERTIFICATE_KIND
@@ -258,37 +260,63 @@ def finish(
     runner: str,
     *,
     done: int,
-    certificate_id: str | None = None,
-    log_index: int | None = None,
-    error: dict[str, Any] | None = None,
+    error: dict[str, Any],
     now: datetime | None = None,
 ) -> bool:
-    """End ``runner``'s job: done with its logged certificate, or failed with ``error``.
-
-    False when the runner no longer held it. A certificate already logged is recorded even
-    then (the leaf is a fact, whatever the row said meanwhile): ``interrupted`` is replaced
-    by ``done`` if the runner turns out to have finished after all.
-    """
-    at = now or utcnow()
-    values: dict[str, Any] = {"done": done, "updated_at": at}
-    if log_index is not None:
-        values.update(state=DONE, certificate_id=certificate_id, log_index=log_index, error=None)
-    else:
-        values.update(state=FAILED, error=json.dumps(error or {}))
+    """Fail ``runner``'s job with ``error``; False when the runner no longer held it."""
+    values: dict[str, Any] = {
+        "done": done,
+        "updated_at": now or utcnow(),
+        "state": FAILED,
+        "error": json.dumps(error),
+    }
     with db.write() as s:
         held = s.execute(
             update(CertificationJob).where(_held(certification_id, runner)).values(**values)
         )
+        return bool(held.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def conclude(
+    db: Database,
+    log_key: SigningKey,
+    certification_id: str,
+    runner: str,
+    *,
+    done: int,
+    certificate: dict[str, Any],
+    now: datetime | None = None,
+) -> verdicts.Stored:
+    """Log ``runner``'s certificate and mark its job done with it, in one transaction: a
+    certificate is never logged without its job saying so, nor a job done without its leaf.
+
+    The job is marked done even when the runner no longer held it (the leaf is a fact,
+    whatever the row said meanwhile): ``interrupted`` is replaced by ``done`` if the runner
+    turns out to have finished after all.
+    """
+
+    def mark_done(s: Session, log_index: int) -> None:
+        values = {
+            "done": done,
+            "updated_at": now or utcnow(),
+            "state": DONE,
+            "certificate_id": certificate["certificate_id"],
+            "log_index": log_index,
+            "error": None,
+        }
+        held = s.execute(
+            update(CertificationJob).where(_held(certification_id, runner)).values(**values)
+        )
         if held.rowcount == 1:  # type: ignore[attr-defined]
-            return True
-        if log_index is not None:
-            s.execute(
-                update(CertificationJob)
-                .where(
-                    CertificationJob.certification_id == certification_id,
-                    CertificationJob.runner == runner,
-                    CertificationJob.state == FAILED,
-                )
-                .values(**values)
+            return
+        s.execute(
+            update(CertificationJob)
+            .where(
+                CertificationJob.certification_id == certification_id,
+                CertificationJob.runner == runner,
+                CertificationJob.state == FAILED,
             )
-        return False
+            .values(**values)
+        )
+
+    return verdicts.append_certificate(db, log_key, certificate, then=mark_done)

@@ -37,8 +37,14 @@ from ledger.signing import Envelope
 from ledger.storage import cache, keystore, log, registered
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database, as_utc, utcnow
-from ledger.storage.models import Disclosure, Fingerprint, Record, Salt
-from ledger.storage.queries import FINGERPRINT_ID, check_name
+from ledger.storage.models import Disclosure, Fingerprint, LogEntry, Record, Salt
+from ledger.storage.queries import (
+    FINGERPRINT_ID,
+    check_name,
+    fingerprint_leaf,
+    mismatch,
+    record_leaf,
+)
 
 
 @dataclass(frozen=True)
@@ -103,8 +109,15 @@ def add_fingerprint(db: Database, data: Any) -> FingerprintResult:
         keystore.check_signer(env, keystore.load_keys(s, [env.key_id]))
     with db.write() as s:
         keystore.require_unrevoked(s, [env.key_id])
-        row = s.get(Fingerprint, fp_id)
-        if row is not None:
+        row = s.execute(
+            select(Fingerprint.log_index, Fingerprint.key_id, LogEntry.envelope)
+            .outerjoin(LogEntry, LogEntry.idx == Fingerprint.log_index)
+            .where(Fingerprint.fingerprint_id == fp_id)
+        ).first()
+        if row is not None:  # a duplicate only when the log holds it (an edited row is not)
+            first = fingerprint_leaf(fp_id, row.log_index, row.envelope)["signature"]
+            if first.get("key_id") != row.key_id:
+                raise mismatch(f"fingerprint {fp_id}", row.log_index, "another key signed it")
             return FingerprintResult(fp_id, "duplicate", row.log_index, row.key_id)
         at = utcnow()
         (idx,) = log.append(s, [env], at)
@@ -533,23 +546,38 @@ def _results(
 
 
 def _registered(s: Session, fingerprint_ids: set[str]) -> set[str]:
-    return set(
-        s.execute(
-            select(Fingerprint.fingerprint_id).where(
-                Fingerprint.fingerprint_id.in_(fingerprint_ids)
-            )
-        ).scalars()
-    )
+    """The fingerprints among ``fingerprint_ids`` the log holds, each read through its leaf
+    (a row the log does not back is IndexMismatch: no record is logged under it)."""
+    rows = s.execute(
+        select(Fingerprint.fingerprint_id, Fingerprint.log_index, LogEntry.envelope)
+        .outerjoin(LogEntry, LogEntry.idx == Fingerprint.log_index)
+        .where(Fingerprint.fingerprint_id.in_(fingerprint_ids))
+    ).all()
+    for fp_id, log_index, envelope in rows:
+        fingerprint_leaf(fp_id, log_index, envelope)
+    return {r.fingerprint_id for r in rows}
 
 
 def _existing(s: Session, request_ids: list[str]) -> dict[str, tuple[int, str]]:
+    """The records held under ``request_ids``: (log index, content hash), each read through
+    its leaf, so a resend is answered ``duplicate`` only for a record the log holds (a row
+    the log does not back is IndexMismatch, never a reason to drop a collector's record)."""
     found: dict[str, tuple[int, str]] = {}
     for start in range(0, len(request_ids), 500):
         chunk = request_ids[start : start + 500]
         rows = s.execute(
-            select(Record.request_id, Record.log_index, Record.content_hash).where(
-                Record.request_id.in_(chunk)
+            select(
+                Record.request_id,
+                Record.log_index,
+                Record.content_hash,
+                LogEntry.envelope,
+                LogEntry.appended_at,
             )
+            .outerjoin(LogEntry, LogEntry.idx == Record.log_index)
+            .where(Record.request_id.in_(chunk))
         ).all()
-        found.update({r.request_id: (r.log_index, r.content_hash) for r in rows})
+        for rid, log_index, content_hash, envelope, appended_at in rows:
+            entry = None if envelope is None else (envelope, appended_at)
+            record_leaf(rid, log_index, content_hash, entry)
+            found[rid] = (log_index, content_hash)
     return found

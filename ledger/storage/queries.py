@@ -29,6 +29,7 @@ from ledger.canonical import canonicalize, sha256_digest
 from ledger.clock import LOCAL_TIME, parse_rfc3339, rfc3339
 from ledger.erasure import ERASURE_KIND
 from ledger.errors import IndexMismatch, InvalidInput, LedgerError, NotFound
+from ledger.fingerprint import FINGERPRINT_KIND
 from ledger.inference_record import InferenceRecord, parse_record
 from ledger.lazy import lazy
 from ledger.records import RECORD_KIND
@@ -185,6 +186,35 @@ def logged_envelope(data: bytes, log_index: int, kind: str) -> tuple[dict[str, A
         return env, canonicalize(body)
     except LedgerError:
         raise mismatch(kind, log_index, "the entry is not canonical JSON") from None
+
+
+def fingerprint_leaf(fingerprint_id: str, log_index: int, envelope: bytes | None) -> dict[str, Any]:
+    """The fingerprint envelope a ``fingerprints`` row points at; IndexMismatch unless the log
+    holds that leaf and its body hashes to the row's ID."""
+    what = f"fingerprint {fingerprint_id}"
+    if envelope is None:
+        raise mismatch(what, log_index, "the log holds no such leaf")
+    env, body_bytes = logged_envelope(bytes(envelope), log_index, FINGERPRINT_KIND)
+    if sha256_digest(body_bytes) != fingerprint_id:
+        raise mismatch(what, log_index, "the entry is another fingerprint")
+    return env
+
+
+def record_leaf(
+    request_id: str, log_index: int, content_hash: str, entry: tuple[bytes, datetime] | None
+) -> StoredRecord:
+    """The record a ``records`` row points at (``entry``: its leaf's envelope and append
+    time); IndexMismatch unless the leaf is that request ID's record with the row's content
+    hash."""
+    what = f"record {request_id!r}"
+    if entry is None:
+        raise mismatch(what, log_index, "the log holds no such leaf")
+    record = from_log(log_index, *entry)
+    if record.request_id != request_id:
+        raise mismatch(what, log_index, "the entry is the record of another request ID")
+    if record.content_hash != content_hash:
+        raise mismatch(what, log_index, "the entry holds other content")
+    return record
 
 
 _STRINGS = ("request_id", "fingerprint_id", "model", "pool", "worker_id", "endpoint")

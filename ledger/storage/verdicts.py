@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,12 +58,14 @@ def _append(
     model: type[Any],
     id_column: str,
     content: Sequence[tuple[str, str]] = (),
+    then: Callable[[Session, int], None] | None = None,
     **row: Any,
 ) -> Stored:
     """Sign ``body`` with the log key, append it as a leaf and write its index row (and the
     disclosures it commits to, ``(request_id, encoded)``), at once. Content of a record erased
     in the meantime (a replay runs for up to minutes) is never stored again: Gone, and nothing
-    is logged."""
+    is logged. ``then(session, log_index)`` runs in the same transaction: if it raises,
+    nothing is logged."""
     env = sign_envelope(kind, body, log_key)
     with db.write() as s:  # holds the append lock, as an erasure does
         # each erasure read through its leaf (an erasures row of any other leaf is
@@ -96,6 +98,8 @@ def _append(
                     for rid, encoded in content
                 ],
             )
+        if then is not None:
+            then(s, idx)
     return Stored(row[id_column], idx, rfc3339(at), env.canonical)
 
 
@@ -207,7 +211,14 @@ def verdicts_of(db: Database, request_id: str) -> list[dict[str, Any]]:
     return out
 
 
-def append_certificate(db: Database, log_key: SigningKey, body: dict[str, Any]) -> Stored:
+def append_certificate(
+    db: Database,
+    log_key: SigningKey,
+    body: dict[str, Any],
+    then: Callable[[Session, int], None] | None = None,
+) -> Stored:
+    """Log a pool certificate; ``then(session, log_index)`` runs in the same transaction (the
+    job that produced it marked done: never one without the other)."""
     return _append(
         db,
         log_key,
@@ -215,6 +226,7 @@ def append_certificate(db: Database, log_key: SigningKey, body: dict[str, Any]) 
         body,
         Certificate,
         "certificate_id",
+        then=then,
         certificate_id=body["certificate_id"],
         pool=body["pool"],
         fingerprint_id=body["fingerprint_id"],

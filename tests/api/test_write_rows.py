@@ -3,9 +3,10 @@
 A row inserted beside the log (as the app's own database role, triggers enabled, or as a
 superuser who deletes it again afterwards) must never make a route sign something false or
 skip what it should log: an erasure names only digests the record and its replay verdicts
-commit to, a key is answered "revoked" only by its logged revocation, and only a hold some
-leaf placed is released. Each refusal is 500 ``index_mismatch`` with nothing logged, and the
-audit names the row; a release of a hold no leaf placed fails the audit.
+commit to, a key is answered "revoked" only by its logged revocation, only a hold some leaf
+placed is released, and a record or fingerprint sent again is a duplicate only of its leaf.
+Each refusal is 500 ``index_mismatch`` with nothing logged, and the audit names the row; a
+release of a hold no leaf placed fails the audit.
 """
 
 from __future__ import annotations
@@ -15,13 +16,23 @@ import pytest
 from sqlalchemy import func, insert, select
 
 from ledger import disclosures
+from ledger.canonical import canonicalize, sha256_digest
 from ledger.erasure import RELEASE_KIND, release_body
+from ledger.fingerprint import fingerprint_id
 from ledger.signing import sign_envelope
 from ledger.storage import erasures, log
 from ledger.storage.audit import audit
 from ledger.storage.database import utcnow
-from ledger.storage.models import Disclosure, Hold, KeyRevocation, LogEntry
-from tests.support.documents import record_v2
+from ledger.storage.models import (
+    Disclosure,
+    Fingerprint,
+    Hold,
+    KeyRevocation,
+    LogEntry,
+    Record,
+)
+from ledger.storage.models import SigningKey as SigningKeyRow
+from tests.support.documents import fingerprint_envelope, record_v2
 from tests.support.harness import Harness
 from tests.support.superuser import Superuser
 
@@ -184,3 +195,83 @@ def test_an_erasure_event_naming_a_digest_nothing_commits_to_fails_the_audit(
     found = [f for f in _findings(api) if f.check == "content"]
     assert len(found) == 1 and "names 1 digest(s)" in found[0].message, found
     assert found[0].index == erased.json()["log_index"]
+
+
+def _key_leaf(api: Harness, key_id: str) -> int:
+    with api.db.read() as s:
+        return int(s.scalar(select(SigningKeyRow.log_index).where(SigningKeyRow.key_id == key_id)))
+
+
+def test_a_record_row_the_log_does_not_back_never_makes_a_resend_a_duplicate(api: Harness):
+    """A row inserted under the incoming record's request ID and content hash, at a leaf that
+    is no record (the collector key's registration): answered ``duplicate``, the collector
+    would drop its only copy of a record the log never held."""
+    key, fp = api.setup_collector()
+    env, disclosures = record_v2(key, fp, tier=1)
+    body = env.body
+    with api.db.write() as s:
+        s.execute(
+            insert(Record),
+            [
+                {
+                    "request_id": body["request_id"],
+                    "log_index": _key_leaf(api, key.key_id),
+                    "content_hash": sha256_digest(canonicalize(body)),
+                    **{c: body[c] for c in ("model", "tier", "pool", "worker_id", "endpoint")},
+                    "fingerprint_id": fp,
+                    "key_id": key.key_id,
+                    "received_at": utcnow(),
+                }
+            ],
+        )
+    size = _log_size(api)
+    sent = {"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    error = _mismatch(api.client().post("/v1/records", json=sent))
+    assert error["details"]["log_index"] == _key_leaf(api, key.key_id), error
+    assert _log_size(api) == size
+    assert any(f.table == "records" for f in _findings(api))
+
+
+def test_a_fingerprint_row_the_log_does_not_back_is_neither_a_duplicate_nor_a_home(
+    api: Harness,
+):
+    """A fingerprint never logged, given a row at another leaf: registering it is not answered
+    ``duplicate`` (the collector would never send it), and no record is logged under it."""
+    key = api.collector()
+    fp_env = fingerprint_envelope(key, "never-logged")
+    fp = fingerprint_id(fp_env.body)
+    with api.db.write() as s:
+        s.execute(
+            insert(Fingerprint),
+            [
+                {
+                    "fingerprint_id": fp,
+                    "key_id": key.key_id,
+                    "log_index": _key_leaf(api, key.key_id),
+                    "registered_at": utcnow(),
+                }
+            ],
+        )
+    size = _log_size(api)
+    _mismatch(api.client().post("/v1/fingerprints", content=fp_env.canonical))
+    env, disclosures = record_v2(key, fp, tier=1)
+    sent = {"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    error = _mismatch(api.client().post("/v1/records", json=sent))
+    assert error["details"]["log_index"] == _key_leaf(api, key.key_id), error
+    assert _log_size(api) == size
+
+
+def test_a_logged_record_and_fingerprint_sent_again_are_duplicates(api: Harness):
+    key = api.collector()
+    fp_env = fingerprint_envelope(key)
+    fp = api.client().post("/v1/fingerprints", content=fp_env.canonical).json()["fingerprint_id"]
+    fp_again = api.client().post("/v1/fingerprints", content=fp_env.canonical)
+    assert fp_again.status_code == 200 and fp_again.json()["status"] == "duplicate", fp_again.text
+    env, disclosures = record_v2(key, fp, tier=1)
+    sent = {"records": [{"envelope": env.to_dict(), "disclosures": disclosures}]}
+    first = api.client().post("/v1/records", json=sent)
+    again = api.client().post("/v1/records", json=sent)
+    assert again.status_code in (200, 201), again.text
+    (result,) = again.json()["results"]
+    assert result["status"] == "duplicate"
+    assert result["log_index"] == first.json()["results"][0]["log_index"]

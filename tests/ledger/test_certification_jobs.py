@@ -19,7 +19,7 @@ from sqlalchemy import text
 
 from ledger.errors import Conflict, IndexMismatch, NotFound
 from ledger.storage import certification_jobs as jobs
-from ledger.storage import verdicts
+from ledger.storage import log
 from ledger.storage.database import Database, utcnow
 from tests.support.certification_worker import add_worker
 from tests.support.cli import ledger
@@ -125,14 +125,8 @@ def test_done_carries_the_logged_certificate(db: Database) -> None:
     seeded = seed_ledger(db)
     job = _create(db)
     body = _certificate(job)
-    stored = verdicts.append_certificate(db, seeded.log_key, body)
-    assert jobs.finish(
-        db,
-        job.certification_id,
-        "host:1:a",
-        done=10,
-        certificate_id=stored.id,
-        log_index=stored.log_index,
+    stored = jobs.conclude(
+        db, seeded.log_key, job.certification_id, "host:1:a", done=10, certificate=body
     )
     done = jobs.get(db, job.certification_id)
     assert done.state == "done" and done.done == 10 and done.error is None
@@ -143,6 +137,32 @@ def test_done_carries_the_logged_certificate(db: Database) -> None:
     assert jobs.get(db, job.certification_id) == done
 
 
+def test_a_certificate_is_logged_only_with_its_job_marked_done(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One transaction: when marking the job done fails, the certificate is not logged either
+    (no leaf, no index row), and the job is left for its lease to fail."""
+    seeded = seed_ledger(db)
+    job = _create(db)
+    with db.read() as s:
+        before = log.log_size(s)
+
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(jobs, "update", broken)
+    with pytest.raises(RuntimeError):
+        jobs.conclude(
+            db, seeded.log_key, job.certification_id, "host:1:a", done=10,
+            certificate=_certificate(job),
+        )  # fmt: skip
+    monkeypatch.undo()
+    with db.read() as s:
+        assert log.log_size(s) == before
+    running = jobs.get(db, job.certification_id)
+    assert running.state == "running" and running.certificate is None
+
+
 def test_a_done_job_pointed_at_another_leaf_is_never_answered(db: Database) -> None:
     """A superuser repoints a done job at another leaf (another job's certificate, the log
     key's registration) or drops the pointer: reading it is an index mismatch, not an answer."""
@@ -150,15 +170,10 @@ def test_a_done_job_pointed_at_another_leaf_is_never_answered(db: Database) -> N
     done: list[tuple[jobs.Job, int]] = []
     for _ in range(2):
         job = _create(db)
-        stored = verdicts.append_certificate(db, seeded.log_key, _certificate(job))
-        jobs.finish(
-            db,
-            job.certification_id,
-            "host:1:a",
-            done=10,
-            certificate_id=stored.id,
-            log_index=stored.log_index,
-        )
+        stored = jobs.conclude(
+            db, seeded.log_key, job.certification_id, "host:1:a", done=10,
+            certificate=_certificate(job),
+        )  # fmt: skip
         done.append((job, stored.log_index))
     (first, _), (second, second_leaf) = done
     edits = [
@@ -192,10 +207,9 @@ def test_a_done_jobs_facts_are_its_certificates_and_a_logged_certificate_is_neve
     certificate is in the log, so the job is answered done with it."""
     seeded = seed_ledger(db)
     job = _create(db)
-    stored = verdicts.append_certificate(db, seeded.log_key, _certificate(job))
-    assert jobs.finish(
-        db, job.certification_id, "host:1:a", done=10, certificate_id=stored.id,
-        log_index=stored.log_index,
+    stored = jobs.conclude(
+        db, seeded.log_key, job.certification_id, "host:1:a", done=10,
+        certificate=_certificate(job),
     )  # fmt: skip
     honest = jobs.get(db, job.certification_id)
 
@@ -233,16 +247,10 @@ def test_a_certificate_logged_after_the_lease_ran_out_still_makes_the_job_done(
     seeded = seed_ledger(db)
     job = _create(db)
     jobs.get(db, job.certification_id, now=job.lease_until + timedelta(seconds=1))
-    stored = verdicts.append_certificate(db, seeded.log_key, _certificate(job, invariant=False))
-    held = jobs.finish(
-        db,
-        job.certification_id,
-        "host:1:a",
-        done=10,
-        certificate_id=stored.id,
-        log_index=stored.log_index,
-    )
-    assert held is False
+    stored = jobs.conclude(
+        db, seeded.log_key, job.certification_id, "host:1:a", done=10,
+        certificate=_certificate(job, invariant=False),
+    )  # fmt: skip
     done = jobs.get(db, job.certification_id)
     assert done.state == "done" and done.error is None and done.certificate == stored.envelope
 
