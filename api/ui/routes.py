@@ -639,7 +639,7 @@ def _log(state: AppState) -> dict[str, Any]:
     for cp in checkpoints.history(state.db, 20):
         try:
             verify_checkpoint(cp.note, state.log_key.public_key)
-            signed = True
+            signed = checkpoints.disagreement(cp) is None  # the row is the note's
         except LedgerError:
             signed = False
         history.append(

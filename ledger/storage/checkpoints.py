@@ -10,6 +10,7 @@ worker process remembers only its own).
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,12 +19,14 @@ from weakref import WeakKeyDictionary
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from ledger.checkpoint import Checkpoint, previous_line, sign_checkpoint
-from ledger.errors import InvalidInput, NotFound
+from ledger.checkpoint import Checkpoint, parse_checkpoint, previous_line, sign_checkpoint
+from ledger.errors import IndexMismatch, InvalidInput, LedgerError, NotFound
 from ledger.signing import SigningKey
 from ledger.storage import log, tree
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import CheckpointRow
+
+logger = logging.getLogger(__name__)
 
 
 def default_origin(log_key: SigningKey) -> str:
@@ -39,8 +42,40 @@ class StoredCheckpoint:
     signed_at: datetime
 
 
-def _stored(row: CheckpointRow) -> StoredCheckpoint:
+def disagreement(cp: StoredCheckpoint) -> str | None:
+    """How a stored row differs from the note it holds (None: it does not). The note is what
+    was signed; its size, root and time are what every reader is answered."""
+    try:
+        signed, _ = parse_checkpoint(cp.note)
+    except LedgerError:
+        return "the note does not parse"
+    if signed.tree_size != cp.tree_size:
+        return f"the note signs tree size {signed.tree_size}"
+    if signed.root_hash != cp.root_hash:
+        return "the note signs another root hash"
+    if signed.signed_at is not None and signed.signed_at != cp.signed_at:
+        return f"the note was signed at {signed.signed_at.isoformat()}"
+    return None
+
+
+def _row(row: CheckpointRow) -> StoredCheckpoint:
     return StoredCheckpoint(row.tree_size, bytes(row.root_hash), row.note, as_utc(row.signed_at))
+
+
+def _stored(row: CheckpointRow) -> StoredCheckpoint:
+    """The checkpoint a row holds, once its columns agree with its note (IndexMismatch if not:
+    an edited size, root or time is never answered)."""
+    cp = _row(row)
+    problem = disagreement(cp)
+    if problem is not None:
+        logger.warning("checkpoint row of tree size %d: %s", cp.tree_size, problem)
+        raise IndexMismatch(
+            f"the checkpoint row of tree size {cp.tree_size} does not agree with its signed "
+            f"note ({problem}): the database was edited; run `ledger audit` to find every "
+            "such row",
+            details={"tree_size": cp.tree_size},
+        )
+    return cp
 
 
 def latest_in(session: Session) -> StoredCheckpoint | None:
@@ -136,9 +171,11 @@ def check_tree_size(session: Session, tree_size: int) -> None:
 
 
 def history(db: Database, limit: int = 50) -> list[StoredCheckpoint]:
-    """The latest ``limit`` checkpoints, newest first (their notes are what is signed)."""
+    """The latest ``limit`` rows, newest first, as stored: their notes are what is signed,
+    and a reader shows a row only once its note verifies and :func:`disagreement` finds
+    nothing (the console marks the others invalid)."""
     with db.read() as s:
         rows = s.execute(
             select(CheckpointRow).order_by(CheckpointRow.tree_size.desc()).limit(limit)
         ).scalars()
-        return [_stored(r) for r in rows]
+        return [_row(r) for r in rows]

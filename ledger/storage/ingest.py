@@ -144,14 +144,20 @@ class StoredFingerprint:
 
 
 def get_fingerprint(db: Database, fingerprint_id: str) -> StoredFingerprint:
+    """A registered fingerprint as its leaf holds it, registered when the leaf was appended
+    (an index row naming another leaf is IndexMismatch, never an answer)."""
     check_name(fingerprint_id, FINGERPRINT_ID, "a fingerprint ID is sha256: and 64 hex digits")
     with db.read() as s:
-        row = s.get(Fingerprint, fingerprint_id)
-        if row is None:
-            raise NotFound(f"no fingerprint {fingerprint_id}", code="fingerprint_not_found")
-        env = log.read_envelope(s, row.log_index)
-    assert env is not None
-    return StoredFingerprint(fingerprint_id, row.log_index, rfc3339(as_utc(row.registered_at)), env)
+        row = s.execute(
+            select(Fingerprint.log_index, LogEntry.envelope, LogEntry.appended_at)
+            .outerjoin(LogEntry, LogEntry.idx == Fingerprint.log_index)
+            .where(Fingerprint.fingerprint_id == fingerprint_id)
+        ).first()
+    if row is None:
+        raise NotFound(f"no fingerprint {fingerprint_id}", code="fingerprint_not_found")
+    fingerprint_leaf(fingerprint_id, row.log_index, row.envelope)
+    at = rfc3339(as_utc(row.appended_at))
+    return StoredFingerprint(fingerprint_id, row.log_index, at, bytes(row.envelope))
 
 
 def _check_items(items: Sequence[RecordItem]) -> list[_Checked]:

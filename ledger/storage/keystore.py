@@ -9,9 +9,9 @@ from datetime import datetime
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import Row, Select, insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
-from ledger.clock import rfc3339
+from ledger.clock import parse_rfc3339, rfc3339
 from ledger.erasure import check_reason
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound, VerificationError
 from ledger.key_scope import MEMBER as POOLS_MEMBER
@@ -25,6 +25,7 @@ from ledger.signing import (
     cached_verifying_key,
     is_key_id,
     key_id_for,
+    key_id_of,
     load_public_key,
     public_key_raw,
     sign_envelope,
@@ -78,7 +79,11 @@ def encode_public(raw: bytes) -> str:
     return "ed25519:" + base64.b64encode(raw).decode("ascii")
 
 
-_Columns = tuple[str, str, bytes, datetime, int, datetime | None, str | None, bytes | None]
+_Columns = tuple[
+    str, str, bytes, datetime, int, datetime | None, str | None, bytes | None, int | None,
+    bytes | None,
+]  # fmt: skip
+_REVOCATION_LEAF = aliased(LogEntry)
 _COLUMNS = (
     KeyRow.key_id,
     KeyRow.name,
@@ -88,17 +93,30 @@ _COLUMNS = (
     KeyRevocation.revoked_at,
     KeyRevocation.reason,
     LogEntry.envelope,
+    KeyRevocation.log_index,
+    _REVOCATION_LEAF.envelope,
 )
+
+
+@dataclass(frozen=True)
+class _Registration:
+    """What a key's registration leaf says: the answer for every field it holds."""
+
+    role: str
+    pools: tuple[str, ...] | None
+    name: str | None = None
+    public_key: bytes | None = None
+    registered_at: datetime | None = None
 
 
 # The log keys this process holds (the ledger's own, loaded from its key file): a key's scope
 # is taken from a registration leaf only when one of them signed it.
 _ANCHORS: dict[str, VerifyingKey] = {}
-# Registration leaves verified under a held log key, by key ID and bytes: the role and scope
-# each gives.
-_SCOPES: dict[tuple[str, bytes], tuple[str, tuple[str, ...] | None]] = {}
+# Registration leaves verified under a held log key, by key ID and bytes: what each says.
+_SCOPES: dict[tuple[str, bytes], _Registration] = {}
 # The role of a key whose registration leaf is not its own valid registration: it signs nothing.
 UNVERIFIED_ROLE = "unverified"
+_UNVERIFIED = _Registration(UNVERIFIED_ROLE, ())
 
 
 def trust_log_key(public_key: Ed25519PublicKey) -> None:
@@ -108,33 +126,57 @@ def trust_log_key(public_key: Ed25519PublicKey) -> None:
     _ANCHORS[anchor.key_id] = anchor
 
 
-def _logged(key_id: str, envelope: bytes | None) -> tuple[str, tuple[str, ...] | None]:
-    """The role and scope the key's registration leaf holds, read from the leaf, never from
-    the index columns. A leaf that is not this key's registration (an edited
-    ``signing_keys.log_index``) or, once the process holds its log key, not validly signed by
-    it (an edited ``log_entries.envelope``) gives the key no role and no pool, so it signs
-    nothing. An edited ``signing_keys.role`` changes nothing. The audit names every such edit."""
-    unverified: tuple[str, tuple[str, ...] | None] = (UNVERIFIED_ROLE, ())
-    if envelope is None:
-        return unverified
-    data = bytes(envelope)
-    if (key_id, data) in _SCOPES:
-        return _SCOPES[key_id, data]
+def _leaf(envelope: bytes, kind: str, key_id: str) -> Envelope | None:
+    """The log key's ``kind`` leaf about ``key_id``; None if ``envelope`` is not one (or, once
+    the process holds its log key, is not validly signed by it)."""
     try:
-        leaf = Envelope.from_bytes(data)
-        if leaf.kind != REGISTRATION_KIND or leaf.body.get("key_id") != key_id:
-            return unverified
+        leaf = Envelope.from_bytes(envelope)
+        if leaf.kind != kind or leaf.body.get("key_id") != key_id:
+            return None
         if _ANCHORS:
             anchor = _ANCHORS.get(leaf.key_id)
             if anchor is None:
-                return unverified
+                return None
             verify_envelope(leaf, anchor)
     except (ValueError, LedgerError):
-        return unverified
-    role = leaf.body.get("role")
+        return None
+    return leaf
+
+
+def _logged(key_id: str, envelope: bytes | None) -> _Registration:
+    """What the key's registration leaf holds (role, scope, name, public key, time), read
+    from the leaf, never from the index columns. A leaf that is not this key's registration (an
+    edited ``signing_keys.log_index``) or, once the process holds its log key, not validly
+    signed by it (an edited ``log_entries.envelope``) gives the key no role and no pool, so it
+    signs nothing. An edited ``signing_keys`` column changes nothing. The audit names every
+    such edit."""
+    if envelope is None:
+        return _UNVERIFIED
+    data = bytes(envelope)
+    if (key_id, data) in _SCOPES:
+        return _SCOPES[key_id, data]
+    leaf = _leaf(data, REGISTRATION_KIND, key_id)
+    if leaf is None:
+        return _UNVERIFIED
+    body = leaf.body
+    role, name, public, at = (body.get(m) for m in ("role", "name", "public_key", "registered_at"))
     if not isinstance(role, str) or role not in SIGNABLE_KINDS:
-        return unverified
-    logged = (role, registered_pools(leaf.body))
+        return _UNVERIFIED
+    try:
+        prefix, _, text = public.partition(":") if isinstance(public, str) else ("", "", "")
+        raw = base64.b64decode(text, validate=True)
+        registered_at = parse_rfc3339(at) if isinstance(at, str) else None
+    except (ValueError, LedgerError):
+        return _UNVERIFIED
+    if prefix != "ed25519" or key_id_of(raw) != key_id:  # the leaf's key is the one its ID names
+        return _UNVERIFIED
+    logged = _Registration(
+        role,
+        registered_pools(body),
+        name if isinstance(name, str) else None,
+        raw,
+        registered_at,
+    )
     if _ANCHORS:
         if len(_SCOPES) >= 4096:
             _SCOPES.clear()
@@ -142,19 +184,41 @@ def _logged(key_id: str, envelope: bytes | None) -> tuple[str, tuple[str, ...] |
     return logged
 
 
+def _revocation(
+    key_id: str, registered: int, reason: str, log_index: int, envelope: bytes | None
+) -> tuple[datetime, str]:
+    """The time and reason of a key's revocation, from its leaf. A ``key_revocations`` row
+    whose leaf is not the log key's revocation of this key, logged after its registration, is
+    IndexMismatch: an inserted row is never answered "revoked" (nor a deleted one hidden, the
+    audit names it)."""
+    leaf = _leaf(bytes(envelope), REVOCATION_KIND, key_id) if envelope is not None else None
+    problem = "the leaf is not this key's revocation, logged after its registration"
+    if envelope is None:
+        problem = "the log holds no such leaf"
+    elif leaf is not None and log_index > registered and leaf.body.get("reason") == reason:
+        at = leaf.body.get("revoked_at")
+        try:
+            return parse_rfc3339(at), reason
+        except (TypeError, ValueError, LedgerError):
+            problem = "the leaf holds no revocation time"
+    raise mismatch(f"the revocation of key {key_id}", log_index, problem, key_id=key_id)
+
+
 def _info(row: Row[*_Columns]) -> KeyInfo:
-    key_id, name, public, registered_at, log_index, revoked_at, reason, envelope = row
-    role, pools = _logged(key_id, envelope)
+    key_id, name, public, registered_at, log_index, revoked_at, reason, envelope, rev, rev_env = row
+    logged = _logged(key_id, envelope)
+    if revoked_at is not None and rev is not None:
+        revoked_at, reason = _revocation(key_id, log_index, reason or "", rev, rev_env)
     return KeyInfo(
         key_id=key_id,
-        name=name,
-        role=role,
-        public_key=encode_public(public),
-        registered_at=as_utc(registered_at),
+        name=logged.name if logged.name is not None else name,
+        role=logged.role,
+        public_key=encode_public(logged.public_key or public),
+        registered_at=logged.registered_at or as_utc(registered_at),
         log_index=log_index,
         revoked_at=as_utc(revoked_at) if revoked_at else None,
         revocation_reason=reason,
-        pools=pools,
+        pools=logged.pools,
     )
 
 
@@ -164,6 +228,7 @@ def _with_revocations() -> Select[*_Columns]:
         select(*_COLUMNS)
         .outerjoin(KeyRevocation, KeyRevocation.key_id == KeyRow.key_id)
         .outerjoin(LogEntry, LogEntry.idx == KeyRow.log_index)
+        .outerjoin(_REVOCATION_LEAF, _REVOCATION_LEAF.idx == KeyRevocation.log_index)
     )
 
 
@@ -285,6 +350,10 @@ def register_key(
     key_id = key_id_for(pk)
     with db.write() as s:
         existing = load_keys(s, [key_id]).get(key_id)
+        if existing is not None and existing.role == UNVERIFIED_ROLE:  # a row no leaf backs
+            raise mismatch(
+                f"key {key_id}", existing.log_index, "the leaf is not this key's registration"
+            )
         if existing is not None:
             if (existing.name, existing.role, existing.pools) != (name, role, scope):
                 raise Conflict(
@@ -311,8 +380,7 @@ def revoke_key(db: Database, log_key: SigningKey, key_id: str, reason: str) -> t
         existing = load_keys(s, [key_id]).get(key_id)
         if existing is None:
             raise NotFound(f"no key {key_id}", code="key_not_found")
-        if existing.revoked:
-            _check_logged_revocation(s, existing)
+        if existing.revoked:  # read through its leaf (load_keys): an inserted row is not
             return existing, False
         at = utcnow()
         body = {
@@ -328,32 +396,6 @@ def revoke_key(db: Database, log_key: SigningKey, key_id: str, reason: str) -> t
         )
         info = load_keys(s, [key_id])[key_id]
     return info, True
-
-
-def _check_logged_revocation(s: Session, key: KeyInfo) -> None:
-    """A ``key_revocations`` row is answered as the key's revocation only when its leaf is
-    that revocation, logged after the key's registration, with the row's reason: otherwise
-    IndexMismatch (an inserted row would make the revoke call answer "revoked" and log
-    nothing, and the key would be live again once the row was deleted)."""
-    row = s.get(KeyRevocation, key.key_id)
-    entry = s.get(LogEntry, row.log_index) if row is not None else None
-    problem = "the log holds no such leaf"
-    if row is not None and entry is not None:
-        try:
-            logged = Envelope.from_bytes(bytes(entry.envelope))
-            agrees = (
-                logged.kind == REVOCATION_KIND
-                and logged.body.get("key_id") == key.key_id
-                and logged.body.get("reason") == row.reason
-                and row.log_index > key.log_index
-            )
-        except (LedgerError, ValueError):
-            agrees = False
-        problem = "the leaf is not this key's revocation, logged after its registration"
-        if agrees:
-            return
-    index = row.log_index if row is not None else -1
-    raise mismatch(f"the revocation of key {key.key_id}", index, problem, key_id=key.key_id)
 
 
 def check_signer(envelope: Envelope, keys: dict[str, KeyInfo]) -> KeyInfo:

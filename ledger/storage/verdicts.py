@@ -140,13 +140,13 @@ def _get(db: Database, model: type[Any], column: Any, key: str, what: str, kind:
     check_name(key, EVENT_ID, f"a {what} ID is 1-200 characters of A-Z a-z 0-9 . _ : -")
     with db.read() as s:
         found = s.execute(
-            select(model, LogEntry.envelope)
+            select(model, LogEntry.envelope, LogEntry.appended_at)
             .outerjoin(LogEntry, LogEntry.idx == model.log_index)
             .where(column == key)
         ).first()
         if found is None:
             raise NotFound(f"no {what} {key!r}", code=f"{what}_not_found")
-        row, envelope = found
+        row, envelope, appended_at = found
         body = _logged(envelope, row.log_index, kind, column.key, key)
         content = tuple(disclosures_at(s, [row.log_index]).get(row.log_index, ()))
     for encoded in content:
@@ -154,7 +154,8 @@ def _get(db: Database, model: type[Any], column: Any, key: str, what: str, kind:
             raise mismatch(
                 f"the output of {what} {key!r}", row.log_index, "a disclosure opens no digest"
             )
-    return Stored(key, row.log_index, rfc3339(as_utc(row.created_at)), envelope, content)
+    # the time the leaf was appended (the audit checks each checkpoint covers it), not the row's
+    return Stored(key, row.log_index, rfc3339(as_utc(appended_at)), envelope, content)
 
 
 def append_verdict(
@@ -186,13 +187,17 @@ def verdicts_of(db: Database, request_id: str) -> list[dict[str, Any]]:
     """A record's replays, oldest first (summary rows; fetch one for its envelope)."""
     with db.read() as s:
         rows = s.execute(
-            select(Replay, LogEntry.envelope)
+            select(Replay, LogEntry.envelope, LogEntry.appended_at)
             .outerjoin(LogEntry, LogEntry.idx == Replay.log_index)
             .where(Replay.request_id == request_id)
             .order_by(Replay.log_index)
         ).all()
     out = []
-    for r, envelope in rows:  # each summary read from its leaf, never from the index row
+    for (
+        r,
+        envelope,
+        appended_at,
+    ) in rows:  # each summary read from its leaf, never from the index row
         body = _logged(envelope, r.log_index, VERDICT_KIND, "replay_id", r.replay_id)
         if body.get("request_id") != request_id:
             raise mismatch(
@@ -205,7 +210,7 @@ def verdicts_of(db: Database, request_id: str) -> list[dict[str, Any]]:
                 "pool": body.get("pool"),
                 "worker_id": body.get("worker_id"),
                 "log_index": r.log_index,
-                "created_at": rfc3339(as_utc(r.created_at)),
+                "created_at": rfc3339(as_utc(appended_at)),
             }
         )
     return out

@@ -3,7 +3,9 @@
 Every case edits one ledger table of a small ledger that has a row in each (tests/support/
 audited_ledger.py) the way a database superuser can (triggers and foreign keys out of the
 way, tests/support/superuser.py), on SQLite and Postgres, and the audit must fail with a
-finding that names the leaf the edited row belongs to and the table and column edited.
+finding that names the leaf the edited row belongs to and the table and column edited. The
+last cases check the readers: an edited field is never served (it is read from the leaf or
+the signed note), and a row pointing elsewhere is an index mismatch.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import psycopg
 import pytest
 
 from ledger.audit import AuditReport
+from ledger.errors import IndexMismatch
 from ledger.heartbeat import HEARTBEAT_KIND
 from ledger.records import RECORD_KIND
 from ledger.replay import OUTPUT_KIND
 from ledger.signing import sign_envelope
-from ledger.storage import checkpoints, ingest, log
+from ledger.storage import checkpoints, ingest, keystore, log, verdicts
 from ledger.storage.audit import audit
 from ledger.storage.database import Database, utcnow
 from tests.conftest import BACKENDS, fresh_url
@@ -781,3 +784,100 @@ def test_a_guard_trigger_replaced_by_one_that_lets_edits_through_is_a_finding(
     )
     (found,) = [f for f in ledger.audit().findings if f.check == "database"]
     assert found.table == "holds" and "replaced" in found.message
+
+
+# Readers: what the audit names is never what a route answers. Each field a reader serves is
+# read from the leaf (or the signed note); a row that points elsewhere is IndexMismatch.
+
+YEAR = timedelta(days=365)
+
+
+def test_a_fingerprint_is_served_from_its_leaf_at_its_leaf_time(ledger: Tampered):
+    fp = ledger.built.fingerprint_id
+    honest = ingest.get_fingerprint(ledger.db, fp)
+    older = ledger.shifted("fingerprints", "registered_at", -YEAR, "fingerprint_id = %s", fp)
+    ledger.update("fingerprints", "registered_at", older, "fingerprint_id = %s", fp)
+    assert ingest.get_fingerprint(ledger.db, fp) == honest
+    for leaf in (ledger.leaf("req-plain"), 10**6):  # a record's leaf; past the log's end
+        ledger.update("fingerprints", "log_index", leaf, "fingerprint_id = %s", fp)
+        with pytest.raises(IndexMismatch) as edited:
+            ingest.get_fingerprint(ledger.db, fp)
+        assert edited.value.details["log_index"] == leaf
+
+
+def test_verdict_and_certificate_times_are_their_leaves(ledger: Tampered):
+    b = ledger.built
+    verdict = verdicts.get_verdict(ledger.db, b.replay_id)
+    certificate = verdicts.get_certificate(ledger.db, b.certificate_id)
+    listed = verdicts.verdicts_of(ledger.db, "req-greedy")
+    for table, column, key in (
+        ("replays", "replay_id", b.replay_id),
+        ("certificates", "certificate_id", b.certificate_id),
+    ):
+        earlier = ledger.shifted(table, "created_at", -YEAR, f"{column} = %s", key)
+        ledger.update(table, "created_at", earlier, f"{column} = %s", key)
+    assert verdicts.get_verdict(ledger.db, b.replay_id) == verdict
+    assert verdicts.get_certificate(ledger.db, b.certificate_id) == certificate
+    assert verdicts.verdicts_of(ledger.db, "req-greedy") == listed
+    report = ledger.audit()
+    assert named(report, b.replay_leaf, "replays", "created_at"), dump(report)
+    assert named(report, b.certificate_leaf, "certificates", "created_at"), dump(report)
+
+
+@pytest.mark.parametrize("column", ["tree_size", "root_hash", "signed_at"])
+def test_a_checkpoint_row_unlike_its_note_is_never_served(ledger: Tampered, column: str):
+    latest = checkpoints.latest(ledger.db)
+    value = {
+        "tree_size": latest.tree_size + 1000,
+        "root_hash": bytes(32),
+        "signed_at": ledger.shifted(
+            "checkpoints", "signed_at", SECOND, "tree_size = %s", latest.tree_size
+        ),
+    }[column]
+    ledger.update("checkpoints", column, value, "tree_size = %s", latest.tree_size)
+    with pytest.raises(IndexMismatch):
+        checkpoints.latest(ledger.db)
+    unlike = [cp for cp in checkpoints.history(ledger.db) if checkpoints.disagreement(cp)]
+    assert len(unlike) == 1 and unlike[0].note == latest.note  # the console marks it invalid
+    assert not ledger.audit().ok
+
+
+def test_key_fields_are_their_registration_and_revocation_leaves(ledger: Tampered):
+    b = ledger.built
+    db, collector, revoked_id = ledger.db, b.collector.key_id, b.revoked_key_id
+    honest, listed = keystore.get_key(db, collector), keystore.list_keys(db)
+    revoked = keystore.get_key(db, revoked_id)
+    assert revoked.revoked and revoked.revocation_reason == "rotated"
+    other = ledger.value("signing_keys", "public_key", "key_id = %s", (revoked_id,))
+    where = "key_id = %s"
+    ledger.update("signing_keys", "name", "trusted-prod-collector", where, collector)
+    ledger.update("signing_keys", "public_key", other, where, collector)
+    moved = ledger.shifted("signing_keys", "registered_at", -YEAR, where, collector)
+    ledger.update("signing_keys", "registered_at", moved, where, collector)
+    moved = ledger.shifted("key_revocations", "revoked_at", -YEAR, where, revoked_id)
+    ledger.update("key_revocations", "revoked_at", moved, where, revoked_id)
+    assert keystore.get_key(db, collector) == honest
+    assert keystore.get_key(db, revoked_id) == revoked
+    assert keystore.list_keys(db) == listed
+    ledger.update("key_revocations", "reason", "compromised", where, revoked_id)
+    with pytest.raises(IndexMismatch):
+        keystore.get_key(db, revoked_id)
+    with pytest.raises(IndexMismatch):
+        keystore.list_keys(db)
+
+
+def test_a_revocation_row_the_log_does_not_back_is_never_answered(ledger: Tampered):
+    collector = ledger.built.collector.key_id
+    ledger.su.execute(
+        [
+            (
+                "INSERT INTO key_revocations (key_id, reason, log_index, revoked_at) "
+                "VALUES (%s, %s, %s, %s)",
+                (collector, "compromised", 0, ledger.su.time(utcnow())),
+            )
+        ],
+        ["key_revocations"],
+    )
+    with pytest.raises(IndexMismatch) as forged:
+        keystore.get_key(ledger.db, collector)
+    assert forged.value.details == {"log_index": 0, "key_id": collector}
