@@ -392,13 +392,29 @@ def _all_hits(state: AppState, flt: SearchFilter) -> Iterator[list[record_search
         cursor = page.next_cursor
 
 
-async def _export(state: AppState, flt: SearchFilter, line: Any) -> AsyncIterator[bytes]:
+async def _export(
+    state: AppState, flt: SearchFilter, line: Any, head: bytes = b""
+) -> AsyncIterator[bytes]:
+    """The export's body. Its first page is read before the answer starts, so an error there
+    (an index row the log disagrees with) is answered with its status; one on a later page
+    cuts the connection before the body's end (a chunked body without its last chunk, which
+    clients and browsers report as a failed download, never a complete file)."""
     pages = _all_hits(state, flt)
-    while True:
-        items = await run_in_threadpool(next, pages, None)
-        if items is None:
-            return
-        yield b"".join(line(hit.meta()) for hit in items)
+    first = await run_in_threadpool(next, pages, None)
+
+    async def body() -> AsyncIterator[bytes]:
+        if head:
+            yield head
+        items = first
+        while items is not None:
+            yield b"".join(line(hit.meta()) for hit in items)
+            try:
+                items = await run_in_threadpool(next, pages, None)
+            except LedgerError as exc:
+                logger.error("console export cut off after its first pages: %s", exc.message)
+                raise
+
+    return body()
 
 
 def _csv_line(meta: dict[str, Any]) -> bytes:
@@ -418,12 +434,8 @@ async def export_csv(request: Request, state: StateDep, who: ViewerDep) -> Respo
         who.principal.token_id,
     )
 
-    async def body() -> AsyncIterator[bytes]:
-        yield record_export.csv_header().encode()
-        async for chunk in _export(state, flt, _csv_line):
-            yield chunk
-
-    return _download(StreamingResponse(body(), media_type="text/csv"), "records.csv")
+    body = await _export(state, flt, _csv_line, record_export.csv_header().encode())
+    return _download(StreamingResponse(body, media_type="text/csv"), "records.csv")
 
 
 @router.get("/records.ndjson")
@@ -434,9 +446,8 @@ async def export_ndjson(request: Request, state: StateDep, who: ViewerDep) -> Re
         who.principal.name,
         who.principal.token_id,
     )
-    response = StreamingResponse(
-        _export(state, flt, _ndjson_line), media_type="application/x-ndjson"
-    )
+    body = await _export(state, flt, _ndjson_line)
+    response = StreamingResponse(body, media_type="application/x-ndjson")
     return _download(response, "records.ndjson")
 
 

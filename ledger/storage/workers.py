@@ -4,9 +4,11 @@ A worker row is live state (each heartbeat replaces it), not a ledger table, so 
 holds is served on its own word:
 
 - the row keeps the last accepted heartbeat envelope (``ledger.heartbeat``), signed by the
-  collector key; every read re-verifies it against the key registry and compares it with the
-  row, so an edited row (URL, key, pool, fingerprint) or a revoked key makes the worker
-  not live, with the reason in ``problem``;
+  collector key; every read checks it against the key registry (its signature once per
+  process) and compares it with the row, so an edited row (URL, key, pool, fingerprint) or a
+  revoked key makes the worker not live, with the reason in ``problem``;
+- a collector key holds at most ``MAX_WORKERS_PER_KEY`` worker IDs (409 ``too_many_workers``
+  beyond), and its workers unseen for ``FORGET_AFTER`` are forgotten when it needs room;
 - a ``worker_id`` belongs to the first key that registered it: a heartbeat signed by another
   key is 409 ``worker_conflict`` and changes nothing;
 - a heartbeat must be newer than the last accepted one (``stale_heartbeat`` otherwise), so a
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from ledger.canonical import digest_of
@@ -49,6 +51,14 @@ from ledger.worker_url import Resolver, UrlPolicy, check_worker_url, system_reso
 # (checked before caching), so an entry can never go stale.
 _INVARIANCE: dict[str, str] = {}
 _INVARIANCE_CACHE = 4096
+# Stored heartbeats whose signature verified, by their canonical bytes: (envelope, the public
+# key it verified under). Bounded: cleared when full.
+_HEARTBEATS: dict[bytes, tuple[Envelope, str]] = {}
+_HEARTBEAT_CACHE = 8192
+# Worker IDs one collector key may hold; a key at the limit registers a new one only after
+# its workers unseen for FORGET_AFTER are forgotten (their IDs become free again).
+MAX_WORKERS_PER_KEY = 256
+FORGET_AFTER = timedelta(days=7)
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,7 @@ def heartbeat(
         now = utcnow()
         row = s.get(Worker, beat.worker_id)
         if row is None:
+            _make_room(s, env.key_id, now)
             row = Worker(worker_id=beat.worker_id, key_id=env.key_id, registered_at=now)
             s.add(row)
         elif row.key_id != env.key_id:
@@ -153,6 +164,24 @@ def heartbeat(
         s.flush()
         invariance = _invariances(s, [beat.fingerprint_id])
         return _info(row, keys, invariance, now, timedelta(seconds=1))
+
+
+def _make_room(s: Session, key_id: str, now: datetime) -> None:
+    """Let ``key_id`` register one more worker ID: forget its workers unseen for FORGET_AFTER
+    when it holds MAX_WORKERS_PER_KEY; 409 ``too_many_workers`` if it still does (every list,
+    pool lookup and metrics scrape reads every worker row)."""
+    held = select(func.count()).select_from(Worker).where(Worker.key_id == key_id)
+    if (s.scalar(held) or 0) < MAX_WORKERS_PER_KEY:
+        return
+    s.execute(delete(Worker).where(Worker.key_id == key_id, Worker.last_seen < now - FORGET_AFTER))
+    if (s.scalar(held) or 0) >= MAX_WORKERS_PER_KEY:
+        raise Conflict(
+            f"key {key_id} already holds {MAX_WORKERS_PER_KEY} worker IDs seen within the last "
+            f"{FORGET_AFTER.days} days; reuse one (a worker's ID is its own to keep across "
+            "restarts) or register another collector key",
+            code="too_many_workers",
+            details={"key_id": key_id, "limit": MAX_WORKERS_PER_KEY},
+        )
 
 
 def _invariances(session: Session, fingerprint_ids: Iterable[str]) -> dict[str, str]:
@@ -189,10 +218,31 @@ def fingerprint_invariance(db: Database, fingerprint_id: str) -> str:
         return _invariances(s, [fingerprint_id])[fingerprint_id]
 
 
+def _stored_heartbeat(row: Worker, keys: dict[str, keystore.KeyInfo]) -> tuple[Envelope, bool]:
+    """The row's stored heartbeat and whether its signature was verified before under its
+    key's current public key (every list and scrape reads every row: each stored heartbeat
+    is parsed and its signature checked once per process, the registry's checks every time).
+    ValueError or LedgerError if it is not an envelope."""
+    data = bytes(row.heartbeat)
+    key = keys.get(row.key_id)
+    public = key.public_key if key is not None else None
+    known = _HEARTBEATS.get(data)
+    if known is not None and known[1] == public:
+        return known[0], True
+    return Envelope.from_dict(json.loads(data)), False
+
+
+def _remember(row: Worker, env: Envelope, keys: dict[str, keystore.KeyInfo]) -> None:
+    data = bytes(row.heartbeat)
+    if len(_HEARTBEATS) >= _HEARTBEAT_CACHE:
+        _HEARTBEATS.clear()
+    _HEARTBEATS[data] = (env, keys[env.key_id].public_key)
+
+
 def _problem(row: Worker, keys: dict[str, keystore.KeyInfo]) -> tuple[str | None, Any]:
     """Why the row's stored heartbeat cannot be trusted now (None: it can), and its body."""
     try:
-        env = Envelope.from_dict(json.loads(row.heartbeat))
+        env, verified = _stored_heartbeat(row, keys)
     except (LedgerError, ValueError):
         return "the stored heartbeat is not an envelope", None
     body = env.body
@@ -208,9 +258,11 @@ def _problem(row: Worker, keys: dict[str, keystore.KeyInfo]) -> tuple[str | None
     if env.kind != HEARTBEAT_KIND:
         return f"the stored heartbeat is a {env.kind!r}", None
     try:
-        keystore.check_signer(env, keys)
+        keystore.check_signer(env, keys, signature_verified=verified)
     except LedgerError as exc:
         return f"{exc.code}: {exc.message}", None
+    if not verified:
+        _remember(row, env, keys)
     return None, body
 
 

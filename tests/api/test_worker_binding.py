@@ -648,3 +648,70 @@ def test_a_forced_replay_on_a_fingerprint_without_invariance_is_not_comparable(
     assert verdict["verdict"] == "not_comparable" and "not batch-invariant" in verdict["reason"]
     assert verdict["comparison"]["verdict"] == "bitwise"
     assert verdict["worker_key_id"] == key.key_id
+
+
+def test_a_listed_worker_is_checked_again_each_read(api: Harness) -> None:
+    """Each stored heartbeat's signature is checked once per process; the registry's checks
+    and the row's agreement with it, on every read: a key revoked after a listing, or a
+    heartbeat rewritten in the row, makes the worker not live at the next one."""
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    worker = _register(api, key, fp, "http://127.0.0.1:9")
+    wid = worker["worker_id"]
+    assert _worker(api, wid)["live"] and _worker(api, wid)["live"]  # verified, then remembered
+    with api.db.read() as s:
+        stored = json.loads(s.get_one(Worker, wid).heartbeat)
+    forged = {**stored, "body": {**stored["body"], "url": "http://127.0.0.1:7"}}
+    with api.db.write() as s:
+        s.execute(
+            update(Worker)
+            .where(Worker.worker_id == wid)
+            .values(heartbeat=json.dumps(forged).encode(), url="http://127.0.0.1:7")
+        )
+    listed = _worker(api, wid)
+    assert not listed["live"] and "signature" in listed["problem"], listed
+    with api.db.write() as s:
+        s.execute(
+            update(Worker)
+            .where(Worker.worker_id == wid)
+            .values(heartbeat=json.dumps(stored).encode(), url="http://127.0.0.1:9")
+        )
+    assert _worker(api, wid)["live"]
+    revoked = api.client().post(f"/v1/keys/{key.key_id}/revoke", json={"reason": "stolen"})
+    assert revoked.status_code == 200, revoked.text
+    listed = _worker(api, wid)
+    assert not listed["live"] and "revoked_key" in listed["problem"], listed
+
+
+def test_a_key_holds_a_bounded_number_of_worker_ids(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compromised collector registering worker IDs without end would make every listing,
+    pool lookup and metrics scrape slower: a key holds at most MAX_WORKERS_PER_KEY, and those
+    unseen for FORGET_AFTER make room."""
+    monkeypatch.setattr("ledger.storage.workers.MAX_WORKERS_PER_KEY", 3)
+    key, other = api.collector(), api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    pool = _name("pool")
+    held = [_register(api, key, fp, "http://127.0.0.1:9", pool=pool)["worker_id"] for _ in range(3)]
+    refused = post_heartbeat(
+        api,
+        heartbeat(
+            key, worker_id=_name("w"), pool=pool, url="http://127.0.0.1:9", fingerprint_id=fp
+        ),
+    )
+    _error(refused, 409, "too_many_workers")
+    assert refused.json()["error"]["details"] == {"key_id": key.key_id, "limit": 3}
+    # its own IDs still heartbeat, and another key is not held back
+    _register(api, key, fp, "http://127.0.0.1:9", pool=pool, worker_id=held[0])
+    _register(api, other, register_fingerprint(api, other, serial_engine()), "http://127.0.0.1:9")
+    # a worker unseen for longer than FORGET_AFTER is forgotten when the key needs room
+    with api.db.write() as s:
+        s.execute(
+            update(Worker)
+            .where(Worker.worker_id == held[1])
+            .values(last_seen=datetime.now(UTC) - timedelta(days=8))
+        )
+    _register(api, key, fp, "http://127.0.0.1:9", pool=pool)
+    listed = {w["worker_id"] for w in api.client().get("/v1/workers").json()["items"]}
+    assert held[1] not in listed and {held[0], held[2]} <= listed

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
 
 from api.ui.session import Sessions, session_key
 from ledger.fingerprint import FINGERPRINT_KIND
@@ -552,3 +553,37 @@ def test_a_form_field_that_is_not_utf8_is_refused_not_replaced(scene: Scene):
     held = c.post(f"/ui/records/{rid}/hold", content=body, headers=form)
     assert held.status_code == 422 and "form_expected" in held.text
     assert scene.h.client().get("/v1/holds").json()["holds"] == before
+
+
+def test_an_export_that_meets_an_edited_row_is_never_a_complete_file(
+    scene: Scene, monkeypatch: pytest.MonkeyPatch
+):
+    """An erasures row inserted for a record whose content is stored: the search that reads it
+    is an index mismatch. On the export's first page the answer is that error (500), never a
+    200; on a later page the connection is cut before the body's end, so no client takes the
+    part it got for the whole export."""
+    c = sign_in(scene, scene.h.admin_token)
+    with scene.h.db.read() as s:
+        (index,) = s.execute(
+            text("SELECT log_index FROM records WHERE request_id = :r"), {"r": scene.rid}
+        ).one()
+    insert = (
+        "INSERT INTO erasures (request_id, log_index, reason_code, created_at) "
+        "VALUES (:r, :i, 'request', '2026-01-01 00:00:00')"
+    )
+    superuser(scene.h, ("erasures",), (insert, {"r": scene.rid, "i": index}))
+    try:
+        for path in ("/ui/records.csv", "/ui/records.ndjson"):
+            whole = c.get(path)
+            assert whole.status_code == 500, whole.text
+            assert whole.json()["error"]["code"] == "index_mismatch"
+        # the edited record is the newest: pages of one, oldest first, put it on a later page
+        monkeypatch.setattr("api.ui.routes.EXPORT_PAGE", 1)
+        for path in ("/ui/records.csv", "/ui/records.ndjson"):
+            with pytest.raises(httpx.RemoteProtocolError):
+                c.get(path)
+    finally:
+        superuser(
+            scene.h, ("erasures",), ("DELETE FROM erasures WHERE request_id = :r", {"r": scene.rid})
+        )
+    assert c.get("/ui/records.csv").status_code == 200
