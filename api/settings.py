@@ -62,6 +62,13 @@ class Settings(BaseSettings):
     worker_ttl: float = Field(
         default=15.0, gt=0, description="a worker is live while its last heartbeat is this recent"
     )
+    max_workers_per_key: int = Field(
+        default=1024,
+        ge=1,
+        le=1_000_000,
+        description="worker IDs one collector key may hold (409 too_many_workers beyond; its "
+        "workers unseen for a day are forgotten to make room)",
+    )
     replay_timeout: float = Field(
         default=300.0, gt=0, description="seconds a worker may take to answer a replay order"
     )

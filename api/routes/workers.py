@@ -50,7 +50,13 @@ HEARTBEAT_SCHEMA: dict[str, Any] = {
 async def heartbeat(request: Request, state: StateDep, _: WriteRecords) -> dict[str, Any]:
     data = await read_json(request, min(HEARTBEAT_MAX_BYTES, state.settings.max_body_bytes))
     policy = UrlPolicy.parse(state.settings.worker_networks)
-    info = await run_in_threadpool(workers.heartbeat, state.db, data, policy)
+    info = await run_in_threadpool(
+        workers.heartbeat,
+        state.db,
+        data,
+        policy,
+        max_workers=state.settings.max_workers_per_key,
+    )
     return info.to_dict()
 
 

@@ -238,9 +238,7 @@ def find_reusable(session: Session, key: str, pool: str | None = None) -> Found:
     Every row read is checked against the envelope it points to, its ``tier`` and
     ``deterministic`` columns included; the rows those columns mark reusable are read first,
     in log order, 16 envelopes per query, until one is reusable as logged (it is not when it
-    was ``aborted``); then the rows not marked before that one (an edit unmarking the earliest
-    reusable record is IndexMismatch, never a later answer). A miss reads up to 16 of the
-    other rows to say why they do not qualify.
+    was ``aborted``). A miss reads up to 16 of the other rows to say why they do not qualify.
     IndexMismatch: the index disagrees with the log (never an answer)."""
     query = select(
         CacheKey.request_id, CacheKey.log_index, CacheKey.tier, CacheKey.deterministic
@@ -261,11 +259,6 @@ def find_reusable(session: Session, key: str, pool: str | None = None) -> Found:
         for i, record in enumerate(verifier.records(chunk)):
             why = unusable(record, pool)
             if why is None:
-                # the rows not marked before it, checked too: a reusable record unmarked by an
-                # edit would otherwise hand the answer to a later one
-                earlier = [r for r in rows if not is_marked(r) and r.log_index < record.log_index]
-                for at in range(0, len(earlier), CHUNK):
-                    verifier.records(earlier[at : at + CHUNK])
                 seen = tuple((r.log_index, r.request_id) for r in marked[: start + i + 1])
                 return Found(record, seen, len(rows), frozenset(reasons))
             reasons.add(why)

@@ -85,19 +85,18 @@ def found_among(
     pool: str | None = None,
 ) -> Found | None:
     """The key's earliest reusable record among the rows read with their entries, verified as
-    :func:`ledger.storage.cache.find_reusable` verifies it (the rows in log order, each
-    against its entry, until a marked one is reusable as logged); None when they hold none
-    (the route says why) or a row does not agree with its entry (the route raises
-    ``index_mismatch``)."""
+    :func:`ledger.storage.cache.find_reusable` verifies it (the marked rows in log order, each
+    against its entry, until one is reusable as logged); None when they hold none (the route
+    says why) or a row does not agree with its entry (the route raises ``index_mismatch``)."""
     reasons: set[str] = set()
     seen: list[tuple[int, str]] = []
     try:
-        for c in candidates:  # in log order: the rows not marked before the answer are checked
+        for c in candidates:
+            if not is_marked(c.row):
+                continue
             stored = logged_candidate(key, c.row, c.entry)
             stored = content_applied(stored, c.disclosures, c.erased)
             stored = checked_candidate(key, c.row, stored, chat_template)
-            if not is_marked(c.row):
-                continue
             seen.append((c.row.log_index, c.row.request_id))
             why = unusable(stored, pool)
             if why is None:  # ``rows``: those read (the key may have more after them)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -13,7 +13,14 @@ from sqlalchemy.orm import Session, aliased
 
 from ledger.clock import parse_rfc3339, rfc3339
 from ledger.erasure import check_reason
-from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound, VerificationError
+from ledger.errors import (
+    Conflict,
+    IndexMismatch,
+    InvalidInput,
+    LedgerError,
+    NotFound,
+    VerificationError,
+)
 from ledger.key_scope import MEMBER as POOLS_MEMBER
 from ledger.key_scope import out_of_scope, parse_pools, registered_pools
 from ledger.names import MAX_NAME, is_name
@@ -55,6 +62,15 @@ class KeyInfo:
     revocation_reason: str | None = None
     # The pools the key may sign records and heartbeats for (ledger.key_scope); None: any.
     pools: tuple[str, ...] | None = None
+    # A revocation row its leaf does not back: the key signs nothing, and a reader answering
+    # with the key raises this instead (``answerable``)
+    mismatch: IndexMismatch | None = field(default=None, compare=False, repr=False)
+
+    def answerable(self) -> KeyInfo:
+        """This key as a route may answer it: IndexMismatch if its rows disagree with the log."""
+        if self.mismatch is not None:
+            raise self.mismatch
+        return self
 
     @property
     def revoked(self) -> bool:
@@ -186,7 +202,7 @@ def _logged(key_id: str, envelope: bytes | None) -> _Registration:
 
 def _revocation(
     key_id: str, registered: int, reason: str, log_index: int, envelope: bytes | None
-) -> tuple[datetime, str]:
+) -> tuple[datetime, str] | IndexMismatch:
     """The time and reason of a key's revocation, from its leaf. A ``key_revocations`` row
     whose leaf is not the log key's revocation of this key, logged after its registration, is
     IndexMismatch: an inserted row is never answered "revoked" (nor a deleted one hidden, the
@@ -201,14 +217,19 @@ def _revocation(
             return parse_rfc3339(at), reason
         except (TypeError, ValueError, LedgerError):
             problem = "the leaf holds no revocation time"
-    raise mismatch(f"the revocation of key {key_id}", log_index, problem, key_id=key_id)
+    return mismatch(f"the revocation of key {key_id}", log_index, problem, key_id=key_id)
 
 
 def _info(row: Row[*_Columns]) -> KeyInfo:
     key_id, name, public, registered_at, log_index, revoked_at, reason, envelope, rev, rev_env = row
     logged = _logged(key_id, envelope)
+    problem = None
     if revoked_at is not None and rev is not None:
-        revoked_at, reason = _revocation(key_id, log_index, reason or "", rev, rev_env)
+        found = _revocation(key_id, log_index, reason or "", rev, rev_env)
+        if isinstance(found, IndexMismatch):  # revoked all the same: it signs nothing
+            problem, logged = found, _UNVERIFIED
+        else:
+            revoked_at, reason = found
     return KeyInfo(
         key_id=key_id,
         name=logged.name if logged.name is not None else name,
@@ -219,6 +240,7 @@ def _info(row: Row[*_Columns]) -> KeyInfo:
         revoked_at=as_utc(revoked_at) if revoked_at else None,
         revocation_reason=reason,
         pools=logged.pools,
+        mismatch=problem,
     )
 
 
@@ -253,13 +275,13 @@ def get_key(db: Database, key_id: str) -> KeyInfo:
         found = load_keys(s, [key_id])
     if key_id not in found:
         raise NotFound(f"no key {key_id}", code="key_not_found")
-    return found[key_id]
+    return found[key_id].answerable()
 
 
 def list_keys(db: Database) -> list[KeyInfo]:
     with db.read() as s:
         rows = s.execute(_with_revocations().order_by(KeyRow.log_index)).all()
-    return [_info(row) for row in rows]
+    return [_info(row).answerable() for row in rows]
 
 
 def _register(
@@ -350,6 +372,8 @@ def register_key(
     key_id = key_id_for(pk)
     with db.write() as s:
         existing = load_keys(s, [key_id]).get(key_id)
+        if existing is not None:
+            existing.answerable()
         if existing is not None and existing.role == UNVERIFIED_ROLE:  # a row no leaf backs
             raise mismatch(
                 f"key {key_id}", existing.log_index, "the leaf is not this key's registration"
@@ -381,7 +405,7 @@ def revoke_key(db: Database, log_key: SigningKey, key_id: str, reason: str) -> t
         if existing is None:
             raise NotFound(f"no key {key_id}", code="key_not_found")
         if existing.revoked:  # read through its leaf (load_keys): an inserted row is not
-            return existing, False
+            return existing.answerable(), False
         at = utcnow()
         body = {
             "schema_version": 1,

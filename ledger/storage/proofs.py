@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, aliased
 
 from ledger import merkle
 from ledger.canonical import digest_of, sha256_digest
-from ledger.checkpoint import verifier_key
+from ledger.checkpoint import parse_checkpoint, verifier_key
 from ledger.clock import rfc3339
 from ledger.disclosures import parse
 from ledger.errors import Conflict, IndexMismatch, LedgerError, StorageError
@@ -95,9 +95,9 @@ _Latest = (
     .subquery()
 )
 # Everything an evidence bundle needs but the Merkle nodes and the replays, in one round trip:
-# the record's envelope, its signer's registry row and registration leaf, the fingerprint it
-# names with its signer's row and registration leaf, the latest checkpoint, and whether any
-# replay verdict is logged for it. The index columns used to join (records.fingerprint_id,
+# the record's envelope, its signer's registration leaf, the fingerprint it names with its
+# signer's registration leaf, the latest checkpoint, and whether any replay verdict is logged
+# for it. The index columns used to join (records.fingerprint_id,
 # fingerprints.key_id, records.key_id) are compared with the envelopes before serving.
 _EVIDENCE = (
     select(
@@ -105,17 +105,11 @@ _EVIDENCE = (
         Record.key_id,
         Record.fingerprint_id,
         LogEntry.envelope,
-        KeyRow.name.label("key_name"),
-        KeyRow.role.label("key_role"),
-        KeyRow.public_key,
         KeyRow.log_index.label("key_index"),
         _Registration.envelope.label("registration"),
         Fingerprint.log_index.label("fp_index"),
         Fingerprint.key_id.label("fp_key_id"),
         _FingerprintEntry.envelope.label("fp_envelope"),
-        _FingerprintKey.name.label("fp_key_name"),
-        _FingerprintKey.role.label("fp_key_role"),
-        _FingerprintKey.public_key.label("fp_public_key"),
         _FingerprintKey.log_index.label("fp_key_index"),
         _FingerprintRegistration.envelope.label("fp_registration"),
         _Latest.c.tree_size,
@@ -159,6 +153,21 @@ def evidence(
 
 def _disagrees(what: str, index: int) -> IndexMismatch:
     return IndexMismatch(f"the {what} index disagrees with log entry {index}; run `ledger audit`")
+
+
+def _check_checkpoint(tree_size: int, note: str) -> None:
+    """The latest checkpoint row's size is the one its note signs (the bundle's proofs are
+    computed at that size)."""
+    try:
+        signed = parse_checkpoint(note)[0].tree_size
+    except LedgerError:
+        signed = None
+    if signed != tree_size:
+        raise IndexMismatch(
+            f"the checkpoint row of tree size {tree_size} does not agree with its signed note; "
+            "run `ledger audit`",
+            details={"tree_size": tree_size},
+        )
 
 
 def _check_content(
@@ -208,6 +217,7 @@ def _evidence(
             raise queries.not_found(request_id)
         if row.tree_size is None or row.tree_size <= row.log_index:
             return None
+        _check_checkpoint(row.tree_size, row.note)
         erasure = _erasure(s, request_id, row.log_index, row.envelope)
         if erasure is not None and erasure.log_index >= row.tree_size:
             return None
@@ -259,13 +269,23 @@ def _evidence(
     def proven(env: dict[str, Any], index: int) -> dict[str, Any]:
         return proven_leaf(env, index, merkle.inclusion_proof(index, tree_size, read))
 
-    def key(key_id: str, name: str, role: str, raw: bytes, reg: bytes, idx: int) -> dict[str, Any]:
+    def key(key_id: str, reg: bytes | None, idx: int) -> dict[str, Any]:
+        """A signer's entry: its name, role and public key as its registration leaf says
+        (an index row pointing at any other leaf is a mismatch, never a bundle)."""
+        env = json.loads(reg) if reg is not None else {}
+        body = env.get("body") if isinstance(env, dict) else None
+        if (
+            not isinstance(body, dict)
+            or env.get("kind") != keystore.REGISTRATION_KIND
+            or body.get("key_id") != key_id
+        ):
+            raise _disagrees("signing_keys.log_index", idx)
         return {
             "key_id": key_id,
-            "name": name,
-            "role": role,
-            "public_key": keystore.encode_public(raw),
-            "registration": proven(json.loads(reg), idx),
+            "name": body.get("name"),
+            "role": body.get("role"),
+            "public_key": body.get("public_key"),
+            "registration": proven(env, idx),
         }
 
     return build_bundle(
@@ -275,17 +295,8 @@ def _evidence(
         proof=merkle.inclusion_proof(row.log_index, tree_size, read),
         checkpoint_note=row.note,
         fingerprint=proven(fingerprint, row.fp_index),
-        collector_key=key(
-            row.key_id, row.key_name, row.key_role, row.public_key, row.registration, row.key_index
-        ),
-        fingerprint_signer=key(
-            row.fp_key_id,
-            row.fp_key_name,
-            row.fp_key_role,
-            row.fp_public_key,
-            row.fp_registration,
-            row.fp_key_index,
-        ),
+        collector_key=key(row.key_id, row.registration, row.key_index),
+        fingerprint_signer=key(row.fp_key_id, row.fp_registration, row.fp_key_index),
         log_key=log_key_entry(log_key, origin),
         exported_at=rfc3339(utcnow()),
         replays=[proven(json.loads(r.envelope), r.log_index) for r in replays],

@@ -7,8 +7,9 @@ holds is served on its own word:
   collector key; every read checks it against the key registry (its signature once per
   process) and compares it with the row, so an edited row (URL, key, pool, fingerprint) or a
   revoked key makes the worker not live, with the reason in ``problem``;
-- a collector key holds at most ``MAX_WORKERS_PER_KEY`` worker IDs (409 ``too_many_workers``
-  beyond), and its workers unseen for ``FORGET_AFTER`` are forgotten when it needs room;
+- a collector key holds at most ``LEDGER_MAX_WORKERS_PER_KEY`` worker IDs (409
+  ``too_many_workers`` beyond), and its workers unseen for ``FORGET_AFTER`` are forgotten when
+  it needs room;
 - a ``worker_id`` belongs to the first key that registered it: a heartbeat signed by another
   key is 409 ``worker_conflict`` and changes nothing;
 - a heartbeat must be newer than the last accepted one (``stale_heartbeat`` otherwise), so a
@@ -55,10 +56,11 @@ _INVARIANCE_CACHE = 4096
 # key it verified under). Bounded: cleared when full.
 _HEARTBEATS: dict[bytes, tuple[Envelope, str]] = {}
 _HEARTBEAT_CACHE = 8192
-# Worker IDs one collector key may hold; a key at the limit registers a new one only after
-# its workers unseen for FORGET_AFTER are forgotten (their IDs become free again).
-MAX_WORKERS_PER_KEY = 256
-FORGET_AFTER = timedelta(days=7)
+# Worker IDs one collector key may hold by default (LEDGER_MAX_WORKERS_PER_KEY); a key at its
+# limit registers a new one only after its workers unseen for FORGET_AFTER are forgotten
+# (their IDs become free again).
+MAX_WORKERS_PER_KEY = 1024
+FORGET_AFTER = timedelta(days=1)
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,12 @@ class Pool:
 
 
 def heartbeat(
-    db: Database, data: Any, policy: UrlPolicy, resolve: Resolver = system_resolve
+    db: Database,
+    data: Any,
+    policy: UrlPolicy,
+    resolve: Resolver = system_resolve,
+    *,
+    max_workers: int = MAX_WORKERS_PER_KEY,
 ) -> WorkerInfo:
     """Register a worker or refresh it (the same call) from a signed heartbeat envelope.
 
@@ -143,7 +150,7 @@ def heartbeat(
         now = utcnow()
         row = s.get(Worker, beat.worker_id)
         if row is None:
-            _make_room(s, env.key_id, now)
+            _make_room(s, env.key_id, now, max_workers)
             row = Worker(worker_id=beat.worker_id, key_id=env.key_id, registered_at=now)
             s.add(row)
         elif row.key_id != env.key_id:
@@ -166,21 +173,22 @@ def heartbeat(
         return _info(row, keys, invariance, now, timedelta(seconds=1))
 
 
-def _make_room(s: Session, key_id: str, now: datetime) -> None:
+def _make_room(s: Session, key_id: str, now: datetime, limit: int) -> None:
     """Let ``key_id`` register one more worker ID: forget its workers unseen for FORGET_AFTER
-    when it holds MAX_WORKERS_PER_KEY; 409 ``too_many_workers`` if it still does (every list,
-    pool lookup and metrics scrape reads every worker row)."""
+    when it holds ``limit``; 409 ``too_many_workers`` if it still does (every list, pool
+    lookup and metrics scrape reads every worker row). Under the write lock: ledger
+    processes take their turns."""
     held = select(func.count()).select_from(Worker).where(Worker.key_id == key_id)
-    if (s.scalar(held) or 0) < MAX_WORKERS_PER_KEY:
+    if (s.scalar(held) or 0) < limit:
         return
     s.execute(delete(Worker).where(Worker.key_id == key_id, Worker.last_seen < now - FORGET_AFTER))
-    if (s.scalar(held) or 0) >= MAX_WORKERS_PER_KEY:
+    if (s.scalar(held) or 0) >= limit:
         raise Conflict(
-            f"key {key_id} already holds {MAX_WORKERS_PER_KEY} worker IDs seen within the last "
-            f"{FORGET_AFTER.days} days; reuse one (a worker's ID is its own to keep across "
-            "restarts) or register another collector key",
+            f"key {key_id} already holds {limit} worker IDs seen within the last day; reuse "
+            "one (give each worker an ID it keeps across restarts: `ledger collect "
+            "--worker-id`), raise LEDGER_MAX_WORKERS_PER_KEY, or register another collector key",
             code="too_many_workers",
-            details={"key_id": key_id, "limit": MAX_WORKERS_PER_KEY},
+            details={"key_id": key_id, "limit": limit},
         )
 
 

@@ -757,38 +757,6 @@ def test_a_first_lookup_serves_nothing_the_log_does_not_say(tampered: Harness) -
     assert hits["log"] >= 1  # the counter counts (the victim's lookup)
 
 
-def test_an_earlier_record_unmarked_in_the_index_never_hands_the_answer_to_a_later_one(
-    tampered: Harness,
-) -> None:
-    """Two reusable records of one request: the earliest is the answer. A superuser sets its
-    row's ``tier`` (or ``deterministic``) so the index no longer marks it reusable: the
-    lookup must not answer with the later record (an answer the log does not give), kept
-    answer or not; it is 500 ``index_mismatch`` until the row is put back."""
-    api = tampered
-    key, fp = api.setup_collector()
-    c = api.client()
-    for n, column in enumerate(("tier", "deterministic")):
-        first, later = (
-            record_body(fp, seed=7100 + n, text_prompt=True, request_extra=GREEDY) for _ in range(2)
-        )
-        assert first["request"] == later["request"] and first["request_id"] != later["request_id"]
-        (rid, _), _ = _post(api, key, first, later)
-        assert agree(c, first["request"], fp)["request_id"] == rid  # now a kept answer too
-        unmarked = "0" if column == "tier" else "false"
-        restored = "1" if column == "tier" else "true"
-        for value in (unmarked, restored):
-            superuser(
-                api,
-                ("cache_keys",),
-                (f"UPDATE cache_keys SET {column} = {value} WHERE request_id = :r", {"r": rid}),
-            )
-            got = agree(c, first["request"], fp)
-            if value == unmarked:
-                assert got["error"]["code"] == "index_mismatch", got
-            else:
-                assert got["request_id"] == rid, got
-
-
 def test_a_chat_record_checked_before_its_fingerprint_was_registered_is_keyed_with_its_template(
     api: Harness,
 ) -> None:

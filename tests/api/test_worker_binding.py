@@ -687,9 +687,9 @@ def test_a_key_holds_a_bounded_number_of_worker_ids(
     api: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A compromised collector registering worker IDs without end would make every listing,
-    pool lookup and metrics scrape slower: a key holds at most MAX_WORKERS_PER_KEY, and those
-    unseen for FORGET_AFTER make room."""
-    monkeypatch.setattr("ledger.storage.workers.MAX_WORKERS_PER_KEY", 3)
+    pool lookup and metrics scrape slower: a key holds at most LEDGER_MAX_WORKERS_PER_KEY,
+    and those unseen for a day make room."""
+    monkeypatch.setattr(api.settings, "max_workers_per_key", 3)
     key, other = api.collector(), api.collector()
     fp = register_fingerprint(api, key, serial_engine())
     pool = _name("pool")
@@ -710,7 +710,7 @@ def test_a_key_holds_a_bounded_number_of_worker_ids(
         s.execute(
             update(Worker)
             .where(Worker.worker_id == held[1])
-            .values(last_seen=datetime.now(UTC) - timedelta(days=8))
+            .values(last_seen=datetime.now(UTC) - timedelta(days=2))
         )
     _register(api, key, fp, "http://127.0.0.1:9", pool=pool)
     listed = {w["worker_id"] for w in api.client().get("/v1/workers").json()["items"]}

@@ -24,12 +24,13 @@ import psycopg
 import pytest
 
 from ledger.audit import AuditReport
-from ledger.errors import IndexMismatch
+from ledger.errors import IndexMismatch, VerificationError
+from ledger.evidence import verify_bundle
 from ledger.heartbeat import HEARTBEAT_KIND
 from ledger.records import RECORD_KIND
 from ledger.replay import OUTPUT_KIND
 from ledger.signing import sign_envelope
-from ledger.storage import checkpoints, ingest, keystore, log, verdicts
+from ledger.storage import checkpoints, ingest, keystore, log, proofs, verdicts
 from ledger.storage.audit import audit
 from ledger.storage.database import Database, utcnow
 from tests.conftest import BACKENDS, fresh_url
@@ -837,6 +838,9 @@ def test_a_checkpoint_row_unlike_its_note_is_never_served(ledger: Tampered, colu
     ledger.update("checkpoints", column, value, "tree_size = %s", latest.tree_size)
     with pytest.raises(IndexMismatch):
         checkpoints.latest(ledger.db)
+    if column == "tree_size":  # the size a bundle's proofs would be computed at
+        with pytest.raises(IndexMismatch):
+            proofs.evidence(ledger.db, ledger.built.log_key, ORIGIN, "req-plain")
     unlike = [cp for cp in checkpoints.history(ledger.db) if checkpoints.disagreement(cp)]
     assert len(unlike) == 1 and unlike[0].note == latest.note  # the console marks it invalid
     assert not ledger.audit().ok
@@ -881,3 +885,30 @@ def test_a_revocation_row_the_log_does_not_back_is_never_answered(ledger: Tamper
     with pytest.raises(IndexMismatch) as forged:
         keystore.get_key(ledger.db, collector)
     assert forged.value.details == {"log_index": 0, "key_id": collector}
+    # what reads keys to check signatures (ingest, every worker listing and metrics scrape)
+    # does not fail for every key: this one signs nothing, the others sign as before
+    with ledger.db.read() as s:
+        keys = keystore.load_keys(s, [collector, ledger.built.log_key.key_id])
+    assert keys[collector].revoked and keys[collector].role == keystore.UNVERIFIED_ROLE
+    assert keys[ledger.built.log_key.key_id].mismatch is None
+    envelope = record_envelope(ledger.built.collector, ledger.built.fingerprint_id)
+    with pytest.raises(VerificationError):
+        keystore.check_signer(envelope, keys)
+
+
+def test_a_bundles_signer_entries_are_their_registration_leaves(ledger: Tampered):
+    """Key rows edited (name, role, public key) are not copied into a bundle, which stays
+    VALID with the signed values; a key row pointing at another leaf is no bundle at all."""
+    b, db = ledger.built, ledger.db
+    honest = proofs.evidence(db, b.log_key, ORIGIN, "req-plain")
+    other = ledger.value("signing_keys", "public_key", "key_id = %s", (b.revoked_key_id,))
+    where = "key_id = %s"
+    for column, value in (("name", "trusted"), ("role", "replayer"), ("public_key", other)):
+        ledger.update("signing_keys", column, value, where, b.collector.key_id)
+    bundle = proofs.evidence(db, b.log_key, ORIGIN, "req-plain")
+    for member in ("collector", "fingerprint_signer"):
+        assert bundle["keys"][member] == honest["keys"][member]
+    verify_bundle(bundle, b.log_key.public_key)
+    ledger.update("signing_keys", "log_index", 2, where, b.collector.key_id)  # a fingerprint
+    with pytest.raises(IndexMismatch):
+        proofs.evidence(db, b.log_key, ORIGIN, "req-plain")

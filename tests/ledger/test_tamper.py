@@ -212,7 +212,8 @@ CASES: dict[str, tuple[Callable[[Ledger], int | None], str, bool]] = {
     "swapped_rows": (swap_rows, "index", True),
     "forged_row_unregistered_key": (forge_row, "signature", True),
     "older_checkpoint": (older_checkpoint, "checkpoint", True),
-    "substituted_public_key": (substitute_key, "index", True),
+    # a bundle takes the key from its registration leaf, not the row: still the honest bundle
+    "substituted_public_key": (substitute_key, "index", False),
 }
 
 
@@ -231,6 +232,8 @@ def test_audit_detects_and_bundles_tell(ledger: Ledger, case: str):
     assert report.first_bad_index == bad_index, [f.to_dict() for f in report.findings]
 
     verify_bundle(before, ledger.log_key.public_key)  # evidence taken earlier still holds
+    if case == "substituted_public_key":
+        assert ledger.evidence(victim)["keys"] == before["keys"]
     if forgery:
         target = "req-forged" if case == "forged_row_unregistered_key" else victim
         with pytest.raises((VerificationError, LedgerError)):
