@@ -296,27 +296,21 @@ def conclude(
     """
 
     def mark_done(s: Session, log_index: int) -> None:
-        values = {
-            "done": done,
-            "updated_at": now or utcnow(),
-            "state": DONE,
-            "certificate_id": certificate["certificate_id"],
-            "log_index": log_index,
-            "error": None,
-        }
-        held = s.execute(
-            update(CertificationJob).where(_held(certification_id, runner)).values(**values)
-        )
-        if held.rowcount == 1:  # type: ignore[attr-defined]
-            return
         s.execute(
             update(CertificationJob)
             .where(
                 CertificationJob.certification_id == certification_id,
                 CertificationJob.runner == runner,
-                CertificationJob.state == FAILED,
+                CertificationJob.state.in_((RUNNING, FAILED)),  # held, or failed meanwhile
             )
-            .values(**values)
+            .values(
+                done=done,
+                updated_at=now or utcnow(),
+                state=DONE,
+                certificate_id=certificate["certificate_id"],
+                log_index=log_index,
+                error=None,
+            )
         )
 
     return verdicts.append_certificate(db, log_key, certificate, then=mark_done)

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from api.metrics import LogGauges
 from ledger.audit import AuditReport
 from ledger.errors import IndexMismatch, VerificationError
 from ledger.evidence import verify_bundle
@@ -843,6 +844,10 @@ def test_a_checkpoint_row_unlike_its_note_is_never_served(ledger: Tampered, colu
             proofs.evidence(ledger.db, ledger.built.log_key, ORIGIN, "req-plain")
     unlike = [cp for cp in checkpoints.history(ledger.db) if checkpoints.disagreement(cp)]
     assert len(unlike) == 1 and unlike[0].note == latest.note  # the console marks it invalid
+    # a scrape still answers: the tree size, and no checkpoint figure
+    gauges = LogGauges(ledger.db, ledger.built.log_key, 15.0, utcnow)
+    names = {m.name for m in gauges.collect()}
+    assert "ledger_log_tree_size" in names and "ledger_log_checkpoint_tree_size" not in names
     assert not ledger.audit().ok
 
 
