@@ -11,8 +11,9 @@ vLLM's answer back unchanged (a 2xx there is counted in ``collector_unrecordable
 recorded). Engine errors are passed through unchanged (status, body) and counted.
 vLLM's paths that generate nothing (``PASSED_THROUGH``: health, models, version, tokenizer)
 pass through, as do OPTIONS on the generation paths and a browser's CORS preflight on any
-path the collector does not serve (vLLM's CORS middleware answers it; vLLM's CORS headers
-pass on with every answer of vLLM's); ``/metrics`` is the collector's own;
+path (vLLM's CORS middleware answers it; vLLM's CORS headers pass on with every answer of
+vLLM's, and the collector's own answers get those vLLM gives the origin: ``cors``);
+``/metrics`` is the collector's own;
 ``/ledger/v1/replay`` runs the ledger's signed replay orders (``collectors/replay.py``), never
 recorded as traffic. The collector's own errors are answered through one table
 (``collectors/errors.py``).
@@ -35,10 +36,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from collectors.cors import EngineCors
 from collectors.edge import (
     REQUEST_ID_HEADER,
     engine_headers,
@@ -113,6 +116,7 @@ def create_proxy(state: WorkerState) -> Starlette:
         ],
         # vLLM's server is FastAPI: a path or method it does not serve is JSON, as here
         exception_handlers={HTTPException: _http_error, ClientDisconnect: _client_left},
+        middleware=[Middleware(EngineCors, preflight=passthrough)],
     )
     app.state.worker = state
     app.state.engine = engine

@@ -30,12 +30,12 @@ from ledger.errors import InvalidInput, NotFound
 from ledger.inference_record import InferenceRecord
 from ledger.storage.bulk import insert_rows
 from ledger.storage.database import Database
-from ledger.storage.models import CacheKey, Fingerprint, LogEntry, Record
+from ledger.storage.models import CacheKey, LogEntry, Record
 from ledger.storage.queries import (
     FINGERPRINT_ID,
     StoredRecord,
-    fingerprint_leaf,
     from_log,
+    logged_fingerprints,
     mismatch,
     with_content,
 )
@@ -60,14 +60,10 @@ def fingerprint_body(session: Session, fingerprint_id: str) -> dict[str, Any]:
             "fingerprint_id must be sha256: and 64 lowercase hex digits",
             code="invalid_parameters",
         )
-    row = session.execute(
-        select(Fingerprint.log_index, LogEntry.envelope)
-        .outerjoin(LogEntry, LogEntry.idx == Fingerprint.log_index)
-        .where(Fingerprint.fingerprint_id == fingerprint_id)
-    ).first()
+    row = logged_fingerprints(session, [fingerprint_id]).get(fingerprint_id)
     if row is None:
         raise NotFound(f"no fingerprint {fingerprint_id}", code="fingerprint_not_found")
-    body: dict[str, Any] = fingerprint_leaf(fingerprint_id, row.log_index, row.envelope)["body"]
+    body: dict[str, Any] = row.envelope["body"]
     return body
 
 

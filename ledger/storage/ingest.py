@@ -36,12 +36,12 @@ from ledger.records import RECORD_KIND, STARTED_SKEW, RecordSummary
 from ledger.signing import Envelope
 from ledger.storage import cache, keystore, log, registered
 from ledger.storage.bulk import insert_rows
-from ledger.storage.database import Database, as_utc, utcnow
+from ledger.storage.database import Database, utcnow
 from ledger.storage.models import Disclosure, Fingerprint, LogEntry, Record, Salt
 from ledger.storage.queries import (
     FINGERPRINT_ID,
     check_name,
-    fingerprint_leaf,
+    logged_fingerprints,
     mismatch,
     record_leaf,
 )
@@ -109,14 +109,9 @@ def add_fingerprint(db: Database, data: Any) -> FingerprintResult:
         keystore.check_signer(env, keystore.load_keys(s, [env.key_id]))
     with db.write() as s:
         keystore.require_unrevoked(s, [env.key_id])
-        row = s.execute(
-            select(Fingerprint.log_index, Fingerprint.key_id, LogEntry.envelope)
-            .outerjoin(LogEntry, LogEntry.idx == Fingerprint.log_index)
-            .where(Fingerprint.fingerprint_id == fp_id)
-        ).first()
+        row = logged_fingerprints(s, [fp_id]).get(fp_id)
         if row is not None:  # a duplicate only when the log holds it (an edited row is not)
-            first = fingerprint_leaf(fp_id, row.log_index, row.envelope)["signature"]
-            if first.get("key_id") != row.key_id:
+            if row.envelope["signature"].get("key_id") != row.key_id:
                 raise mismatch(f"fingerprint {fp_id}", row.log_index, "another key signed it")
             return FingerprintResult(fp_id, "duplicate", row.log_index, row.key_id)
         at = utcnow()
@@ -148,16 +143,10 @@ def get_fingerprint(db: Database, fingerprint_id: str) -> StoredFingerprint:
     (an index row naming another leaf is IndexMismatch, never an answer)."""
     check_name(fingerprint_id, FINGERPRINT_ID, "a fingerprint ID is sha256: and 64 hex digits")
     with db.read() as s:
-        row = s.execute(
-            select(Fingerprint.log_index, LogEntry.envelope, LogEntry.appended_at)
-            .outerjoin(LogEntry, LogEntry.idx == Fingerprint.log_index)
-            .where(Fingerprint.fingerprint_id == fingerprint_id)
-        ).first()
+        row = logged_fingerprints(s, [fingerprint_id]).get(fingerprint_id)
     if row is None:
         raise NotFound(f"no fingerprint {fingerprint_id}", code="fingerprint_not_found")
-    fingerprint_leaf(fingerprint_id, row.log_index, row.envelope)
-    at = rfc3339(as_utc(row.appended_at))
-    return StoredFingerprint(fingerprint_id, row.log_index, at, bytes(row.envelope))
+    return StoredFingerprint(fingerprint_id, row.log_index, rfc3339(row.appended_at), row.data)
 
 
 def _check_items(items: Sequence[RecordItem]) -> list[_Checked]:
@@ -554,14 +543,7 @@ def _results(
 def _registered(s: Session, fingerprint_ids: set[str]) -> set[str]:
     """The fingerprints among ``fingerprint_ids`` the log holds, each read through its leaf
     (a row the log does not back is IndexMismatch: no record is logged under it)."""
-    rows = s.execute(
-        select(Fingerprint.fingerprint_id, Fingerprint.log_index, LogEntry.envelope)
-        .outerjoin(LogEntry, LogEntry.idx == Fingerprint.log_index)
-        .where(Fingerprint.fingerprint_id.in_(fingerprint_ids))
-    ).all()
-    for fp_id, log_index, envelope in rows:
-        fingerprint_leaf(fp_id, log_index, envelope)
-    return {r.fingerprint_id for r in rows}
+    return set(logged_fingerprints(s, fingerprint_ids))
 
 
 def _existing(s: Session, request_ids: list[str]) -> dict[str, tuple[int, str]]:

@@ -16,7 +16,7 @@ import base64
 import binascii
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -35,7 +35,7 @@ from ledger.lazy import lazy
 from ledger.records import RECORD_KIND
 from ledger.records import check_request_id as check_request_id  # routes check IDs here
 from ledger.storage.database import Database, as_utc
-from ledger.storage.models import Disclosure, Erasure, LogEntry, Record
+from ledger.storage.models import Disclosure, Erasure, Fingerprint, LogEntry, Record
 
 MAX_PAGE = 1000
 # A page scans at most this many index rows beyond ``limit`` looking for rows to replace the
@@ -198,6 +198,43 @@ def fingerprint_leaf(fingerprint_id: str, log_index: int, envelope: bytes | None
     if sha256_digest(body_bytes) != fingerprint_id:
         raise mismatch(what, log_index, "the entry is another fingerprint")
     return env
+
+
+@dataclass(frozen=True)
+class LoggedFingerprint:
+    """A ``fingerprints`` row read through its leaf: the leaf hashes to the row's ID."""
+
+    fingerprint_id: str
+    log_index: int
+    key_id: str  # the row's; callers that answer with it compare it with the envelope's
+    data: bytes  # the canonical envelope, as logged
+    envelope: dict[str, Any]
+    appended_at: datetime
+
+
+def logged_fingerprints(
+    session: Session, fingerprint_ids: Collection[str]
+) -> dict[str, LoggedFingerprint]:
+    """The fingerprints registered under ``fingerprint_ids``, each read through the leaf its
+    row points at (a row the log does not back is IndexMismatch, never an answer)."""
+    rows = session.execute(
+        select(
+            Fingerprint.fingerprint_id,
+            Fingerprint.log_index,
+            Fingerprint.key_id,
+            LogEntry.envelope,
+            LogEntry.appended_at,
+        )
+        .outerjoin(LogEntry, LogEntry.idx == Fingerprint.log_index)
+        .where(Fingerprint.fingerprint_id.in_(fingerprint_ids))
+    ).all()
+    found = {}
+    for fp_id, log_index, key_id, data, appended_at in rows:
+        env = fingerprint_leaf(fp_id, log_index, data)
+        found[fp_id] = LoggedFingerprint(
+            fp_id, log_index, key_id, bytes(data), env, as_utc(appended_at)
+        )
+    return found
 
 
 def record_leaf(

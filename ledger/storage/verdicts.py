@@ -193,11 +193,8 @@ def verdicts_of(db: Database, request_id: str) -> list[dict[str, Any]]:
             .order_by(Replay.log_index)
         ).all()
     out = []
-    for (
-        r,
-        envelope,
-        appended_at,
-    ) in rows:  # each summary read from its leaf, never from the index row
+    # Each summary is read from its leaf, never from the index row.
+    for r, envelope, appended_at in rows:
         body = _logged(envelope, r.log_index, VERDICT_KIND, "replay_id", r.replay_id)
         if body.get("request_id") != request_id:
             raise mismatch(

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from collectors.replay import REPLAY_PATH
 from tests.support.differential import (
     CollectorUnderTest,
     Differential,
@@ -405,15 +406,73 @@ def test_options_and_cors_preflights_get_vllms_answer(
     through = _cors(collector.url, path, "OPTIONS", headers, None)
     if path in UNSERVED and headers is not PREFLIGHT and headers is not REFUSED:
         # a path the collector does not serve: only a preflight goes to vLLM; else the
-        # collector's own 404 (vLLM's 405 where it serves the path; no CORS headers)
+        # collector's own 404 (vLLM's 405 where it serves the path), with the CORS headers
+        # vLLM gives a browser's origin
         assert alone[0] == (405 if path == "/v1/responses" else 404)
         assert through[0] == 404 and json.loads(through[1]) == {"detail": "Not Found"}
+        if headers is ORIGIN:
+            assert through[2] == {k: v for k, v in alone[2].items() if k != "allow"}
         return
     assert through == alone
     if headers is PREFLIGHT:  # vLLM's CORS middleware answered it, allowing the origin
         assert alone[0] == 200 and alone[2]["access-control-allow-origin"] == ALLOWED_ORIGIN
     if headers is REFUSED:
         assert alone[0] == 400 and "access-control-allow-origin" not in alone[2]
+
+
+def _vllms_cors(engine: EngineServer, origin: dict[str, str]) -> dict[str, str]:
+    """The CORS headers vLLM alone puts on an answer to ``origin`` (its CORS middleware
+    adds the same to every answer)."""
+    shown = _cors(engine.url, "/v1/models", "GET", origin, None)[2]
+    return {k: v for k, v in shown.items() if k != "allow"}
+
+
+OWN_ANSWERS = [
+    ("POST", COMPLETIONS, {"X-Request-ID": ".."}, BASE, 400),  # invalid_request_id
+    ("POST", COMPLETIONS, {"X-Reproducibility-Tier": "7"}, BASE, 400),  # invalid_tier
+    ("POST", COMPLETIONS, {}, {**BASE, "prompt": ["a", "b"]}, 400),  # one_prompt_per_request
+    ("POST", COMPLETIONS + "/", {}, BASE, 307),  # the redirect to the path
+    ("GET", "/v1/embeddings", {}, None, 404),
+    ("GET", "/metrics", {}, None, 200),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "extra", "body", "status"), OWN_ANSWERS)
+@pytest.mark.parametrize("origin", [ORIGIN, {"origin": "https://elsewhere.example"}])
+def test_the_collectors_own_answers_carry_the_cors_headers_vllm_gives_the_origin(
+    engine: EngineServer,
+    collector: CollectorUnderTest,
+    method: str,
+    path: str,
+    extra: dict[str, str],
+    body: dict[str, object] | None,
+    status: int,
+    origin: dict[str, str],
+):
+    """A browser reads the collector's refusals as it reads vLLM's: an origin vLLM allows
+    gets vLLM's headers (so the page sees the error), one it refuses gets what vLLM gives it."""
+    raw = body_of(body) if body is not None else None
+    headers = {**JSON, **origin, **extra}
+    response = httpx.request(method, collector.url + path, headers=headers, content=raw)
+    assert response.status_code == status
+    shown = {k: v for k, v in response.headers.items() if k.startswith("access-control-")}
+    vary = response.headers.get_list("vary")
+    wanted = _vllms_cors(engine, origin)
+    assert shown == {k: v for k, v in wanted.items() if k != "vary"}
+    assert vary == [wanted["vary"]]
+    allowed = origin is ORIGIN
+    assert (shown.get("access-control-allow-origin") == ALLOWED_ORIGIN) is allowed
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS + "/", "/metrics", REPLAY_PATH, "/no/such/path"])
+def test_a_preflight_anywhere_gets_vllms_answer(
+    engine: EngineServer, collector: CollectorUnderTest, path: str
+):
+    """vLLM's CORS middleware answers a preflight before any route, so a preflight on a path
+    the collector answers itself (its redirect, /metrics, its replay path) is vLLM's too."""
+    alone = _cors(engine.url, path, "OPTIONS", PREFLIGHT, None)
+    assert alone[0] == 200 and alone[2]["access-control-allow-origin"] == ALLOWED_ORIGIN
+    assert _cors(collector.url, path, "OPTIONS", PREFLIGHT, None) == alone
 
 
 @pytest.mark.parametrize("path", ["/metrics", "/metrics/x", "/metricsx"])

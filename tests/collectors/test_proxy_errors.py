@@ -18,8 +18,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from collectors.proxy import create_proxy
@@ -98,6 +100,67 @@ def test_an_engine_that_does_not_answer_is_a_502(tmp_path: Path):
         not_json = httpx.post(url + "/v1/chat/completions", content=b"[")
         assert not_json.status_code == 502
         assert worker.spool.pending() == 0
+
+
+def test_an_engine_that_does_not_answer_gives_no_cors_headers(tmp_path: Path):
+    """vLLM down and no collector: the browser cannot connect. Through the collector it gets
+    a 502 without CORS headers: the same network error, never an answer vLLM did not allow."""
+    with running_proxy(tmp_path) as (url, _):
+        response = httpx.post(
+            url + "/v1/completions",
+            json={"model": "m", "prompt": "x", "max_tokens": 1},
+            headers={"origin": "https://console.example"},
+        )
+    assert response.status_code == 502
+    assert not [k for k in response.headers if k.startswith("access-control-")]
+
+
+def test_the_cors_headers_of_an_origin_are_asked_of_the_engine_once_in_a_while(
+    tmp_path: Path,
+):
+    """The collector's own answers to a browser carry what the engine's CORS middleware
+    (Starlette's, as vLLM's) gives that origin, asked once per origin for a few seconds."""
+    asked: list[str | None] = []
+
+    async def health(request: Request) -> Response:
+        asked.append(request.headers.get("origin"))
+        return Response(status_code=200)
+
+    engine = ServerThread(
+        Starlette(
+            routes=[Route("/health", health)],
+            middleware=[
+                Middleware(
+                    CORSMiddleware,
+                    allow_origins=["https://console.example"],
+                    allow_credentials=True,
+                )
+            ],
+        ),
+        "127.0.0.1",
+        free_port(),
+    ).start()
+    try:
+        with running_proxy(tmp_path, engine.url) as (url, _):
+
+            def refused(origin: str) -> httpx.Response:  # 400 invalid_tier: the collector's
+                return httpx.post(
+                    url + "/v1/completions",
+                    json={"model": "m", "prompt": "x"},
+                    headers={"origin": origin, "X-Reproducibility-Tier": "9"},
+                )
+
+            first, second = refused("https://console.example"), refused("https://console.example")
+            other = refused("https://elsewhere.example")
+    finally:
+        engine.stop()
+    for answer in (first, second):
+        assert answer.status_code == 400
+        assert answer.headers["access-control-allow-origin"] == "https://console.example"
+        assert answer.headers["access-control-allow-credentials"] == "true"
+        assert answer.headers["vary"] == "Origin"
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    assert asked == ["https://console.example", "https://elsewhere.example"]
 
 
 def test_models_pass_through_with_the_clients_credentials_and_query(tmp_path: Path):
