@@ -14,12 +14,14 @@ covers the rest, so a browser is allowed, or refused, what vLLM alone would allo
   origin, so the policy is vLLM's own however it was configured. An answer that carries an
   ``Access-Control-*`` header, or a ``Vary`` naming ``Origin``, is vLLM's and is left alone.
 
-When vLLM cannot be reached, the collector's answer goes out without them: a browser shows a
-network error, as it would with vLLM down and no collector in front.
+When vLLM cannot be reached, or does not answer within ``ASK_TIMEOUT``, the collector's answer
+goes out without them: a browser shows a network error, as it would with vLLM down and no
+collector in front.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,6 +35,7 @@ from collectors.upstream import Upstream
 from ledger.errors import Unreachable
 
 REMEMBERED_SECONDS = 10.0
+ASK_TIMEOUT = 2.0  # seconds: a wedged engine delays the collector's own answers no longer
 _MAX_ORIGINS = 256  # distinct origins remembered at once (a browser sends one)
 _ASKED = "/health"
 
@@ -96,9 +99,11 @@ class EngineCors:
         if known is not None and known[0] > now:
             return known[1]
         try:
-            answer = await engine.request("GET", _ASKED, headers={"origin": origin})
-        except Unreachable:
-            return {}
+            answer = await asyncio.wait_for(
+                engine.request("GET", _ASKED, headers={"origin": origin}), ASK_TIMEOUT
+            )
+        except (Unreachable, TimeoutError):
+            return {}  # not remembered: the next answer asks again
         given: dict[str, Any] = {k: v for k, v in answer.passed.items() if k != "allow"}
         if len(self._known) >= _MAX_ORIGINS:
             self._known.clear()

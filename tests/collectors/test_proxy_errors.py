@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from collectors import cors
 from collectors.proxy import create_proxy
 from collectors.spool import Spool
 from collectors.worker_state import WorkerState
@@ -161,6 +162,45 @@ def test_the_cors_headers_of_an_origin_are_asked_of_the_engine_once_in_a_while(
         assert answer.headers["vary"] == "Origin"
     assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
     assert asked == ["https://console.example", "https://elsewhere.example"]
+
+
+def test_an_engine_that_hangs_delays_the_collectors_own_answers_at_most_briefly(
+    tmp_path: Path,
+):
+    """An engine wedged on /health: the collector's refusal to a browser still comes, after
+    ASK_TIMEOUT, without CORS headers (the next one asks again: nothing false remembered)."""
+    hang = threading.Event()
+
+    async def health(request: Request) -> Response:
+        await asyncio.to_thread(hang.wait, 30)
+        return Response(status_code=200, headers={"access-control-allow-origin": "*"})
+
+    engine = ServerThread(
+        Starlette(routes=[Route("/health", health)]), "127.0.0.1", free_port()
+    ).start()
+    try:
+        with running_proxy(tmp_path, engine.url) as (url, _):
+            started = time.monotonic()
+            answer = httpx.post(
+                url + "/v1/completions",
+                json={"model": "m", "prompt": "x"},
+                headers={"origin": "https://console.example", "X-Reproducibility-Tier": "9"},
+                timeout=20,
+            )
+            waited = time.monotonic() - started
+            hang.set()
+            again = httpx.post(
+                url + "/v1/completions",
+                json={"model": "m", "prompt": "x"},
+                headers={"origin": "https://console.example", "X-Reproducibility-Tier": "9"},
+                timeout=20,
+            )
+    finally:
+        hang.set()
+        engine.stop()
+    assert answer.status_code == 400 and "access-control-allow-origin" not in answer.headers
+    assert cors.ASK_TIMEOUT <= waited < cors.ASK_TIMEOUT + 5
+    assert again.status_code == 400 and again.headers["access-control-allow-origin"] == "*"
 
 
 def test_models_pass_through_with_the_clients_credentials_and_query(tmp_path: Path):
