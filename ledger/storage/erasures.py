@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, exists, insert, or_, select
+from sqlalchemy import ColumnElement, delete, exists, insert, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from ledger.clock import rfc3339
@@ -173,30 +173,30 @@ def holding(holds: Sequence[HoldScope], record: StoredRecord) -> HoldScope | Non
     return None
 
 
-def _erase_in(
-    session: Session,
-    log_key: SigningKey,
-    records: Sequence[StoredRecord],
-    *,
-    reason_code: str,
-    reason: str,
-    requested_by: str,
-) -> list[Erased]:
-    """Append one erasure event per record and delete its content (one transaction)."""
-    if not records:
-        return []
-    ids = [r.request_id for r in records]
-    # the records' content: their own disclosures, and their replays' outputs (stored at the
-    # verdicts' leaves)
-    content = or_(
+def _content_of(ids: Sequence[str]) -> ColumnElement[bool]:
+    """The disclosure rows that hold the content of records ``ids``: their own, and their
+    replays' outputs (stored at the verdicts' leaves)."""
+    return or_(
         Disclosure.request_id.in_(ids),
         Disclosure.log_index.in_(select(Replay.log_index).where(Replay.request_id.in_(ids))),
     )
+
+
+def _checked_content(session: Session, records: Sequence[StoredRecord]) -> dict[str, set[str]]:
+    """Per record, the digests its content is committed to in the log (``_committed``), once
+    the stored disclosures are seen to be exactly those: a row that no signed document commits
+    to (inserted), or a committed digest with no row (content deleted without a logged
+    erasure), is index_mismatch. So an erasure never logs an event over content someone else
+    removed, which would make that deletion look like its own (the audit names it only while
+    no erasure event covers it)."""
+    if not records:
+        return {}
     committed = _committed(session, records)
+    stored: dict[str, set[str]] = {rid: set() for rid in committed}
     for rid, verdict_of, digest, index in session.execute(
         select(Disclosure.request_id, Replay.request_id, Disclosure.digest, Disclosure.log_index)
         .outerjoin(Replay, Replay.log_index == Disclosure.log_index)
-        .where(content)
+        .where(_content_of(list(committed)))
     ):
         owner = verdict_of or rid
         if digest not in committed.get(owner, ()):
@@ -209,6 +209,36 @@ def _erase_in(
                 "verdicts commit to",
                 request_id=owner,
             )
+        stored[owner].add(digest)
+    for record in records:
+        missing = committed[record.request_id] - stored[record.request_id]
+        if missing:
+            raise mismatch(
+                f"the disclosures of record {record.request_id!r}",
+                record.log_index,
+                f"{len(missing)} of the digests it and its replay verdicts commit to have no "
+                "stored disclosure, and no erasure event covers them: content was deleted "
+                "without a logged erasure",
+                request_id=record.request_id,
+            )
+    return committed
+
+
+def _erase_in(
+    session: Session,
+    log_key: SigningKey,
+    records: Sequence[StoredRecord],
+    committed: dict[str, set[str]],
+    *,
+    reason_code: str,
+    reason: str,
+    requested_by: str,
+) -> list[Erased]:
+    """Append one erasure event per record and delete its content (one transaction);
+    ``committed``: what ``_checked_content`` found for them in this transaction."""
+    if not records:
+        return []
+    ids = [r.request_id for r in records]
     at = utcnow()  # the event's time is its leaf's: erased_at is appended_at
     bodies = [
         erasure_body(
@@ -231,7 +261,7 @@ def _erase_in(
             for rid, idx in zip(ids, indexes, strict=True)
         ],
     )
-    session.execute(delete(Disclosure).where(content))
+    session.execute(delete(Disclosure).where(_content_of(ids)))
     session.execute(delete(CacheKey).where(CacheKey.request_id.in_(ids)))
     return [
         Erased(b["request_id"], "erased", idx, len(b["erased_digests"]))
@@ -302,7 +332,13 @@ def erase(
                 details={"hold_id": hold.hold_id},
             )
         (erased,) = _erase_in(
-            s, log_key, [record], reason_code="request", reason=reason, requested_by=requested_by
+            s,
+            log_key,
+            [record],
+            _checked_content(s, [record]),
+            reason_code="request",
+            reason=reason,
+            requested_by=requested_by,
         )
     db.scrub()  # committed: cut the write-ahead log that still held the content
     return erased
@@ -411,11 +447,13 @@ def erase_matching(
                     result.held.append(stored.request_id)
                 else:
                     todo.append(stored)
+            committed = _checked_content(s, todo)  # a dry run fails where the run would
             if not dry_run:
                 _erase_in(
                     s,
                     log_key,
                     todo,
+                    committed,
                     reason_code=reason_code,
                     reason=reason,
                     requested_by=requested_by,

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import text
 
 from ledger import disclosures
-from ledger.errors import VerificationError
+from ledger.errors import IndexMismatch, VerificationError
 from ledger.evidence import verify_bundle
 from ledger.evidence_format import load_bundle
 from ledger.inference_record import body_view
@@ -365,8 +365,15 @@ def test_an_erasure_that_ignored_a_hold_fails_the_audit(api: Harness):
     # An operator bypasses the check (the service refuses; the audit must notice anyway).
     with api.db.write() as s:
         stored = queries.record_in(s, rid)
+        committed = erasures._checked_content(s, [stored])
         erasures._erase_in(
-            s, api.log_key, [stored], reason_code="request", reason="x", requested_by="rogue"
+            s,
+            api.log_key,
+            [stored],
+            committed,
+            reason_code="request",
+            reason="x",
+            requested_by="rogue",
         )
     report = audit(api.db, api.log_key.public_key)
     assert any("legal hold" in f.message and f.check == "content" for f in report.findings)
@@ -813,3 +820,79 @@ def test_a_holds_signed_time_is_its_leafs_time_read_under_the_lock(api: Harness)
             assert body[member] == answer[member] == rfc3339(as_utc(entry.appended_at))
     listed = {h["hold_id"]: h for h in erasures.list_holds(api.db)}
     assert listed[placed["hold_id"]]["placed_at"] == placed["placed_at"]
+
+
+def _log_size(api: Harness) -> int:
+    with api.db.read() as s:
+        return int(s.execute(text("SELECT count(*) FROM log_entries")).scalar_one())
+
+
+def _replayed(api: Harness, rid: str) -> str:
+    """A bitwise verdict about ``rid`` with its replay output stored; the output's digest."""
+    record = api.client().get(f"/v1/records/{rid}").json()
+    out = disclosures.make("replay_output", {"kind": "replay_output", "body": {"text": "out"}})
+    verdict = verdict_body(record["envelope"]["body"], record["log_index"], "bitwise")
+    verdict["output_digest"] = out.digest
+    verdicts.append_verdict(api.db, api.log_key, verdict, [out.encoded])
+    return out.digest
+
+
+@pytest.mark.parametrize("deleted", ["record", "replay_output"])
+def test_content_deleted_without_an_event_is_never_erased_over(api: Harness, deleted: str):
+    """A superuser deletes one disclosure (of the record, or its replay's output) without an
+    erasure event. No erasure may log an event over it, which would make the deletion look
+    like its own and clear the audit: the single route, a bulk erasure (dry run too) and the
+    retention purge answer ``index_mismatch`` naming the record, nothing is logged, and the
+    audit still names the deletion."""
+    key, fp = api.setup_collector()
+    rid, other = _post_v2(api, key, fp, pool="gone"), _post_v2(api, key, fp, pool="kept")
+    digest = _replayed(api, rid)
+    one_of_its_own = (
+        "DELETE FROM disclosures WHERE digest = (SELECT min(digest) FROM disclosures "
+        "WHERE request_id = %s AND digest <> %s)"
+    )
+    su = Superuser(str(api.settings.database_url))
+    if deleted == "record":
+        su.execute([(one_of_its_own, (rid, digest))], ["disclosures"])
+    else:
+        su.execute([("DELETE FROM disclosures WHERE digest = %s", (digest,))], ["disclosures"])
+    size = _log_size(api)
+    erase = api.client(api.token("erasure"))
+    answers = [erase.post(f"/v1/records/{rid}/erasure", json={"reason": "dsr"})]
+    for dry_run in (True, False):
+        answers.append(
+            erase.post(
+                "/v1/erasures",
+                json={"filter": {"pool": "gone"}, "reason": "x", "dry_run": dry_run},
+            )
+        )
+    for answer in answers:
+        assert answer.status_code == 500, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "index_mismatch" and rid in error["message"], error
+    with pytest.raises(IndexMismatch):
+        erasures.purge_expired(api.db, api.log_key, 1, now=utcnow() + timedelta(days=2))
+    assert _log_size(api) == size
+    assert api.client().get(f"/v1/records/{other}").json()["content"] == "complete"
+    found = audit(api.db, api.log_key.public_key).findings
+    assert any(rid in f.message and f.check == "content" for f in found), found
+
+
+def test_a_deleted_erasures_row_is_never_erased_again(api: Harness):
+    """A record erased, then its ``erasures`` row deleted by a superuser: a bulk erasure (dry
+    run or not) must not take the record for one still to erase and log a second event
+    beside the first (which no row could ever index again): ``index_mismatch``."""
+    key, fp = api.setup_collector()
+    rid = _post_v2(api, key, fp, pool="gone")
+    erase = api.client(api.token("erasure"))
+    assert erase.post(f"/v1/records/{rid}/erasure", json={"reason": "dsr"}).status_code == 201
+    su = Superuser(str(api.settings.database_url))
+    su.execute([("DELETE FROM erasures WHERE request_id = %s", (rid,))], ["erasures"])
+    size = _log_size(api)
+    for dry_run in (True, False):
+        answer = erase.post(
+            "/v1/erasures", json={"filter": {"pool": "gone"}, "reason": "x", "dry_run": dry_run}
+        )
+        assert answer.status_code == 500, answer.text
+        assert answer.json()["error"]["code"] == "index_mismatch"
+    assert _log_size(api) == size

@@ -183,10 +183,11 @@ def test_an_erasure_event_naming_a_digest_nothing_commits_to_fails_the_audit(
     """The event a ledger that took its digests from an edited row would have signed."""
     rid, _, _ = _post_v2(api)
     bogus = "sha256:" + "cd" * 32
+    checked = erasures._checked_content
     monkeypatch.setattr(
         erasures,
-        "_committed",
-        lambda _, records: {r.request_id: {*r.record.digests, bogus} for r in records},
+        "_checked_content",
+        lambda s, records: {r: {*d, bogus} for r, d in checked(s, records).items()},
     )
     erased = api.client(api.token("erasure")).post(
         f"/v1/records/{rid}/erasure", json={"reason": "dsr"}

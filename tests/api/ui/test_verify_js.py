@@ -177,10 +177,11 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
     ids["liar"] = liar.envelope["body"]["request_id"]
     bogus = "sha256:" + "ab" * 32
     with pytest.MonkeyPatch.context() as patch:
+        checked = erasures._checked_content
         patch.setattr(
             erasures,
-            "_committed",
-            lambda _, records: {r.request_id: {*r.record.digests, bogus} for r in records},
+            "_checked_content",
+            lambda s, records: {r: {*d, bogus} for r, d in checked(s, records).items()},
         )
         erasures.erase(db, log_key, ids["liar"], reason="data subject request", requested_by="x")
     overreaching = export("liar")
