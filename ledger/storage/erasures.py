@@ -10,7 +10,10 @@ Schema v1 records hold their content in their leaf and cannot be erased (409
 
 An ``erasures`` row is read only through the leaf it names (``queries.logged_erasure``): a
 row that is not its record's logged erasure event is ``index_mismatch``, never an erasure
-already done, and never a reason to pass a record over.
+already done, and never a reason to pass a record over. Holds and their releases are read
+from their leaves alone (``_logged_holds``), so no edit of the ``holds`` or ``hold_releases``
+rows lifts a hold, places one or releases one twice. An erasure checks that the content it
+erases is all stored (``_checked_content``): no event ever covers content deleted without one.
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, exists, insert, or_, select
+from sqlalchemy import ColumnElement, delete, exists, insert, or_, select, text
 from sqlalchemy.orm import Session, aliased
 
 from ledger.clock import rfc3339
@@ -43,6 +46,7 @@ from ledger.signing import SigningKey, sign_envelope
 from ledger.storage import log
 from ledger.storage.database import Database, utcnow
 from ledger.storage.models import (
+    HOLD_LEAVES,
     CacheKey,
     Disclosure,
     Erasure,
@@ -100,29 +104,53 @@ class BulkResult:
         }
 
 
-def _holds(session: Session) -> list[tuple[Hold, dict[str, Any], bool]]:
-    """Every hold: its row, its logged body, and whether a logged release of it follows. A
-    release row counts only when its leaf is a ``hold_release`` of that hold, logged after it
-    (the row alone is not signed; ``ledger audit`` names one that is not)."""
-    release = aliased(LogEntry)
-    rows = session.execute(
-        select(Hold, LogEntry.envelope, HoldRelease.log_index, release.envelope)
-        .join(LogEntry, LogEntry.idx == Hold.log_index)
-        .outerjoin(HoldRelease, HoldRelease.hold_id == Hold.hold_id)
-        .outerjoin(release, release.idx == HoldRelease.log_index)
-        .order_by(Hold.log_index)
-    ).all()
-    out = []
-    for hold, envelope, released_at, released in rows:
-        body = _placed(hold, envelope)
-        out.append((hold, body, _releases(released, released_at, body, hold.log_index)))
-    return out
+@dataclass(frozen=True)
+class _LoggedHold:
+    """A hold as the log holds it: its placement leaf and body, and the leaf of its first
+    release logged after it (None while it holds)."""
+
+    log_index: int
+    body: dict[str, Any]
+    released_at: int | None
+
+
+def _leaf_body(envelope: bytes, kind: str) -> dict[str, Any] | None:
+    """The body of a leaf whose envelope is of ``kind`` (None for any other leaf: its
+    ``log_entries.kind`` was edited, which the audit names)."""
+    try:
+        leaf = json.loads(bytes(envelope))
+        body = leaf["body"] if leaf["kind"] == kind else None
+        return body if isinstance(body, dict) and isinstance(body.get("hold_id"), str) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _logged_holds(session: Session) -> dict[str, _LoggedHold]:
+    """Every hold the log holds, in log order, read from the hold and release leaves alone
+    (found through their kind's index): the ``holds`` and ``hold_releases`` rows are never
+    read for an answer, so a row deleted, inserted or edited changes no hold (the audit
+    names it). A release counts only for a hold placed before it."""
+    holds: dict[str, _LoggedHold] = {}
+    for idx, kind, envelope in session.execute(
+        select(LogEntry.idx, LogEntry.kind, LogEntry.envelope)
+        .where(text(HOLD_LEAVES))
+        .order_by(LogEntry.idx)
+    ):
+        body = _leaf_body(envelope, kind)
+        if body is None:
+            continue
+        hold_id = body["hold_id"]
+        if kind == HOLD_KIND:
+            holds.setdefault(hold_id, _LoggedHold(idx, body, None))
+        elif hold_id in holds and holds[hold_id].released_at is None:
+            holds[hold_id] = replace(holds[hold_id], released_at=idx)
+    return holds
 
 
 def _placed(hold: Hold, envelope: bytes) -> dict[str, Any]:
     """The logged body of the hold a ``holds`` row names: the leaf must be that hold's
     placement, and the row's request ID and filter the ones it logged (index_mismatch
-    otherwise: no hold is read from an edited row, and no erasure proceeds past one)."""
+    otherwise: a release is never logged beside a row that disagrees with the log)."""
     try:
         leaf = json.loads(bytes(envelope))
         body: dict[str, Any] = leaf["body"]
@@ -142,21 +170,9 @@ def _placed(hold: Hold, envelope: bytes) -> dict[str, Any]:
     return body
 
 
-def _releases(envelope: Any, index: Any, hold: dict[str, Any], hold_index: int) -> bool:
-    if envelope is None or type(index) is not int or index <= hold_index:
-        return False
-    try:
-        release = json.loads(bytes(envelope))
-        return bool(
-            release["kind"] == RELEASE_KIND and release["body"]["hold_id"] == hold["hold_id"]
-        )
-    except (ValueError, KeyError, TypeError):
-        return False
-
-
 def active_holds(session: Session) -> list[HoldScope]:
-    """Holds placed and not released, read from their logged bodies."""
-    return [HoldScope.of(body) for _, body, released in _holds(session) if not released]
+    """Holds placed and not released, as the log holds them."""
+    return [HoldScope.of(h.body) for h in _logged_holds(session).values() if h.released_at is None]
 
 
 def holding(holds: Sequence[HoldScope], record: StoredRecord) -> HoldScope | None:
@@ -536,34 +552,33 @@ def place_hold(
 def release_hold(
     db: Database, log_key: SigningKey, hold_id: str, *, reason: str, released_by: str
 ) -> dict[str, Any]:
+    """Release a placed hold (a logged event). Whether it is placed and released is the
+    log's answer; its rows must agree with the log before the release and its row are
+    written (index_mismatch otherwise, and nothing is logged)."""
     check_hold_id(hold_id)
     check_reason(reason)
     with db.write() as s:
-        hold = s.get(Hold, hold_id)
-        if hold is None:
+        logged = _logged_holds(s).get(hold_id)
+        if logged is None:
             raise NotFound(f"no hold {hold_id!r}", code="hold_not_found")
-        # the hold as its leaf placed it (an inserted row names no such leaf: index_mismatch,
-        # and no release of a hold never placed is signed)
-        placement = s.get(LogEntry, hold.log_index) if type(hold.log_index) is int else None
-        if placement is None:
+        if logged.released_at is not None:
+            raise Conflict(f"hold {hold_id!r} is already released", code="hold_released")
+        hold = s.get(Hold, hold_id)
+        if hold is None or hold.log_index != logged.log_index:
             raise mismatch(
                 f"hold {hold_id!r}",
-                hold.log_index if type(hold.log_index) is int else -1,
-                "the log holds no such leaf",
+                logged.log_index,
+                "the holds table has no row for this placement",
             )
+        placement = s.get(LogEntry, logged.log_index)
+        assert placement is not None  # read just now, in this transaction
         _placed(hold, placement.envelope)
-        released = s.get(HoldRelease, hold_id)
-        if released is not None:
-            at_index = released.log_index if type(released.log_index) is int else None
-            entry = s.get(LogEntry, at_index) if at_index is not None else None
-            logged = entry.envelope if entry is not None else None
-            if not _releases(logged, at_index, {"hold_id": hold_id}, hold.log_index):
-                raise mismatch(
-                    f"the release of hold {hold_id!r}",
-                    hold.log_index if at_index is None else at_index,
-                    "the leaf is not a release of this hold",
-                )
-            raise Conflict(f"hold {hold_id!r} is already released", code="hold_released")
+        if s.get(HoldRelease, hold_id) is not None:
+            raise mismatch(
+                f"the release of hold {hold_id!r}",
+                logged.log_index,
+                "a hold_releases row names a release the log does not hold",
+            )
         at = utcnow()
         body = release_body(
             hold_id=hold_id, reason=reason, released_by=released_by, released_at=rfc3339(at)
@@ -574,18 +589,20 @@ def release_hold(
 
 
 def list_holds(db: Database) -> list[dict[str, Any]]:
+    """Every hold, placed and released, as the log holds it, in log order."""
     with db.read() as s:
-        return [
-            {
-                "hold_id": h.hold_id,
-                "log_index": h.log_index,
-                "request_id": h.request_id,
-                "filter": json.loads(h.filter) if h.filter else None,
-                "placed_at": placed["placed_at"],  # as signed
-                "released": released,
-            }
-            for h, placed, released in _holds(s)
-        ]
+        holds = _logged_holds(s)
+    return [
+        {
+            "hold_id": hold_id,
+            "log_index": h.log_index,
+            "request_id": h.body.get("request_id"),
+            "filter": h.body.get("filter"),
+            "placed_at": h.body.get("placed_at"),
+            "released": h.released_at is not None,
+        }
+        for hold_id, h in holds.items()
+    ]
 
 
 def erasure_of(db: Database, request_id: str) -> bytes | None:

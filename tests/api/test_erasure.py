@@ -236,11 +236,30 @@ def test_a_release_row_without_its_logged_release_does_not_lift_a_hold(api: Harn
     assert holds.delete(f"/v1/holds/{hold_id}", params={"reason": "closed"}).status_code == 200
 
 
-def test_a_hold_row_pointed_at_another_leaf_is_an_index_mismatch_never_a_scope(api: Harness):
+def _holds_as_logged(api: Harness, held: str, placed: list[dict[str, Any]]) -> None:
+    """Every answer about holds is the log's: the placed holds listed, the held record
+    refused (409, in bulk ``held``), found by ``held=true``."""
+    holds = api.client(api.token("holds"))
+    listed = holds.get("/v1/holds")
+    assert listed.status_code == 200, listed.text
+    assert [(h["hold_id"], h["log_index"], h["released"]) for h in listed.json()["holds"]] == [
+        (p["hold_id"], p["log_index"], False) for p in placed
+    ]
+    erase = api.client(api.token("erasure"))
+    refused = erase.post(f"/v1/records/{held}/erasure", json={"reason": "x"})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "legal_hold"
+    bulk = erase.post("/v1/erasures", json={"filter": {"tier": 1}, "reason": "x"})
+    assert bulk.status_code == 200 and bulk.json()["held"] == [held], bulk.text
+    found = api.client().get("/v1/records", params={"held": "true"})
+    assert [i["request_id"] for i in found.json()["items"]] == [held], found.text
+    assert api.client().get(f"/v1/records/{held}").json()["content"] == "complete"
+
+
+def test_hold_rows_pointed_at_other_leaves_change_no_hold(api: Harness):
     """A superuser points a ``holds`` row at a leaf that is not its placement: a record's
-    leaf (whose body has no hold to read) or another hold's (whose scope the row would take
-    on, so the held record could be erased). Search, listing and erasure answer 500
-    ``index_mismatch`` naming the hold, nothing is erased, and the audit names the row."""
+    leaf, or another hold's (whose scope the row would take on, so the held record could be
+    erased). Holds are read from their leaves: every answer stays the log's, a release
+    beside the edited row is ``index_mismatch`` (nothing logged), and the audit names it."""
     key, fp = api.setup_collector()
     held, other = _post_v2(api, key, fp), _post_v2(api, key, fp)
     holds = api.client(api.token("holds"))
@@ -249,7 +268,6 @@ def test_a_hold_row_pointed_at_another_leaf_is_an_index_mismatch_never_a_scope(a
     record_leaf = api.client().get(f"/v1/records/{other}").json()["log_index"]
     su = Superuser(str(api.settings.database_url))
     edit = "UPDATE holds SET log_index = %s WHERE hold_id = %s"
-    erase = api.client(api.token("erasure"))
     swap = [  # the two holds' rows trade leaves (log_index is unique: by way of the record's)
         (edit, (record_leaf, mine["hold_id"])),
         (edit, (mine["log_index"], wide["hold_id"])),
@@ -257,18 +275,12 @@ def test_a_hold_row_pointed_at_another_leaf_is_an_index_mismatch_never_a_scope(a
     ]
     for edits in ([(edit, (record_leaf, mine["hold_id"]))], swap):
         su.execute(edits, ["holds"])
-        answers = [
-            holds.get("/v1/holds"),
-            api.client().get("/v1/records"),
-            erase.post(f"/v1/records/{held}/erasure", json={"reason": "x"}),
-            erase.post("/v1/erasures", json={"filter": {"tier": 1}, "reason": "x"}),
-        ]
-        for answer in answers:
-            assert answer.status_code == 500, answer.text
-            error = answer.json()["error"]
-            assert error["code"] == "index_mismatch", error
-            assert mine["hold_id"] in error["message"] or wide["hold_id"] in error["message"]
-        assert api.client().get(f"/v1/records/{held}").json()["content"] != "erased"
+        _holds_as_logged(api, held, [mine, wide])
+        size = _log_size(api)
+        released = holds.delete(f"/v1/holds/{mine['hold_id']}", params={"reason": "closed"})
+        assert released.status_code == 500, released.text
+        assert released.json()["error"]["code"] == "index_mismatch"
+        assert _log_size(api) == size
         found = audit(api.db, api.log_key.public_key).findings
         assert any(f.table == "holds" for f in found), found
         restore = [
@@ -278,6 +290,40 @@ def test_a_hold_row_pointed_at_another_leaf_is_an_index_mismatch_never_a_scope(a
         ]
         su.execute(restore, ["holds"])
         assert audit(api.db, api.log_key.public_key).ok
+
+
+def test_deleted_hold_rows_lift_no_hold_and_release_nothing_twice(api: Harness):
+    """A superuser deletes a hold's row: the hold still holds (listed, erasure 409, bulk
+    ``held``, ``held=true``), and it cannot be released beside the missing row. Deletes a
+    release's row: the hold is still released, and a second release is 409
+    ``hold_released``; nothing is logged either way."""
+    key, fp = api.setup_collector()
+    held = _post_v2(api, key, fp)
+    holds = api.client(api.token("holds"))
+    placed = holds.post("/v1/holds", json={"request_id": held, "reason": "case 3"}).json()
+    su = Superuser(str(api.settings.database_url))
+    su.execute([("DELETE FROM holds WHERE hold_id = %s", (placed["hold_id"],))], ["holds"])
+    _holds_as_logged(api, held, [placed])
+    size = _log_size(api)
+    again = holds.delete(f"/v1/holds/{placed['hold_id']}", params={"reason": "closed"})
+    assert again.status_code == 500 and again.json()["error"]["code"] == "index_mismatch"
+    assert _log_size(api) == size
+
+    second = _post_v2(api, key, fp)
+    other = holds.post("/v1/holds", json={"request_id": second, "reason": "case 4"}).json()
+    assert holds.delete(f"/v1/holds/{other['hold_id']}", params={"reason": "x"}).status_code == 200
+    su.execute(
+        [("DELETE FROM hold_releases WHERE hold_id = %s", (other["hold_id"],))],
+        ["hold_releases"],
+    )
+    size = _log_size(api)
+    twice = holds.delete(f"/v1/holds/{other['hold_id']}", params={"reason": "closed"})
+    assert twice.status_code == 409 and twice.json()["error"]["code"] == "hold_released"
+    listed = {h["hold_id"]: h["released"] for h in holds.get("/v1/holds").json()["holds"]}
+    assert listed == {placed["hold_id"]: False, other["hold_id"]: True}
+    assert _log_size(api) == size
+    found = audit(api.db, api.log_key.public_key).findings
+    assert {f.table for f in found} >= {"holds", "hold_releases"}, found
 
 
 def test_retention_and_bulk_erasure_erase_exactly_what_the_dry_run_listed(api: Harness):
@@ -896,3 +942,11 @@ def test_a_deleted_erasures_row_is_never_erased_again(api: Harness):
         assert answer.status_code == 500, answer.text
         assert answer.json()["error"]["code"] == "index_mismatch"
     assert _log_size(api) == size
+
+
+def test_the_hold_leaves_index_names_the_hold_kinds():
+    """Holds are read through the partial index of their kinds: its predicate is theirs."""
+    from ledger.erasure import HOLD_KIND, RELEASE_KIND
+    from ledger.storage.models import HOLD_LEAVES
+
+    assert f"kind IN ('{HOLD_KIND}', '{RELEASE_KIND}')" == HOLD_LEAVES
