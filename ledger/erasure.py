@@ -107,13 +107,16 @@ def hold_body(
     placed_at: str | None = None,
 ) -> dict[str, Any]:
     """A hold's body; ``placed_at`` (default now) is the time its leaf is appended at."""
-    if (request_id is None) == (not filter):
+    # a filter member given as null names nothing: a filter of nulls alone is empty
+    named = {k: v for k, v in filter.items() if v is not None} if filter is not None else None
+    if (request_id is None) == (filter is None) or (named is not None and not named):
         raise InvalidInput(
-            "a hold names either a request_id or a non-empty filter", code="invalid_parameters"
+            "a hold names either a request_id or a non-empty filter, not both",
+            code="invalid_parameters",
         )
     if request_id is not None:
         check_request_id(request_id)
-    if filter and set(filter) - set(FILTER_MEMBERS):
+    if named and set(named) - set(FILTER_MEMBERS):
         raise InvalidInput(
             f"a hold's filter takes only {list(FILTER_MEMBERS)}", code="invalid_parameters"
         )
@@ -121,7 +124,7 @@ def hold_body(
         "schema_version": SCHEMA_VERSION,
         "hold_id": check_hold_id(hold_id),
         "request_id": request_id,
-        "filter": dict(filter) if filter else None,
+        "filter": named or None,
         "reason": check_reason(reason),
         "placed_by": placed_by,
         "placed_at": placed_at or utc_now(),

@@ -541,7 +541,9 @@ def place_hold(
                     "hold_id": body["hold_id"],
                     "log_index": idx,
                     "request_id": request_id,
-                    "filter": json.dumps(filter, sort_keys=True) if filter else None,
+                    "filter": json.dumps(body["filter"], sort_keys=True)
+                    if body["filter"]
+                    else None,
                     "created_at": at,
                 }
             ],

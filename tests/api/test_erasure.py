@@ -950,3 +950,25 @@ def test_the_hold_leaves_index_names_the_hold_kinds():
     from ledger.storage.models import HOLD_LEAVES
 
     assert f"kind IN ('{HOLD_KIND}', '{RELEASE_KIND}')" == HOLD_LEAVES
+
+
+def test_a_hold_names_exactly_one_of_a_request_id_and_a_filter(api: Harness):
+    """``{"request_id", "filter": {}}`` is both, an empty filter or one of nulls names
+    nothing: 422 ``invalid_parameters``, and nothing is logged."""
+    key, fp = api.setup_collector()
+    rid = _post_v2(api, key, fp)
+    holds = api.client(api.token("holds"))
+    size = _log_size(api)
+    for body in (
+        {"request_id": rid, "filter": {}},
+        {"request_id": rid, "filter": {"tier": None}},
+        {"request_id": rid, "filter": {"pool": "p1"}},
+        {"filter": {}},
+        {"filter": {"tier": None, "model": None}},
+        {},
+    ):
+        answer = holds.post("/v1/holds", json={**body, "reason": "x"})
+        assert answer.status_code == 422, (body, answer.text)
+        assert answer.json()["error"]["code"] == "invalid_parameters", answer.text
+    assert _log_size(api) == size
+    assert holds.post("/v1/holds", json={"request_id": rid, "reason": "x"}).status_code == 201
