@@ -21,6 +21,7 @@ from ledger.inference_record import parse_record
 from ledger.record_v2 import SCHEMA_VERSION as V2
 from ledger.record_v2 import check_redact, is_redacted
 from ledger.records import RECORD_KIND
+from ledger.replay import VERDICT_KIND
 from ledger.signing import SigningKey, public_key_raw
 from ledger.storage import checkpoints, keystore, queries, tree
 from ledger.storage.database import Database, utcnow
@@ -185,6 +186,37 @@ def _check_content(
         raise _disagrees("disclosures", log_index)
 
 
+def _verdicts(request_id: str, replays: Sequence[Any]) -> list[tuple[int, dict[str, Any]]]:
+    """The record's replay verdicts its ``replays`` rows point at, each a verdict about it
+    (a row pointing at any other leaf is a mismatch, never a bundle's verdict)."""
+    out = []
+    for r in replays:
+        env = json.loads(r.envelope)
+        body = env.get("body") if isinstance(env, dict) else None
+        if (
+            not isinstance(body, dict)
+            or env.get("kind") != VERDICT_KIND
+            or body.get("request_id") != request_id
+        ):
+            raise _disagrees("replays", r.log_index)
+        out.append((r.log_index, env))
+    return out
+
+
+def _check_erased(
+    body: dict[str, Any],
+    verdicts: Sequence[tuple[int, dict[str, Any]]],
+    erasure: queries.ErasureEvent,
+) -> None:
+    """Every digest the erasure event names is one the record or a verdict in the bundle
+    commits to: a verdict whose ``replays`` row is gone would leave its output's digest
+    unexplained, and the bundle would not verify (a mismatch here, never such a bundle)."""
+    committed = set(body.get("disclosure_digests") or ())
+    committed.update(env["body"].get("output_digest") for _, env in verdicts)
+    if not set(erasure.body.get("erased_digests") or ()) <= committed:
+        raise _disagrees("replays", erasure.log_index)
+
+
 def _erasure(
     session: Session, request_id: str, record_index: int, envelope: bytes
 ) -> queries.ErasureEvent | None:
@@ -255,6 +287,9 @@ def _evidence(
             details={"request_id": request_id, "redact": list(redact)},
         )
     _check_content(envelope["body"], disclosures, erasure is not None, row.log_index)
+    verdicts = _verdicts(request_id, replays)
+    if erasure is not None:
+        _check_erased(envelope["body"], verdicts, erasure)
     fingerprint = json.loads(row.fp_envelope)
     if envelope["body"].get("fingerprint_id") != row.fingerprint_id:
         raise _disagrees("records.fingerprint_id", row.log_index)
@@ -299,7 +334,7 @@ def _evidence(
         fingerprint_signer=key(row.fp_key_id, row.fp_registration, row.fp_key_index),
         log_key=log_key_entry(log_key, origin),
         exported_at=rfc3339(utcnow()),
-        replays=[proven(json.loads(r.envelope), r.log_index) for r in replays],
+        replays=[proven(env, index) for index, env in verdicts],
         disclosures=[d for d in disclosures if not is_redacted(parse(d).member, redact)],
         erasure=(
             proven(json.loads(erasure.envelope), erasure.log_index) if erasure is not None else None

@@ -149,6 +149,8 @@ def _get(db: Database, model: type[Any], column: Any, key: str, what: str, kind:
         row, envelope, appended_at = found
         body = _logged(envelope, row.log_index, kind, column.key, key)
         content = tuple(disclosures_at(s, [row.log_index]).get(row.log_index, ()))
+        if not content and isinstance(body.get("output_digest"), str):
+            _output_erased(s, body, f"the output of {what} {key!r}", row.log_index)
     for encoded in content:
         if digest_of(encoded) != body.get("output_digest"):
             raise mismatch(
@@ -156,6 +158,20 @@ def _get(db: Database, model: type[Any], column: Any, key: str, what: str, kind:
             )
     # the time the leaf was appended (the audit checks each checkpoint covers it), not the row's
     return Stored(key, row.log_index, rfc3339(as_utc(appended_at)), envelope, content)
+
+
+def _output_erased(s: Session, body: dict[str, Any], what: str, log_index: int) -> None:
+    """A verdict's output is missing only when its record's erasure event erased it (read
+    through its leaf): otherwise the disclosure was deleted without a logged erasure, and the
+    verdict is never served as if its output were erased."""
+    record = record_in(s, str(body.get("request_id")))
+    erased = record.erasure.body.get("erased_digests") if record.erasure is not None else None
+    if not isinstance(erased, list) or body["output_digest"] not in erased:
+        raise mismatch(
+            what,
+            log_index,
+            "its stored disclosure is missing and no erasure event of its record names it",
+        )
 
 
 def append_verdict(

@@ -972,3 +972,58 @@ def test_a_hold_names_exactly_one_of_a_request_id_and_a_filter(api: Harness):
         assert answer.json()["error"]["code"] == "invalid_parameters", answer.text
     assert _log_size(api) == size
     assert holds.post("/v1/holds", json={"request_id": rid, "reason": "x"}).status_code == 201
+
+
+def test_a_verdict_whose_output_row_is_gone_is_served_only_once_erased(api: Harness):
+    """A superuser deletes a verdict's replay output without an erasure event: the verdict
+    is ``index_mismatch``, never a verdict whose output reads as erased. Once its record is
+    erased (with the output restored first), the same verdict is served without it."""
+    key, fp = api.setup_collector()
+    rid = _post_v2(api, key, fp)
+    digest = _replayed(api, rid)
+    replay_id = api.client().get(f"/v1/records/{rid}").json()["replays"][0]["replay_id"]
+    served = api.client().get(f"/v1/replays/{replay_id}")
+    assert served.status_code == 200 and len(served.json()["disclosures"]) == 1
+    su = Superuser(str(api.settings.database_url))
+    kept = su.query("SELECT * FROM disclosures WHERE digest = %s", (digest,))
+    su.execute([("DELETE FROM disclosures WHERE digest = %s", (digest,))], ["disclosures"])
+    gone = api.client().get(f"/v1/replays/{replay_id}")
+    assert gone.status_code == 500 and gone.json()["error"]["code"] == "index_mismatch"
+    marks = ", ".join(["%s"] * len(kept[0]))
+    su.execute([(f"INSERT INTO disclosures VALUES ({marks})", tuple(kept[0]))], ["disclosures"])
+    erase = api.client(api.token("erasure"))
+    assert erase.post(f"/v1/records/{rid}/erasure", json={"reason": "dsr"}).status_code == 201
+    erased = api.client().get(f"/v1/replays/{replay_id}")
+    assert erased.status_code == 200 and "disclosures" not in erased.json(), erased.text
+
+
+def test_an_erased_records_bundle_is_never_missing_the_verdict_its_event_names(api: Harness):
+    """After an erasure that removed a replay's output, a superuser deletes the verdict's
+    ``replays`` row: the bundle would carry an event naming a digest nothing in it commits
+    to, and would not verify. The route answers ``index_mismatch`` instead; a ``replays``
+    row pointing at a leaf that is no verdict of the record is one too."""
+    key, fp = api.setup_collector()
+    rid, other = _post_v2(api, key, fp), _post_v2(api, key, fp)
+    _replayed(api, rid)
+    erase = api.client(api.token("erasure"))
+    assert erase.post(f"/v1/records/{rid}/erasure", json={"reason": "dsr"}).status_code == 201
+    assert api.client().post("/v1/log/checkpoint").status_code == 200
+    _verify(api, _bundle(api, rid))
+    su = Superuser(str(api.settings.database_url))
+    row = su.query("SELECT replay_id, log_index FROM replays WHERE request_id = %s", (rid,))[0]
+    su.execute([("DELETE FROM replays WHERE request_id = %s", (rid,))], ["replays"])
+    answer = api.client().get(f"/v1/records/{rid}/evidence")
+    assert answer.status_code == 500 and answer.json()["error"]["code"] == "index_mismatch"
+    other_leaf = api.client().get(f"/v1/records/{other}").json()["log_index"]
+    su.execute(
+        [
+            (
+                "INSERT INTO replays (replay_id, request_id, log_index, verdict, pool, "
+                "worker_id, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (row[0], rid, other_leaf, "bitwise", "p1", "w1", su.time(utcnow())),
+            )
+        ],
+        ["replays"],
+    )
+    answer = api.client().get(f"/v1/records/{rid}/evidence")
+    assert answer.status_code == 500 and answer.json()["error"]["code"] == "index_mismatch"
