@@ -32,6 +32,7 @@ FORWARD_HEADERS = (
     "origin",
     "access-control-request-method",
     "access-control-request-headers",
+    "access-control-request-private-network",
 )
 _REQUEST_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 _PATH_TRICKS = frozenset({".", ".."})

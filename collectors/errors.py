@@ -17,6 +17,7 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 
 from collectors.edge import REQUEST_ID_HEADER
+from collectors.upstream import ANSWER_MARK, UNASKED
 from ledger.errors import (
     Conflict,
     InvalidInput,
@@ -62,5 +63,9 @@ def error_response(exc: LedgerError, request_id: str | None = None) -> JSONRespo
             }
         },
         status_code=status,
-        headers={REQUEST_ID_HEADER: request_id} if request_id is not None else None,
+        headers={
+            **({REQUEST_ID_HEADER: request_id} if request_id is not None else {}),
+            # no CORS headers for a browser while the engine does not answer (own_answers)
+            **({ANSWER_MARK: UNASKED} if isinstance(exc, Unreachable) else {}),
+        },
     )

@@ -12,8 +12,8 @@ recorded). Engine errors are passed through unchanged (status, body) and counted
 vLLM's paths that generate nothing (``PASSED_THROUGH``: health, models, version, tokenizer)
 pass through, as do OPTIONS on the generation paths and a browser's CORS preflight on any
 path (vLLM's CORS middleware answers it; vLLM's CORS headers pass on with every answer of
-vLLM's, and the collector's own answers get those vLLM gives the origin: ``cors``);
-``/metrics`` is the collector's own;
+vLLM's, and the collector's own answers get vLLM's API key check and CORS headers:
+``own_answers``); ``/metrics`` is the collector's own;
 ``/ledger/v1/replay`` runs the ledger's signed replay orders (``collectors/replay.py``), never
 recorded as traffic. The collector's own errors are answered through one table
 (``collectors/errors.py``).
@@ -41,7 +41,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from collectors.cors import EngineCors
 from collectors.edge import (
     REQUEST_ID_HEADER,
     engine_headers,
@@ -51,11 +50,12 @@ from collectors.edge import (
 )
 from collectors.errors import error_response
 from collectors.exchange import CHAT, COMPLETIONS, Plan, engine_json, plan
+from collectors.own_answers import OwnAnswers
 from collectors.recording import Exchange, count_unrecordable, drain_aborted
 from collectors.replay import REPLAY_PATH, handle_replay
 from collectors.streaming import EndsWithTheResponse, forward_stream
 from collectors.tiers import TIER_HEADER, check_tier, parse_tier, refusal_if_answered
-from collectors.upstream import Answer, Upstream
+from collectors.upstream import ANSWER_MARK, UNASKED, Answer, Upstream
 from collectors.vllm_request import (
     RequestJson,
     Unsure,
@@ -116,7 +116,7 @@ def create_proxy(state: WorkerState) -> Starlette:
         ],
         # vLLM's server is FastAPI: a path or method it does not serve is JSON, as here
         exception_handlers={HTTPException: _http_error, ClientDisconnect: _client_left},
-        middleware=[Middleware(EngineCors, preflight=passthrough)],
+        middleware=[Middleware(OwnAnswers)],
     )
     app.state.worker = state
     app.state.engine = engine
@@ -147,7 +147,7 @@ async def _client_left(request: Request, _: Exception) -> Response:
     an answer (counted, kept out of the error log)."""
     state, _engine = _context(request)
     state.metrics.requests.labels(request.url.path, "aborted").inc()
-    return Response(status_code=499)
+    return Response(status_code=499, headers={ANSWER_MARK: UNASKED})  # nobody reads it
 
 
 async def passthrough(request: Request) -> Response:

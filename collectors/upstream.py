@@ -29,6 +29,13 @@ _FAILURES = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 # then fails before the engine has read it; the pool drops idle connections well before that.
 KEEPALIVE = 2.0
 _PASSED = frozenset({"allow", "vary"})
+# Marks an answer of the collector's for its front (``collectors.own_answers``), which takes
+# the mark off before the answer goes out: vLLM's answer, passed on as it came, or one of
+# the collector's that asks vLLM nothing (its 502 for an engine that does not answer, its
+# 499 to a client gone).
+ANSWER_MARK = "x-ledger-answer"
+ENGINE = "engine"
+UNASKED = "unasked"
 
 
 @dataclass(frozen=True)
@@ -45,8 +52,9 @@ class Answer:
 def passed_on(headers: Mapping[str, str]) -> dict[str, str]:
     """The engine's response headers its client gets through the collector too: a 405's
     ``Allow``, and the CORS answer (``Access-Control-*``, ``Vary``) of vLLM's CORS middleware,
-    so a browser is allowed (or refused) what vLLM alone would allow it."""
-    passed: dict[str, str] = {}
+    so a browser is allowed (or refused) what vLLM alone would allow it; marked as vLLM's
+    (``ANSWER_MARK``: the collector's front takes the mark off)."""
+    passed: dict[str, str] = {ANSWER_MARK: ENGINE}
     for name, value in headers.items():
         key = name.lower()
         if key in _PASSED or key.startswith("access-control-"):

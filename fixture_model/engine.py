@@ -82,7 +82,8 @@ class EngineServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"vLLM exited ({self.process.returncode}):\n{self.log_tail()}")
             try:
-                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
+                # 401: an engine started with --api-key is up and checking keys
+                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code in (200, 401):
                     return self
             except httpx.HTTPError:
                 pass

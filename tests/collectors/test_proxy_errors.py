@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from collectors import cors
+from collectors import own_answers
 from collectors.proxy import create_proxy
 from collectors.spool import Spool
 from collectors.worker_state import WorkerState
@@ -116,20 +116,22 @@ def test_an_engine_that_does_not_answer_gives_no_cors_headers(tmp_path: Path):
     assert not [k for k in response.headers if k.startswith("access-control-")]
 
 
-def test_the_cors_headers_of_an_origin_are_asked_of_the_engine_once_in_a_while(
-    tmp_path: Path,
-):
-    """The collector's own answers to a browser carry what the engine's CORS middleware
-    (Starlette's, as vLLM's) gives that origin, asked once per origin for a few seconds."""
-    asked: list[str | None] = []
+def test_the_collectors_own_answers_ask_the_engine_only_what_they_need(tmp_path: Path):
+    """An own answer on a path vLLM's API key check guards asks ``GET /v1/models`` with the
+    client's credentials and origin; on another path, only a browser's asks (``/health``), so
+    a scrape of ``/metrics`` costs the engine nothing. The CORS headers are the engine's
+    (Starlette's middleware, as vLLM's), with ``Vary: Origin`` on every own answer."""
+    asked: list[tuple[str, str | None, str | None]] = []
 
-    async def health(request: Request) -> Response:
-        asked.append(request.headers.get("origin"))
+    async def seen(request: Request) -> Response:
+        asked.append(
+            (request.url.path, request.headers.get("origin"), request.headers.get("authorization"))
+        )
         return Response(status_code=200)
 
     engine = ServerThread(
         Starlette(
-            routes=[Route("/health", health)],
+            routes=[Route("/health", seen), Route("/v1/models", seen)],
             middleware=[
                 Middleware(
                     CORSMiddleware,
@@ -141,27 +143,41 @@ def test_the_cors_headers_of_an_origin_are_asked_of_the_engine_once_in_a_while(
         "127.0.0.1",
         free_port(),
     ).start()
+    browser = {"origin": "https://console.example"}
     try:
         with running_proxy(tmp_path, engine.url) as (url, _):
-
-            def refused(origin: str) -> httpx.Response:  # 400 invalid_tier: the collector's
-                return httpx.post(
-                    url + "/v1/completions",
-                    json={"model": "m", "prompt": "x"},
-                    headers={"origin": origin, "X-Reproducibility-Tier": "9"},
-                )
-
-            first, second = refused("https://console.example"), refused("https://console.example")
-            other = refused("https://elsewhere.example")
+            scrape = httpx.get(url + "/metrics")
+            shown = httpx.get(url + "/metrics", headers=browser)
+            refused = httpx.post(
+                url + "/v1/completions",
+                json={"model": "m", "prompt": "x"},
+                headers={
+                    **browser,
+                    "X-Reproducibility-Tier": "9",
+                    "Authorization": "Bearer k",
+                },
+            )
+            elsewhere = httpx.post(
+                url + "/v1/completions",
+                json={"model": "m", "prompt": "x"},
+                headers={"origin": "https://elsewhere.example", "X-Reproducibility-Tier": "9"},
+            )
     finally:
         engine.stop()
-    for answer in (first, second):
-        assert answer.status_code == 400
+    assert scrape.status_code == 200 and scrape.headers["vary"] == "Origin"
+    assert "access-control-allow-origin" not in scrape.headers
+    for answer in (shown, refused):
         assert answer.headers["access-control-allow-origin"] == "https://console.example"
         assert answer.headers["access-control-allow-credentials"] == "true"
         assert answer.headers["vary"] == "Origin"
-    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
-    assert asked == ["https://console.example", "https://elsewhere.example"]
+    assert refused.status_code == 400 and elsewhere.status_code == 400
+    assert "access-control-allow-origin" not in elsewhere.headers
+    assert "x-ledger-answer" not in {*scrape.headers, *shown.headers, *refused.headers}
+    assert asked == [
+        ("/health", "https://console.example", None),
+        ("/v1/models", "https://console.example", "Bearer k"),
+        ("/v1/models", "https://elsewhere.example", None),
+    ]
 
 
 def test_an_engine_that_hangs_delays_the_collectors_own_answers_at_most_briefly(
@@ -176,7 +192,7 @@ def test_an_engine_that_hangs_delays_the_collectors_own_answers_at_most_briefly(
         return Response(status_code=200, headers={"access-control-allow-origin": "*"})
 
     engine = ServerThread(
-        Starlette(routes=[Route("/health", health)]), "127.0.0.1", free_port()
+        Starlette(routes=[Route("/v1/models", health)]), "127.0.0.1", free_port()
     ).start()
     try:
         with running_proxy(tmp_path, engine.url) as (url, _):
@@ -199,7 +215,7 @@ def test_an_engine_that_hangs_delays_the_collectors_own_answers_at_most_briefly(
         hang.set()
         engine.stop()
     assert answer.status_code == 400 and "access-control-allow-origin" not in answer.headers
-    assert cors.ASK_TIMEOUT <= waited < cors.ASK_TIMEOUT + 5
+    assert own_answers.ASK_TIMEOUT <= waited < own_answers.ASK_TIMEOUT + 5
     assert again.status_code == 400 and again.headers["access-control-allow-origin"] == "*"
 
 

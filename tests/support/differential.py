@@ -38,9 +38,8 @@ class Answer:
     content_type: str
     body: bytes
     request_id: str | None  # the X-Request-ID the answer carried
-    # vLLM's headers a client must get as they came: CORS (Access-Control-*) and Allow. (Its
-    # Vary: Origin, on every answer when it allows some origins, passes with vLLM's answers
-    # but not with the collector's own, such as a 404: see tests of CORS for those.)
+    # vLLM's headers a client must get as they came: CORS (Access-Control-*), Vary and Allow
+    # (the collector's own answers carry vLLM's CORS headers and Vary too: own_answers).
     passed: dict[str, str] = field(default_factory=dict)
 
     def json(self) -> Any:
@@ -126,7 +125,7 @@ def send(
         {
             name: value
             for name, value in response.headers.items()
-            if name.startswith("access-control-") or name == "allow"
+            if name.startswith("access-control-") or name in ("allow", "vary")
         },
     )
 
