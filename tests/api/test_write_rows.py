@@ -198,6 +198,9 @@ def test_an_erasure_event_naming_a_digest_nothing_commits_to_fails_the_audit(
     found = [f for f in _findings(api) if f.check == "content"]
     assert len(found) == 1 and "names 1 digest(s)" in found[0].message, found
     assert found[0].index == erased.json()["log_index"]
+    # never served as a bundle, which no verifier would accept
+    bundle = api.client().get(f"/v1/records/{rid}/evidence")
+    assert bundle.status_code == 500 and bundle.json()["error"]["code"] == "index_mismatch"
 
 
 def _key_leaf(api: Harness, key_id: str) -> int:
