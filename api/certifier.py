@@ -96,16 +96,6 @@ def _validate(concurrency: list[int], max_tokens: list[int]) -> None:
         )
 
 
-def _total(prompts: int, concurrency: list[int], max_tokens: list[int]) -> int:
-    per = 2 * prompts + sum(_wave_size(prompts, c) for c in concurrency if c > 1)
-    return per * len(max_tokens)
-
-
-def _wave_size(prompts: int, c: int) -> int:
-    """Requests for concurrency ``c``: every prompt at least once, in full waves of ``c``."""
-    return -(-prompts // c) * c
-
-
 def start(
     state: AppState,
     pool: str,
@@ -145,6 +135,14 @@ def start(
         "prompt_chars": min(budget, certify.MAX_PROMPT_CHARS),
         "model": _served_name(engine.get("served_model_name")),
     }
+    total = certify.probe_count(parameters)
+    if total > certify.MAX_PROBES:
+        raise InvalidInput(
+            f"this certification would send {total} probes, more than {certify.MAX_PROBES}: "
+            "ask for fewer prompts, concurrency or max_tokens values",
+            code="invalid_parameters",
+            details={"probes": total, "max_probes": certify.MAX_PROBES},
+        )
     job = certification_jobs.create(
         state.db,
         certification_id=f"cert-{uuid.uuid4().hex}",
@@ -152,7 +150,7 @@ def start(
         worker_id=worker.worker_id,
         fingerprint_id=worker.fingerprint_id,
         parameters=parameters,
-        total=_total(prompts, sorted_c, sorted_m),
+        total=total,
         runner=state.runner_id,
         lease=LEASE,
     )
@@ -342,7 +340,7 @@ async def _probes(state: AppState, run: Run) -> dict[str, Any]:
                     again = await _probe(state, run, b, next(counter))
                     comparisons.append(compare(baseline[i], again))
             else:
-                order = [i % len(bodies) for i in range(_wave_size(len(bodies), c))]
+                order = [i % len(bodies) for i in range(certify.wave_size(len(bodies), c))]
                 for start_at in range(0, len(order), c):
                     wave = order[start_at : start_at + c]
                     outs = await _wave([_probe(state, run, bodies[i], next(counter)) for i in wave])

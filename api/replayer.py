@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from api.state import AppState
 from api.workers_client import new_replay_id, run_order
 from ledger import compare, disclosures
-from ledger.cachekey import is_deterministic
+from ledger.cachekey import samples_at_random
 from ledger.compact_json import compact_json
 from ledger.errors import Conflict, InvalidInput, LedgerError, NotFound
 from ledger.fingerprint_diff import diff
@@ -180,7 +180,9 @@ async def replay(
         )
         return await _log(state, verdict)
     produced_under = answer.body["fingerprint_id"]
-    result = compare.compare(record_generation(body), output_generation(answer.body))
+    result = compare.compare(
+        record_generation(body), output_generation(answer.body), cut=record.aborted
+    )
     # What decides comparability is what the worker ran under, not what it registered: the
     # invariance derived from that fingerprint (ledger.heartbeat.batch_invariance).
     invariance = "none"
@@ -199,8 +201,11 @@ async def replay(
             reason += " that the ledger does not hold yet (no field-level diff)"
     elif not comparable:
         reason = f"fingerprint {produced_under} is not batch-invariant ({invariance})"
-    elif not is_deterministic(typed.sampling):
+    elif samples_at_random(typed.sampling):
         reason = "the recorded request samples without a seed: a difference is expected"
+    if record.aborted:
+        cut = "the record was cut mid-answer (aborted): only its recorded tokens are compared"
+        reason = cut if reason is None else f"{reason}; {cut}"
     # The output repeats the record's content: for an erasable record it is committed, not
     # embedded, and stored apart so that an erasure removes it too.
     kept = disclosures.make("replay_output", answer.output) if typed.erasable else None

@@ -28,7 +28,7 @@ from collectors.spool import Spool
 from collectors.tokens import TokenRenderer
 from collectors.worker_state import WorkerState
 from ledger.errors import LedgerError
-from ledger.heartbeat import HEARTBEAT_KIND, build_heartbeat
+from ledger.heartbeat import HEARTBEAT_KIND, build_heartbeat, check_name
 from ledger.signing import Envelope, SigningKey, load_public_key, sign_envelope
 from ledger.worker_url import parse_worker_url
 
@@ -76,8 +76,13 @@ def expected_system_fingerprint(snapshot: Snapshot) -> str | None:
 class Collector:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
-        # What can be checked at once is, before the spool is created or the model hashed.
+        # What can be checked at once is, before the spool is created or the model hashed:
+        # what the ledger would refuse in every heartbeat, too.
         parse_worker_url(config.engine_url, "engine url")
+        check_name("--pool", config.pool, "invalid_parameters")
+        check_name("--worker-id", config.worker_id, "invalid_parameters")
+        if config.advertise_url is not None:
+            parse_worker_url(config.advertise_url, "--advertise-url")
         check_model_dir(config.model_dir)
         self.client = LedgerClient(
             config.ledger_url, config.ledger_token, deadline=config.ship_deadline
@@ -88,9 +93,9 @@ class Collector:
             config.ledger_url, config.ledger_token, timeout=10, deadline=30
         )
         self.metrics = CollectorMetrics()
-        self.spool = Spool(config.spool_path)
         self.cache = DigestCache(config.digest_cache)
-        self.snapshot = self._snapshot()
+        self.snapshot = self._snapshot()  # an engine away, or no model here: no spool made
+        self.spool = Spool(config.spool_path)
         self.state = WorkerState(
             engine_url=config.engine_url.rstrip("/"),
             worker_id=config.worker_id,

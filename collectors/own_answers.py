@@ -91,7 +91,7 @@ class OwnAnswers:
             await send(message)
 
         if is_preflight(request.headers, scope["method"]):
-            await (await _preflight(engine, request))(scope, receive, as_vllm)
+            await (await relay(engine, request))(scope, receive, as_vllm)
         else:
             await self.app(scope, receive, as_vllm)
 
@@ -102,12 +102,15 @@ def _response(answer: Answer) -> Response:
     return Response(answer.body, answer.status, media_type=answer.content_type, headers=headers)
 
 
-async def _preflight(engine: Upstream, request: Request) -> Response:
-    """vLLM's answer to a preflight, marked as vLLM's (its CORS middleware reads no body, so
-    none is read here); the collector's 502 when vLLM does not answer."""
+async def relay(engine: Upstream, request: Request, body: bytes | None = None) -> Response:
+    """vLLM's answer to this request sent on as it came (its method, path with query, the
+    headers vLLM reads and ``body``), marked as vLLM's; the collector's 502 when vLLM does not
+    answer. A preflight is relayed with no body: vLLM's CORS middleware reads none."""
     path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     try:
-        answer = await engine.request("OPTIONS", path, headers=forwarded_headers(request))
+        answer = await engine.request(
+            request.method, path, body=body, headers=forwarded_headers(request)
+        )
     except Unreachable as exc:
         return error_response(exc)
     return Response(

@@ -44,13 +44,12 @@ from starlette.routing import Route
 from collectors.edge import (
     REQUEST_ID_HEADER,
     engine_headers,
-    forwarded_headers,
     request_id_of,
     unless_gone,
 )
 from collectors.errors import error_response
 from collectors.exchange import CHAT, COMPLETIONS, Plan, engine_json, plan
-from collectors.own_answers import OwnAnswers
+from collectors.own_answers import OwnAnswers, relay
 from collectors.recording import Exchange, count_unrecordable, drain_aborted
 from collectors.replay import REPLAY_PATH, handle_replay
 from collectors.streaming import EndsWithTheResponse, forward_stream
@@ -128,18 +127,10 @@ def _context(request: Request) -> tuple[WorkerState, Upstream]:
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
-    """FastAPI's answer to a path or method no route serves: ``{"detail": ...}``; but a
-    browser's CORS preflight on a path no route serves is vLLM's to answer (its CORS
-    middleware answers it without reaching a route), as it would be without the collector."""
+    """FastAPI's answer to a path or method no route serves: ``{"detail": ...}`` (a browser's
+    CORS preflight never gets here: ``OwnAnswers`` relays it to vLLM)."""
     assert isinstance(exc, HTTPException)
-    if exc.status_code == 404 and _preflight(request):
-        return await passthrough(request)
     return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
-
-
-def _preflight(request: Request) -> bool:
-    """A CORS preflight, as Starlette's CORS middleware (vLLM's) tells one."""
-    return request.method == "OPTIONS" and "access-control-request-method" in request.headers
 
 
 async def _client_left(request: Request, _: Exception) -> Response:
@@ -154,17 +145,7 @@ async def passthrough(request: Request) -> Response:
     """A path of ``PASSED_THROUGH``, any method: vLLM's answer (its 405 to a method it does
     not serve there), with the client's headers vLLM reads."""
     _, engine = _context(request)
-    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    body = await request.body()
-    try:
-        answer = await engine.request(
-            request.method, path, body=body or None, headers=forwarded_headers(request)
-        )
-    except Unreachable as exc:
-        return error_response(exc)
-    return Response(
-        answer.body, answer.status, media_type=answer.content_type, headers=dict(answer.passed)
-    )
+    return await relay(engine, request, await request.body() or None)
 
 
 async def own_metrics(request: Request) -> Response:

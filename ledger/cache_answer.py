@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ledger.cachekey import CHAT, GREEDY_IRRELEVANT, IGNORED
+from ledger.cachekey import CHAT, GREEDY_IRRELEVANT, IGNORED, samples_at_random
 from ledger.clock import parse_rfc3339
 from ledger.compact_json import compact_json
 from ledger.inference_record import InferenceRecord, RecordChoice
@@ -139,9 +139,8 @@ def not_servable(
     refused = _refused_by_vllm(endpoint, request)
     if refused is not None:
         return refused
-    seed = request.get("seed")
-    if seed == -1 and request.get("temperature") != 0:
-        return "seed -1 is no seed to vLLM: it samples at random"
+    if samples_at_random(request):
+        return "the request samples at random (no seed, or seed -1, which vLLM reads as none)"
     why = _unlike_recorded(endpoint, request, record.request)
     if why is not None:
         return why

@@ -130,10 +130,31 @@ def normalize_params(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_deterministic(request: Mapping[str, Any]) -> bool:
-    """Greedy (temperature 0) or seeded sampling: the same environment gives the same output."""
+    """Greedy (temperature 0) or seeded sampling: the same environment gives the same output.
+    The cache-key index's ``deterministic`` flag, which the audit recomputes: any seed given
+    counts (what is served goes by :func:`samples_at_random`)."""
+    return _greedy(request) or request.get("seed") is not None
+
+
+def samples_at_random(request: Mapping[str, Any]) -> bool:
+    """Sampled without a seed as vLLM reads the request: not greedy, and no seed or seed -1,
+    which vLLM takes for none (``-1``, ``-1.0`` or ``"-1"``, as its lax integer reading
+    takes them). Its output is not reproducible: never a cache answer, and a replay of it is
+    expected to differ."""
+    if _greedy(request):
+        return False
+    seed = request.get("seed")
+    if seed is None:
+        return True
+    try:
+        return type(seed) is not bool and float(seed) == -1.0
+    except (TypeError, ValueError, OverflowError):
+        return False  # vLLM refuses such a seed: the request never ran
+
+
+def _greedy(request: Mapping[str, Any]) -> bool:
     temperature = request.get("temperature")
-    greedy = temperature == 0 and not isinstance(temperature, bool)  # false is not 0
-    return greedy or request.get("seed") is not None
+    return temperature == 0 and not isinstance(temperature, bool)  # false is not 0
 
 
 def _prompt(

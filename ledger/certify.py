@@ -34,6 +34,9 @@ MAX_TOKENS = 4096  # a probe's output length
 # max_model_len is the collector's word, and a 1M-token context needs no megabyte probes to
 # show batch variance).
 MAX_PROMPT_CHARS = 65_536
+# The most probes one certification sends: a job holds its pool (one runs per pool at a time)
+# until it ends, so it is bounded (256 prompts at concurrency 1, 8, 32 and 128, two lengths).
+MAX_PROBES = 8_192
 _WORDS = [
     "ledger",
     "record",
@@ -83,6 +86,19 @@ class Probe:
     index: int
     kind: str  # short | medium | long
     text: str
+
+
+def wave_size(prompts: int, c: int) -> int:
+    """Probes at concurrency ``c``: every prompt at least once, in full waves of ``c``."""
+    return -(-prompts // c) * c
+
+
+def probe_count(parameters: dict[str, Any]) -> int:
+    """The probes a certification with these (normalized) parameters sends: per ``max_tokens``
+    value, the baseline and the ``concurrency 1`` row (each prompt once), and the waves."""
+    prompts = parameters["prompts"]
+    waves = sum(wave_size(prompts, c) for c in parameters["concurrency"] if c > 1)
+    return int((2 * prompts + waves) * len(parameters["max_tokens"]))
 
 
 def probe_prompts(count: int, seed: int, char_budget: int) -> list[Probe]:

@@ -150,11 +150,15 @@ def _missing(index: int, recorded: Output | None, replayed: Output | None) -> Ch
     )
 
 
-def compare_choice(index: int, recorded: Output, replayed: Output) -> ChoiceComparison:
+def compare_choice(
+    index: int, recorded: Output, replayed: Output, cut: bool = False
+) -> ChoiceComparison:
+    """One choice; with ``cut`` (the recorded output stopped early) the replay's tokens past
+    the recorded ones are not compared, so a longer replay is no divergence."""
     a, b = list(recorded.token_ids), list(replayed.token_ids)
     common = min(len(a), len(b))
     first = next((i for i in range(common) if a[i] != b[i]), None)
-    if first is None and len(a) != len(b):
+    if first is None and (len(a) > len(b) or (len(a) < len(b) and not cut)):
         first = common
     prefix = common if first is None else first
     compared = differing = 0
@@ -192,18 +196,23 @@ def compare_choice(index: int, recorded: Output, replayed: Output) -> ChoiceComp
     )
 
 
-def compare(recorded: Generation, replayed: Generation) -> Comparison:
-    """Compare a replay with the record, choice by choice (matched by position)."""
+def compare(recorded: Generation, replayed: Generation, cut: bool = False) -> Comparison:
+    """Compare a replay with the record, choice by choice (matched by position). ``cut``: the
+    record is ``aborted`` (the client or the engine left mid-answer), so each recorded choice
+    is the start of an output: only that start is compared, and a choice the record never
+    began is no divergence."""
     prompt_equal = list(recorded.prompt_token_ids) == list(replayed.prompt_token_ids)
     n = max(len(recorded.choices), len(replayed.choices))
     choices = []
     for i in range(n):
         rec = recorded.choices[i] if i < len(recorded.choices) else None
         rep = replayed.choices[i] if i < len(replayed.choices) else None
-        if rec is None or rep is None:
+        if rec is None and rep is not None and cut:
+            choices.append(compare_choice(i, Output(()), rep, cut))
+        elif rec is None or rep is None:
             choices.append(_missing(i, rec, rep))
         else:
-            choices.append(compare_choice(i, rec, rep))
+            choices.append(compare_choice(i, rec, rep, cut))
     if not prompt_equal:
         verdict = PROMPT_MISMATCH
     elif not choices:

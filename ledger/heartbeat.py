@@ -83,6 +83,12 @@ def build_heartbeat(
     }
 
 
+def check_name(what: str, value: str, code: str = "schema_violation") -> None:
+    """A worker ID or pool name as a heartbeat carries it; InvalidInput naming ``what``."""
+    if not _NAME.fullmatch(value):
+        raise _fail(f"{what} must be 1-100 of [A-Za-z0-9._-]", code)
+
+
 def check_heartbeat(body: Any, now: datetime) -> Heartbeat:
     """Validate a heartbeat body (shape, names, URL syntax, time window); raise InvalidInput.
 
@@ -107,8 +113,7 @@ def check_heartbeat(body: Any, now: datetime) -> Heartbeat:
         if not isinstance(body[name], str):
             raise _fail(f"worker heartbeat {name} must be a string")
     for name in ("worker_id", "pool"):
-        if not _NAME.fullmatch(body[name]):
-            raise _fail(f"{name} must be 1-100 of [A-Za-z0-9._-]")
+        check_name(name, body[name])
     if not _FINGERPRINT_ID.fullmatch(body["fingerprint_id"]):
         raise _fail("fingerprint_id must be sha256:<64 hex>")
     parse_worker_url(body["url"])

@@ -25,7 +25,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger.audit.derive import chat_template
-from ledger.cachekey import CHAT, PREFIX, cache_key, is_deterministic, keys_of_record
+from ledger.cachekey import (
+    CHAT,
+    PREFIX,
+    cache_key,
+    is_deterministic,
+    keys_of_record,
+    samples_at_random,
+)
 from ledger.errors import InvalidInput, NotFound
 from ledger.inference_record import InferenceRecord
 from ledger.storage.bulk import insert_rows
@@ -138,7 +145,7 @@ def unusable(record: StoredRecord, pool: str | None = None) -> str | None:
         return "aborted"
     if record.tier < 1:
         return "tier 0"
-    if not is_deterministic(record.record.sampling):
+    if samples_at_random(record.record.sampling):
         return "non-deterministic sampling"
     return None
 

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 
 from ledger.cache_answer import not_servable, response
-from ledger.cachekey import CHAT, COMPLETIONS, cache_key, is_deterministic
+from ledger.cachekey import CHAT, COMPLETIONS, cache_key, samples_at_random
 from ledger.canonical import digest_of
 from ledger.errors import Conflict, InvalidInput
 from ledger.storage import workers
@@ -429,7 +429,8 @@ def _not_deterministic(key: str, fingerprint_id: str) -> Answer:
         via="request",
         reason="not_deterministic",
         message="the request samples at temperature > 0 without a seed (vLLM's default "
-        "temperature is 1): its output is not reproducible, so never a cache answer",
+        "temperature is 1; seed -1 is none): its output is not reproducible, so never a cache "
+        "answer",
     )
 
 
@@ -467,7 +468,7 @@ async def kept_answer(
         )
     except InvalidInput:
         return None
-    if not is_deterministic(request):
+    if samples_at_random(request):
         return _not_deterministic(key, fingerprint_id)
     generation = hot.generation
     kept = hot.get(_hot_key(key, pool))
@@ -515,7 +516,7 @@ def answer(
     if not isinstance(request, Mapping):
         raise InvalidInput("the request must be a JSON object", code="invalid_request")
     key = _key(db, endpoint, request, fingerprint_id, prompt_token_ids)
-    if not is_deterministic(request):
+    if samples_at_random(request):
         return _not_deterministic(key, fingerprint_id)
     found, rows = _found(db, key, hot, pool)
     if not rows:

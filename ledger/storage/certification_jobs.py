@@ -30,8 +30,9 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session, aliased
 
+from ledger.certify import probe_count
 from ledger.clock import rfc3339
-from ledger.errors import IndexMismatch, NotFound
+from ledger.errors import Conflict, IndexMismatch, NotFound
 from ledger.signing import SigningKey
 from ledger.storage import verdicts
 from ledger.storage.database import Database, as_utc, utcnow
@@ -39,6 +40,7 @@ from ledger.storage.models import Certificate, CertificationJob, LogEntry
 from ledger.storage.verdicts import CERTIFICATE_KIND
 
 RUNNING, DONE, FAILED = "running", "done", "failed"
+MAX_RUNNING = 16  # jobs running at once, over every pool and process
 STATES = (RUNNING, DONE, FAILED)
 INTERRUPTED = "interrupted"
 
@@ -77,9 +79,12 @@ def interrupted_error(job: Job) -> dict[str, Any]:
     }
 
 
-def _checked(row: CertificationJob, envelope: bytes, log_index: int | None) -> bytes:
-    """The certificate at ``log_index``, checked to be this job's, for its pool, worker,
-    fingerprint and parameters as the row states them (else :class:`IndexMismatch`)."""
+def _checked(
+    row: CertificationJob, envelope: bytes, log_index: int | None
+) -> tuple[bytes, dict[str, Any]]:
+    """The certificate at ``log_index`` and its body, checked to be this job's, for its pool,
+    worker, fingerprint and parameters as the row states them (else :class:`IndexMismatch`)."""
+    body: dict[str, Any] = {}
     try:
         logged = json.loads(envelope)
         body = logged["body"]
@@ -99,7 +104,7 @@ def _checked(row: CertificationJob, envelope: bytes, log_index: int | None) -> b
             "its certificate: the job's row was edited (run `ledger audit`)",
             details={"certification_id": row.certification_id, "log_index": log_index},
         )
-    return bytes(envelope)
+    return bytes(envelope), body
 
 
 def _job(
@@ -107,13 +112,18 @@ def _job(
     pointed: bytes | None = None,
     logged_at: int | None = None,
     logged: bytes | None = None,
+    pointed_time: datetime | None = None,
+    logged_time: datetime | None = None,
 ) -> Job:
     """The job a row states, bound to the log: a done row's certificate is the leaf it points
     at (and the one the certificates index names, if any); a certificate logged for a job the
     row says is running or failed makes it done (a runner between logging its certificate and
-    recording it, or an edited row: the leaf is the fact)."""
-    state, log_index, done, error = row.state, row.log_index, row.done, row.error
-    certificate = None
+    recording it, or an edited row: the leaf is the fact). A done job's progress and end are
+    its certificate's (every probe its parameters send; its leaf's append time), not the
+    row's."""
+    state, log_index, done, total, error = row.state, row.log_index, row.done, row.total, row.error
+    updated_at = as_utc(row.updated_at)
+    certificate, appended = None, None
     if row.state == DONE:
         if pointed is None or (logged_at is not None and logged_at != row.log_index):
             raise IndexMismatch(
@@ -121,10 +131,15 @@ def _job(
                 "log: the job's row was edited (run `ledger audit`)",
                 details={"certification_id": row.certification_id},
             )
-        certificate = _checked(row, pointed, row.log_index)
+        certificate, signed = _checked(row, pointed, row.log_index)
+        appended = pointed_time
     elif logged is not None:
-        certificate = _checked(row, logged, logged_at)
-        state, log_index, done, error = DONE, logged_at, row.total, None
+        certificate, signed = _checked(row, logged, logged_at)
+        state, log_index, error, appended = DONE, logged_at, None, logged_time
+    if certificate is not None:
+        done = total = probe_count(signed["parameters"])
+        assert appended is not None  # read with the leaf
+        updated_at = as_utc(appended)
     return Job(
         certification_id=row.certification_id,
         pool=row.pool,
@@ -133,14 +148,14 @@ def _job(
         parameters=json.loads(row.parameters),
         state=state,
         done=done,
-        total=row.total,
+        total=total,
         error=json.loads(error) if error is not None else None,
         certificate_id=row.certification_id if certificate is not None else row.certificate_id,
         log_index=log_index,
         runner=row.runner,
         lease_until=as_utc(row.lease_until),
         created_at=as_utc(row.created_at),
-        updated_at=as_utc(row.updated_at),
+        updated_at=updated_at,
         certificate=certificate,
     )
 
@@ -178,6 +193,28 @@ def create(
         "updated_at": at,
     }
     with db.write() as s:
+        _expire_in(s, at)
+        running = s.execute(
+            select(CertificationJob.certification_id, CertificationJob.pool).where(
+                CertificationJob.state == RUNNING
+            )
+        ).all()
+        busy = [r.certification_id for r in running if r.pool == pool]
+        if busy:
+            raise Conflict(
+                f"pool {pool!r} is being certified by {busy[0]}: one certification runs per "
+                "pool at a time (its probes' baseline runs alone); wait for it to end (GET "
+                f"/v1/certifications/{busy[0]})",
+                code="certification_running",
+                details={"certification_id": busy[0]},
+            )
+        if len(running) >= MAX_RUNNING:
+            raise Conflict(
+                f"{len(running)} certifications are running, the most the ledger runs at once: "
+                "wait for one to end",
+                code="too_many_certifications",
+                details={"running": len(running), "max_running": MAX_RUNNING},
+            )
         s.execute(insert(CertificationJob), [values])
         row = s.get_one(CertificationJob, certification_id)
         return _job(row)
@@ -187,7 +224,14 @@ def _read(db: Database, certification_id: str) -> Job | None:
     logged = aliased(LogEntry)
     with db.read() as s:
         found = s.execute(
-            select(CertificationJob, LogEntry.envelope, Certificate.log_index, logged.envelope)
+            select(
+                CertificationJob,
+                LogEntry.envelope,
+                Certificate.log_index,
+                logged.envelope,
+                LogEntry.appended_at,
+                logged.appended_at,
+            )
             .outerjoin(LogEntry, LogEntry.idx == CertificationJob.log_index)
             .outerjoin(Certificate, Certificate.certificate_id == CertificationJob.certification_id)
             .outerjoin(logged, logged.idx == Certificate.log_index)
@@ -210,19 +254,22 @@ def get(db: Database, certification_id: str, now: datetime | None = None) -> Job
 
 def expire(db: Database, now: datetime | None = None, *, only: str | None = None) -> list[str]:
     """Fail every running job whose lease ran out (or only job ``only``); their IDs."""
-    at = now or utcnow()
+    with db.write() as s:
+        # Under the write lock, so a runner's renewal and this never interleave.
+        return _expire_in(s, now or utcnow(), only)
+
+
+def _expire_in(s: Session, at: datetime, only: str | None = None) -> list[str]:
     q = select(CertificationJob).where(
         CertificationJob.state == RUNNING, CertificationJob.lease_until < at
     )
     if only is not None:
         q = q.where(CertificationJob.certification_id == only)
-    with db.write() as s:
-        # Under the write lock, so a runner's renewal and this never interleave.
-        rows = list(s.execute(q).scalars())
-        for row in rows:
-            row.error = json.dumps(interrupted_error(_job(row)))
-            row.state, row.updated_at = FAILED, at
-        return [r.certification_id for r in rows]
+    rows = list(s.execute(q).scalars())
+    for row in rows:
+        row.error = json.dumps(interrupted_error(_job(row)))
+        row.state, row.updated_at = FAILED, at
+    return [r.certification_id for r in rows]
 
 
 def _held(certification_id: str, runner: str) -> Any:

@@ -808,7 +808,19 @@ def test_requests_vllm_would_answer_otherwise_are_not_served(api: Harness) -> No
 
     assert _one_call(c, stops["request"], fingerprint_id=fp).json()["hit"]
     miss({**stops["request"], "stop": ["ab", "b"]}, "another order")  # vLLM: first listed wins
-    miss(random["request"], "seed -1 is no seed")  # vLLM samples at random
+    # seed -1 is none to vLLM, in any form it reads as -1: it samples at random, so the
+    # request is not deterministic, and the record of one (a collector may sign it at tier 1)
+    # is no answer on either path, though the index counts its seed
+    for seed in (-1, -1.0, "-1"):
+        asked = _one_call(c, {**random["request"], "seed": seed}, fingerprint_id=fp).json()
+        assert asked["hit"] is False and asked["reason"] == "not_deterministic", asked
+    random_key = c.post(
+        "/v1/cache/key",
+        json={"endpoint": COMPLETIONS, "request": random["request"], "fingerprint_id": fp},
+    ).json()["key"]
+    served = c.get(f"/v1/cache/{random_key}")
+    assert served.status_code == 404 and served.json()["error"]["code"] == "cache_miss"
+    assert "non-deterministic sampling" in served.json()["error"]["message"]
     request = plain["request"]
     assert _one_call(c, request, fingerprint_id=fp).json()["hit"]
     miss({**request, "stream": "true"}, "stream must be true or false")  # vLLM reads it lax

@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import update
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ledger.certify import MAX_PROMPT_CHARS
+from ledger.certify import MAX_PROBES, MAX_PROMPT_CHARS
 from ledger.heartbeat import MAX_SKEW
 from ledger.signing import SigningKey, sign_envelope
 from ledger.storage.models import Worker
@@ -296,6 +296,29 @@ def test_a_certification_of_any_signed_engine_section_starts_with_bounded_probes
     chars = response.json()["parameters"]["prompt_chars"]
     assert 8 <= chars <= MAX_PROMPT_CHARS
     assert api.client().get("/healthz").status_code == 200
+    # the pool is being certified: a second job waits for this one
+    again = api.client().post("/v1/certifications", json={"pool": worker["pool"], "prompts": 1})
+    _error(again, 409, "certification_running")
+    assert again.json()["error"]["details"] == {
+        "certification_id": response.json()["certification_id"]
+    }
+
+
+def test_a_certification_sends_a_bounded_number_of_probes(
+    api: Harness, fakes: list[FakeWorker]
+) -> None:
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    worker = _register(api, key, fp, _fake(fakes, key, _record(api, key, fp)).url)
+    wide = {"pool": worker["pool"], "prompts": 256, "concurrency": [2, 3, 5, 7, 11, 13, 17, 19]}
+    response = api.client().post("/v1/certifications", json={**wide, "max_tokens": [1, 2, 3, 4]})
+    _error(response, 422, "invalid_parameters")
+    details = response.json()["error"]["details"]
+    assert details == {"probes": 10_428, "max_probes": MAX_PROBES}
+    # nothing was started: a certification within the bound is accepted
+    small = {**wide, "prompts": 1, "max_tokens": [1]}
+    accepted = api.client().post("/v1/certifications", json=small)
+    assert accepted.status_code == 202 and accepted.json()["total"] == 79
 
 
 def test_an_edited_worker_row_is_not_trusted(api: Harness, fakes: list[FakeWorker]) -> None:

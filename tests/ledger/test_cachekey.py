@@ -17,6 +17,7 @@ from ledger.cachekey import (
     is_deterministic,
     normalize_params,
     record_keys,
+    samples_at_random,
 )
 from ledger.canonical import canonicalize
 from ledger.errors import InvalidInput
@@ -152,6 +153,17 @@ def test_determinism() -> None:
     assert is_deterministic({"temperature": 0.8, "seed": 1})
     assert not is_deterministic({"temperature": 0.8})
     assert not is_deterministic({})  # the default temperature is 1
+
+
+def test_seed_minus_one_samples_at_random_as_vllm_reads_it() -> None:
+    """vLLM takes seed -1 (as -1, -1.0 or "-1") for none; the index's flag counts any seed."""
+    for seed in (-1, -1.0, "-1", " -1 ", None):
+        assert samples_at_random({"temperature": 0.8, "seed": seed}), seed
+        assert not samples_at_random({"temperature": 0, "seed": seed}), seed
+    assert samples_at_random({"seed": -1})  # the default temperature is 1
+    for seed in (0, 7, "7", 2**63 - 1, True, "x", [1]):
+        assert not samples_at_random({"temperature": 0.8, "seed": seed}), seed
+    assert is_deterministic({"temperature": 0.8, "seed": -1})
 
 
 params = st.fixed_dictionaries(

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from ledger.clock import parse_rfc3339
 from ledger.errors import Conflict, IndexMismatch, NotFound
 from ledger.storage import certification_jobs as jobs
 from ledger.storage import log
@@ -28,12 +29,13 @@ from tests.support.seed import seed_ledger
 
 LEASE = timedelta(seconds=15)
 PARAMS = {"prompts": 3, "concurrency": [1, 4], "max_tokens": [8], "seed": 0, "model": None}
+ISSUED_AT = "2026-12-07T08:00:00.000000Z"
 
 
 def _create(db: Database, runner: str = "host:1:a", **kw: object) -> jobs.Job:
     values: dict[str, object] = {
         "certification_id": f"cert-{uuid.uuid4().hex}",
-        "pool": "p",
+        "pool": f"p-{uuid.uuid4().hex[:8]}",
         "worker_id": "w1",
         "fingerprint_id": "sha256:" + "ab" * 32,
         "parameters": PARAMS,
@@ -55,6 +57,7 @@ def _certificate(job: jobs.Job, invariant: bool = True) -> dict[str, Any]:
         "fingerprint_id": job.fingerprint_id,
         "parameters": job.parameters,
         "invariant_observed": invariant,
+        "issued_at": ISSUED_AT,
     }
 
 
@@ -111,7 +114,7 @@ def test_a_runner_cannot_renew_a_lease_that_already_ran_out(db: Database) -> Non
 def test_the_start_up_sweep_fails_only_expired_jobs(db: Database) -> None:
     now = utcnow()
     old = _create(db, now=now - timedelta(minutes=5))
-    fresh = _create(db, now=now)
+    fresh = _create(db, now=now - timedelta(minutes=5), lease=timedelta(minutes=10))
     finished = _create(db, now=now - timedelta(minutes=5))
     assert jobs.finish(db, finished.certification_id, "host:1:a", done=2, error={"code": "e"})
     assert jobs.expire(db, now) == [old.certification_id]
@@ -238,6 +241,59 @@ def test_a_done_jobs_facts_are_its_certificates_and_a_logged_certificate_is_neve
     shown = jobs.get(db, job.certification_id)
     assert shown.state == "done" and shown.error is None
     assert shown.certificate == stored.envelope and shown.log_index == stored.log_index
+
+
+def test_a_done_jobs_progress_and_end_are_its_certificates(db: Database) -> None:
+    """A superuser edits a done job's counts and times (a live table: no trigger to drop):
+    the job answers every probe its signed parameters send, and its certificate leaf's time."""
+    seeded = seed_ledger(db)
+    job = _create(db)
+    stored = jobs.conclude(
+        db, seeded.log_key, job.certification_id, "host:1:a", done=10,
+        certificate=_certificate(job),
+    )  # fmt: skip
+    with db.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE certification_jobs SET done = 3, total = 999, updated_at = :t "
+                "WHERE certification_id = :i"
+            ),
+            {"t": utcnow() - timedelta(days=9000), "i": job.certification_id},
+        )
+    shown = jobs.get(db, job.certification_id)
+    assert (shown.done, shown.total) == (10, 10)  # 3 prompts: twice alone, one wave of 4
+    assert shown.updated_at == parse_rfc3339(stored.created_at)  # the leaf's append time
+
+
+def test_one_certification_runs_per_pool_and_a_bounded_number_in_all(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second job for a pool being certified is refused (it would spoil the first's
+    baseline, and a token holder could pile jobs up), until the first ends or its lease runs
+    out; and no more than ``MAX_RUNNING`` run at once."""
+    first = _create(db)
+    with pytest.raises(Conflict) as busy:
+        _create(db, pool=first.pool)
+    assert busy.value.code == "certification_running"
+    assert busy.value.details == {"certification_id": first.certification_id}
+    assert jobs.finish(db, first.certification_id, "host:1:a", done=1, error={"code": "e"})
+    second = _create(db, pool=first.pool)
+    # a runner that died holds its pool until its lease runs out, then the next job starts
+    after = second.lease_until + timedelta(seconds=1)
+    third = _create(db, pool=first.pool, now=after)
+    assert jobs.get(db, second.certification_id, now=after).state == "failed"
+    assert third.state == "running"
+    jobs.expire(db, after)  # the others' jobs: counted as they stand when the next is created
+    with db.read() as s:
+        running = s.execute(
+            text("SELECT count(*) FROM certification_jobs WHERE state = 'running'")
+        ).scalar_one()
+    monkeypatch.setattr(jobs, "MAX_RUNNING", running + 1)
+    _create(db, now=after)
+    with pytest.raises(Conflict) as full:
+        _create(db, now=after)
+    assert full.value.code == "too_many_certifications"
+    assert full.value.details["max_running"] == running + 1
 
 
 def test_a_certificate_logged_after_the_lease_ran_out_still_makes_the_job_done(

@@ -115,6 +115,26 @@ def test_longer_replay_diverges_too() -> None:
     assert result.verdict == DIVERGED and result.first_divergence == 1
 
 
+def test_a_cut_record_is_compared_by_what_it_recorded() -> None:
+    """``cut`` (an aborted record): the replay's tokens past the recorded ones are not
+    compared, and a choice the record never began is no divergence; inside what the record
+    holds, everything counts as before."""
+    whole = Output([5, 6, 7], [-1, -2, -3])
+    recorded = gen(Output([5, 6], [-1, -2]))
+    assert compare(recorded, gen(whole), cut=True).verdict == BITWISE
+    assert compare(recorded, gen(whole)).verdict == DIVERGED
+    two = gen(whole, Output([8], [-1]))
+    assert compare(recorded, two, cut=True).verdict == BITWISE
+    assert compare(recorded, two).verdict == DIVERGED
+    shorter = compare(recorded, gen(Output([5], [-1])), cut=True)
+    assert shorter.verdict == DIVERGED and shorter.first_divergence == 1
+    other = compare(recorded, gen(Output([5, 9, 7], [-1, -2, -3])), cut=True)
+    assert other.verdict == DIVERGED and other.first_divergence == 1
+    drift = compare(recorded, gen(Output([5, 6, 7], [-1, -2.5, -3])), cut=True)
+    assert drift.verdict == LOGPROBS_DRIFT
+    assert compare(gen(whole, whole), gen(whole), cut=True).verdict == DIVERGED
+
+
 def test_empty_outputs_are_bitwise() -> None:
     assert compare(gen(Output([], [])), gen(Output([], []))).verdict == BITWISE
     assert compare(gen(Output([])), gen(Output([]))).verdict == BITWISE
