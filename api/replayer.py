@@ -105,15 +105,17 @@ def choose_worker(
             raise Conflict(f"pool {pool!r} has no live worker", code="no_live_worker")
         return max(candidates, key=lambda w: w.last_seen)
     where = f"pool {pool!r}" if pool else "any pool"
-    raise Conflict(
-        f"no live batch-invariant worker in {where} runs fingerprint {fingerprint_id}; "
+    nearest = nearest_pools(db, in_pool or live, fingerprint_id)
+    listed = (
         "the nearest pools and their differences are listed (use force with a pool to "
-        "replay anyway, labelled not_comparable)",
+        "replay anyway, labelled not_comparable)"
+        if nearest
+        else "no live worker runs anywhere to replay it on"
+    )
+    raise Conflict(
+        f"no live batch-invariant worker in {where} runs fingerprint {fingerprint_id}; {listed}",
         code="no_matching_pool",
-        details={
-            "fingerprint_id": fingerprint_id,
-            "nearest_pools": nearest_pools(db, in_pool or live, fingerprint_id),
-        },
+        details={"fingerprint_id": fingerprint_id, "nearest_pools": nearest},
     )
 
 

@@ -54,7 +54,10 @@ def collect(
         ..., "--model-dir", help="the model directory the engine serves"
     ),
     tier: int = typer.Option(
-        0, "--tier", help="default tier (the X-Reproducibility-Tier header overrides)"
+        0,
+        "--tier",
+        metavar="<0|1|2>",
+        help="default tier (the X-Reproducibility-Tier header overrides)",
     ),
     worker_id: str = typer.Option(socket.gethostname(), "--worker-id", help="this worker's ID"),
     spool: Path = typer.Option(

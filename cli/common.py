@@ -57,14 +57,26 @@ TokenFileOption = typer.Option(
 )
 
 
+# The option that sets a setting, where it is not the setting's name with dashes.
+_OPTIONS = {"database_url": "--db"}
+
+
 def load_settings(**overrides: Any) -> Settings:
+    """The settings from the environment, with the options given (``overrides``, None: not
+    given); an invalid one exits 2 naming the option or the variable that set it."""
+    given = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        return Settings(**given)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = first.get("loc") or ()
-        name = f"LEDGER_{str(loc[0]).upper()}: " if loc else ""  # the variable, when one is named
-        fail(f"invalid settings: {name}{first.get('msg')}")
+        field = str(loc[0]) if loc else ""
+        if field in given:
+            name = f"{_OPTIONS.get(field, '--' + field.replace('_', '-'))}: "
+        else:
+            name = f"LEDGER_{field.upper()}: " if field else ""
+        message = str(first.get("msg")).removeprefix("Value error, ")  # pydantic's prefix
+        fail(f"invalid settings: {name}{message}")
 
 
 def open_database(url: str | None) -> tuple[Settings, Database]:

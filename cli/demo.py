@@ -37,7 +37,7 @@ from demo.server_thread import ServerThread, free_port
 
 def demo(
     once: bool = typer.Option(False, "--once", help="exit after the demo instead of serving"),
-    port: int = typer.Option(8700, help="API port (0 picks a free one)"),
+    port: int = typer.Option(8700, min=0, max=65535, help="API port (0 picks a free one)"),
     data_dir: Path | None = typer.Option(None, help="data directory (LEDGER_DATA_DIR)"),
     engine_python: Path | None = typer.Option(
         None,
@@ -53,6 +53,8 @@ def demo(
     # in their own sessions and would otherwise outlive it.
     signal.signal(signal.SIGTERM, _interrupt)
     show_progress()
+    if engine_python is not None and not engine_python.exists():
+        fail(f"{engine_python} does not exist (run `make engine`)")
     settings = load_settings(data_dir=data_dir)
     with ledger_errors():
         db, boot, token = open_embedded_ledger(settings, "demo")
@@ -61,14 +63,11 @@ def demo(
     try:
         server.start()
     except RuntimeError as exc:
-        fail(f"{exc} (is port {server.port} in use? try --port 0)")
+        fail(f"{exc} (choose another --port, or 0 for a free one)")
     say = err_console.print if as_json else console.print
     say(f"[bold]ledger API[/] on {server.url} (database {db.describe()})")
     t0 = time.perf_counter()
     engine: EngineDemo | None = None
-    if engine_python is not None and not engine_python.exists():
-        server.stop()
-        fail(f"{engine_python} does not exist (run `make engine`)")
     try:
         with ledger_errors(), LedgerClient(server.url, token) as client:
             if engine_python is None:

@@ -27,6 +27,7 @@ from cli.common import (
 from cli.progress import DelayedByteProgress
 from cli.tables import table
 from client.ledger_client import LedgerClient, read_token_file
+from collectors.artifacts import check_model_dir
 from collectors.digest_cache import DigestCache, default_cache_path
 from collectors.snapshot import Snapshot, take_snapshot
 
@@ -114,6 +115,8 @@ def fingerprint(
     if out is not None:
         refuse_existing(out, force)
     signing_key = read_signing_key(key) if register and key is not None else None  # before hashing
+    with ledger_errors():
+        check_model_dir(model_dir)  # before the digest cache is made
     digest_cache = DigestCache(cache or default_cache_path())
     with ledger_errors(), DelayedByteProgress("hashing model files") as progress:
         snapshot = take_snapshot(

@@ -85,7 +85,7 @@ def gpu_check(
     ),
     as_json: bool = JsonOption,
 ) -> None:
-    """Run the loop on this host's engine and report it (see ``make gpu-check``)."""
+    """Run the loop on this host's engine and report it (see `make gpu-check`)."""
     try:
         levels = [int(x) for x in certify_concurrency.split(",") if x.strip()]
     except ValueError:

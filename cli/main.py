@@ -54,14 +54,15 @@ _typer_value_label = TyperOption.display_type_rich
 def _value_label(self: TyperOption, ctx: Any) -> str | None:
     """What the help shows after an option: typer's ``<int>``, ``<path>`` and choices, but
     nothing for a flag (it takes no value; typer shows ``<bool>``), and a repeatable option as
-    what each occurrence takes, ``<a|b>...`` (typer shows ``<list[a|b]>``)."""
+    what each occurrence takes, ``<a | b>...`` (typer shows ``<list[a|b]>``)."""
     if self.metavar is None and self.is_flag:
         return None
     label = _typer_value_label(self, ctx)
     if label and label.startswith("<list[") and label.endswith("]>"):
         inner = label[len("<list[") : -len("]>")]
-        return f"<{'path' if inner == 'Path' else inner}>..."
-    return label
+        label = f"<{'path' if inner == 'Path' else inner}>..."
+    # choices spaced, so a narrow terminal wraps the list between them, never inside one
+    return label.replace("|", " | ") if label else label
 
 
 TyperOption.display_type_rich = _value_label  # type: ignore[method-assign]
@@ -74,6 +75,9 @@ def load_command(name: str) -> Any:
     if kind == "group":
         target._add_completion = False  # as when it was added to this app: no shell setup
         command = typer.main.get_command(target)
+        for sub in command.commands.values():  # listed as one flowing line, like the top's
+            if sub.short_help is None and sub.help:
+                sub.short_help = " ".join(sub.help.split("\n\n")[0].split())
     else:
         single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
         single.command(name)(target)
@@ -178,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
         # error (click would print a usage block and a boxed message).
         status = _run(args)
     except NoArgsIsHelpError as exc:  # a group without its command: its help
-        exc.show()
+        if exc.format_message():  # typer's rich help is printed already, on stdout
+            exc.show()
         sys.exit(exc.exit_code)
     except UsageError as exc:
         where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""

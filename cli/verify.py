@@ -153,7 +153,7 @@ def _print_content(result: VerifiedBundle) -> None:
             {"disclosed": "disclosed", "redacted": "redacted in this bundle"}.get(
                 item.status, "[bold]erased[/]"
             ),
-            item.digest[:19] + "…",
+            item.digest,
         )
         for item in content.items
     ]

@@ -77,7 +77,7 @@ def walkthrough(client: LedgerClient, data_dir: Path) -> tuple[Rows, str]:
     fp = client.register_fingerprint(sign_envelope(FINGERPRINT_KIND, fp_body, key))
     if fp["fingerprint_id"] != fingerprint_id(fp_body):
         raise CheckFailed("the ledger computed a different fingerprint ID")
-    rows.append(("fingerprint registered", f"{fp['fingerprint_id'][:23]}… ({fp['status']})"))
+    rows.append(("fingerprint registered", f"{fp['fingerprint_id']} ({fp['status']})"))
 
     body = sample_record(fp["fingerprint_id"], random.Random())
     sent = sign_envelope(RECORD_KIND, body, key)
@@ -87,7 +87,7 @@ def walkthrough(client: LedgerClient, data_dir: Path) -> tuple[Rows, str]:
     got = client.get_record(body["request_id"])
     back = Envelope.from_dict(got["envelope"])
     verify_envelope(back, key.public_key)
-    rows.append(("signature verified", f"{back.key_id[:23]}… over {len(back.body_bytes)} bytes"))
+    rows.append(("signature verified", f"{back.key_id} over {len(back.body_bytes)} bytes"))
     sent_lp = base64.b64decode(body["choices"][0]["logprobs"])
     back_lp = base64.b64decode(back.body["choices"][0]["logprobs"])
     if sent_lp != back_lp or back.canonical != sent.canonical:
@@ -126,7 +126,12 @@ def evidence_and_audit(client: LedgerClient, db: Database, data_dir: Path, reque
     rows.append(
         (
             "ledger audited",
-            f"{report.leaves} leaves, {report.checkpoints} checkpoints: all checks pass",
+            f"{_count(report.leaves, 'leaf', 'leaves')}, "
+            f"{_count(report.checkpoints, 'checkpoint', 'checkpoints')}: all checks pass",
         )
     )
     return rows
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"

@@ -89,7 +89,7 @@ def traffic(
         (
             f"pool {w.pool}",
             f"collector {w.url} -> vLLM {w.engine.url}; fingerprint "
-            f"{w.collector.state.fingerprint_id[:19]}…, batch invariance "
+            f"{w.collector.state.fingerprint_id}, batch invariance "
             f"{w.collector.state.batch_invariance}",
         )
         for w in workers.values()
@@ -193,7 +193,7 @@ def cache_lookup(client: LedgerClient, request_id: str) -> Rows:
     hit = client.cache_lookup(key)
     if hit["request_id"] != request_id:
         raise CheckFailed(f"cache key {key} answered {hit['request_id']}, not {request_id}")
-    return [("cache lookup", f"{key[:27]}… -> {request_id} (tier {body['tier']}, greedy)")]
+    return [("cache lookup", f"{key} -> {request_id} (tier {body['tier']}, greedy)")]
 
 
 def run_certification(client: LedgerClient, params: dict[str, Any]) -> dict[str, Any]:

@@ -113,7 +113,7 @@ def revoke_token(db: Database, token_id: str) -> TokenInfo:
     with db.write() as s:
         row = s.get(ApiToken, token_id)
         if row is None:
-            raise NotFound(f"no token {token_id}", code="token_not_found")
+            raise NotFound(f"no token {token_id!r}", code="token_not_found")
         if row.revoked_at is None:
             s.execute(
                 update(ApiToken).where(ApiToken.token_id == token_id).values(revoked_at=utcnow())

@@ -85,7 +85,9 @@ def test_the_placeholder_check_sees_what_typer_would_show():
     shown = _help_text(["verify"])
     assert "--trust-bundled-log-key" in shown and "<path>" in shown
     assert "<bool>" not in shown
-    assert "<records:write|" in _help_text(["tokens", "create"]).replace("\n", "")
+    assert re.search(r"<records:write \|", _help_text(["tokens", "create"]))
+    # choices are spaced: a narrow terminal wraps between them, never inside one
+    assert "prompt_mismatch" in _help_text(["records", "search"])
 
 
 def one_error_line(proc, code: int = 2) -> str:
@@ -459,7 +461,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_a_malformed_engine_url_is_refused_before_the_spool_or_the_model(tmp_path: Path):
+def test_what_the_collector_cannot_use_is_refused_before_the_spool_or_the_model(tmp_path: Path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     (tmp_path / "t").write_text("lgr_x\n")
@@ -470,13 +472,32 @@ def test_a_malformed_engine_url_is_refused_before_the_spool_or_the_model(tmp_pat
         *("--key", str(tmp_path / "c.pem"), "--pool", "p", "--worker-id", "w"),
         *("--spool", str(spool), "--no-register", "--listen", f"127.0.0.1:{_free_port()}"),
     ]
-    for args in (
-        ["fingerprint", "--model-dir", str(tmp_path / "m"), "--engine-url", "http://[::1"],
-        [*collect, "--model-dir", str(tmp_path / "m"), "--engine-url", "http://[::1"],
-        [*collect, "--model-dir", str(tmp_path / "none"), "--engine-url", DOWN],
+    model = ["--model-dir", str(tmp_path / "m")]
+    registers = [a for a in collect if a != "--no-register"]
+    cache = {"LEDGER_DIGEST_CACHE": str(tmp_path / "cache" / "digests.sqlite")}
+    nothing = one_error_line(
+        ledger("fingerprint", "--model-dir", str(tmp_path / "none"), check=False, env=cache)
+    )
+    assert "[model_dir_missing]" in nothing, nothing
+    assert not (tmp_path / "cache").exists()  # no digest cache for a model that is not there
+    for args, code in (
+        (["fingerprint", *model, "--engine-url", "http://[::1"], "invalid_url"),
+        ([*collect, *model, "--engine-url", "http://[::1"], "invalid_url"),
+        (
+            [*collect, "--model-dir", str(tmp_path / "none"), "--engine-url", DOWN],
+            "model_dir_missing",
+        ),
+        # what the ledger would refuse in every heartbeat is refused before the collector starts
+        ([*collect, *model, "--engine-url", DOWN, "--pool", "a b"], "invalid_parameters"),
+        ([*collect, *model, "--engine-url", DOWN, "--worker-id", "a/b"], "invalid_parameters"),
+        ([*registers, *model, "--engine-url", DOWN, "--advertise-url", "x"], "invalid_url"),
+        # the engine away: nothing to fingerprint, so no spool either
+        ([*collect, *model, "--engine-url", DOWN], "engine_unreachable"),
     ):
-        line = one_error_line(ledger(*args, check=False))
-        assert "[invalid_url]" in line or "[model_dir_missing]" in line, line
+        line = one_error_line(ledger(*args, check=False, env=cache))
+        assert f"[{code}]" in line, (args, line)
+        flag = next((a for a in ("--pool", "--worker-id", "--advertise-url") if a in line), None)
+        assert flag is None or flag == args[-2], line
     assert not list(tmp_path.glob("spool*"))
 
 
