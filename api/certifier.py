@@ -176,6 +176,12 @@ def get(state: AppState, job_id: str) -> dict[str, Any]:
     return to_dict(certification_jobs.get(state.db, job_id))
 
 
+def cancel(state: AppState, job_id: str) -> dict[str, Any]:
+    """Cancel a running job, whichever process runs it (blocking)."""
+    queries.check_name(job_id, _JOB_ID, "a certification ID is cert- and 32 hex digits")
+    return to_dict(certification_jobs.cancel(state.db, job_id))
+
+
 def sweep(state: AppState) -> None:
     """At start-up: fail the jobs of processes that died (their leases ran out)."""
     try:

@@ -182,9 +182,10 @@ async def replay(
         )
         return await _log(state, verdict)
     produced_under = answer.body["fingerprint_id"]
-    result = compare.compare(
-        record_generation(body), output_generation(answer.body), cut=record.aborted
-    )
+    recorded = record_generation(body)
+    result = compare.compare(recorded, output_generation(answer.body), cut=record.aborted)
+    # cut before its first output token: nothing the replay could reproduce or contradict
+    empty = record.aborted and not any(c.token_ids for c in recorded.choices)
     # What decides comparability is what the worker ran under, not what it registered: the
     # invariance derived from that fingerprint (ledger.heartbeat.batch_invariance).
     invariance = "none"
@@ -205,7 +206,10 @@ async def replay(
         reason = f"fingerprint {produced_under} is not batch-invariant ({invariance})"
     elif samples_at_random(typed.sampling):
         reason = "the recorded request samples without a seed: a difference is expected"
-    if record.aborted:
+    if empty:
+        cut = "the record was cut before its first output token (aborted): nothing to compare"
+        reason = cut if reason is None else f"{reason}; {cut}"
+    elif record.aborted:
         cut = "the record was cut mid-answer (aborted): only its recorded tokens are compared"
         reason = cut if reason is None else f"{reason}; {cut}"
     # The output repeats the record's content: for an erasable record it is committed, not
@@ -214,7 +218,7 @@ async def replay(
     verdict = build_verdict(
         **verdict_args,
         worker_fingerprint_id=produced_under,
-        verdict=result.verdict if comparable else compare.NOT_COMPARABLE,
+        verdict=result.verdict if comparable and not empty else compare.NOT_COMPARABLE,
         reason=reason,
         comparison=result.to_dict(),
         fingerprint_diff=differences,

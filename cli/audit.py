@@ -60,7 +60,6 @@ def run_audit(
     checkpoint_interval: float | None = typer.Option(
         None,
         "--checkpoint-interval",
-        min=0,
         callback=finite_seconds,
         help="seconds between the ledger's checkpoints (default: LEDGER_CHECKPOINT_INTERVAL, "
         "else 1): leaves older than this plus the clock tolerance must be covered by one",
@@ -68,7 +67,6 @@ def run_audit(
     clock_tolerance: float = typer.Option(
         DEFAULT_CLOCK_TOLERANCE,
         "--clock-tolerance",
-        min=0,
         callback=finite_seconds,
         help="seconds by which ledger hosts' clocks may differ (receive times vs checkpoints)",
     ),

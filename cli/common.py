@@ -110,9 +110,12 @@ MAX_SECONDS = 1_000_000_000
 
 
 def finite_seconds(value: float | None) -> float | None:
-    """Option callback: a number of seconds must be finite (``inf`` and ``nan`` are refused)."""
+    """Option callback: a number of seconds must be finite (``inf`` and ``nan`` are refused)
+    and not negative."""
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"{value} is not a finite number of seconds")
+    if value is not None and value < 0:
+        raise typer.BadParameter(f"{value:g} s is negative")
     if value is not None and value > MAX_SECONDS:
         raise typer.BadParameter(f"{value:g} s is more than {MAX_SECONDS:,} s (31 years)")
     return value

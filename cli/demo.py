@@ -19,6 +19,7 @@ import typer
 
 from api.app import create_app
 from cli.common import (
+    check_listen,
     console,
     err_console,
     fail,
@@ -56,6 +57,8 @@ def demo(
     if engine_python is not None and not engine_python.exists():
         fail(f"{engine_python} does not exist (run `make engine`)")
     settings = load_settings(data_dir=data_dir)
+    if port:
+        check_listen(settings.host, port)  # before the ledger, its keys and token are made
     with ledger_errors():
         db, boot, token = open_embedded_ledger(settings, "demo")
     app = create_app(settings, db, boot.log_key)
@@ -63,7 +66,7 @@ def demo(
     try:
         server.start()
     except RuntimeError as exc:
-        fail(f"{exc} (choose another --port, or 0 for a free one)")
+        fail(f"{exc} (is port {server.port} in use? try --port 0)")
     say = err_console.print if as_json else console.print
     say(f"[bold]ledger API[/] on {server.url} (database {db.describe()})")
     t0 = time.perf_counter()

@@ -22,29 +22,13 @@ class ServerThread:
         self.host, self.port = host, port
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread()  # the server's, once started
+        self.thread = threading.Thread(target=self.server.run, name="ledger-api", daemon=True)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> ServerThread:
-        """Listen, then serve in the thread; RuntimeError (one line, nothing logged) when the
-        address cannot be listened on or the server does not start."""
-        try:
-            family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0][0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except (OSError, OverflowError) as exc:
-            raise RuntimeError(f"cannot listen on {self.url}: {exc}") from exc
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-        except OSError as exc:
-            sock.close()
-            raise RuntimeError(f"cannot listen on {self.url}: {exc.strerror or exc}") from exc
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [sock]}, name="ledger-api", daemon=True
-        )
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:

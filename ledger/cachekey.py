@@ -140,8 +140,15 @@ def samples_at_random(request: Mapping[str, Any]) -> bool:
     """Sampled without a seed as vLLM reads the request: not greedy, and no seed or seed -1,
     which vLLM takes for none (``-1``, ``-1.0`` or ``"-1"``, as its lax integer reading
     takes them). Its output is not reproducible: never a cache answer, and a replay of it is
-    expected to differ."""
-    if _greedy(request):
+    expected to differ. The temperature is read as vLLM reads it too (``"0"`` and false are
+    0), as the collector's tier check reads it."""
+    temperature = request.get("temperature")
+    if isinstance(temperature, str) and temperature.isascii():
+        try:
+            temperature = float(temperature.strip())
+        except ValueError:
+            temperature = None  # vLLM refuses it: the request never ran
+    if isinstance(temperature, int | float) and temperature == 0:  # false is 0 to vLLM
         return False
     seed = request.get("seed")
     if seed is None:

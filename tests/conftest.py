@@ -18,6 +18,7 @@ from tests.support.engine import (
     start_engines,
 )
 from tests.support.harness import Harness, start_harness
+from tests.support.workers import FakeWorker
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
@@ -130,3 +131,12 @@ def tiny_engine(
         yield server.wait_ready()
     finally:
         server.stop()
+
+
+@pytest.fixture
+def fakes() -> Iterator[list[FakeWorker]]:
+    """The fake workers a test starts (append them), closed after it."""
+    started: list[FakeWorker] = []
+    yield started
+    for fake in started:
+        fake.close()

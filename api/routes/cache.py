@@ -129,10 +129,10 @@ def render_answer(found: Answer, context: dict[str, Any], payload: CacheLookupRe
     "/{key}",
     summary="The recorded output for a cache key",
     description="Answers the earliest record in log order under the key that, as logged, is "
-    "at tier >= 1 with deterministic sampling (temperature 0 or a seed) and not aborted; 404 "
-    "`cache_miss` otherwise. The record is re-derived from its envelope first (its keys "
-    "recomputed): an index row that disagrees with the log is 500 `index_mismatch`, never an "
-    "answer. Scope `cache:read` (or `records:read`).",
+    "at tier >= 1 with deterministic sampling (temperature 0, or a seed other than -1) and not "
+    "aborted; 404 `cache_miss` otherwise. The record is re-derived from its envelope first "
+    "(its keys recomputed): an index row that disagrees with the log is 500 `index_mismatch`, "
+    "never an answer. Scope `cache:read` (or `records:read`).",
 )
 async def lookup(key: str, state: StateDep, _: ReadCache) -> Response:
     hit = await run_in_threadpool(cache.lookup, state.db, key)

@@ -46,6 +46,17 @@ async def status(certification_id: str, state: StateDep, _: ReadRecords) -> dict
     return await run_in_threadpool(certifier.get, state, certification_id)
 
 
+@router.post(
+    "/v1/certifications/{certification_id}/cancel",
+    summary="Cancel a running job (it fails as cancelled; no certificate is logged)",
+    description="Frees the pool for another certification at once; the process running the "
+    "job stops its probes within seconds. 409 `job_finished` when the job had already ended "
+    "(a job already logging its certificate finishes). Scope `replay`.",
+)
+async def cancel(certification_id: str, state: StateDep, _: ReplayScope) -> dict[str, Any]:
+    return await run_in_threadpool(certifier.cancel, state, certification_id)
+
+
 @router.get("/v1/certificates/{certificate_id}", summary="A logged pool certificate")
 async def certificate(certificate_id: str, state: StateDep, _: ReadRecords) -> Response:
     stored = await run_in_threadpool(verdicts.get_certificate, state.db, certificate_id)

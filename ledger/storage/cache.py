@@ -9,10 +9,11 @@ keys from its own request, endpoint and fingerprint (``keys_of_record``, exactly
 computed them) and raises ``IndexMismatch`` unless the key asked for is one of them (and the
 row's request ID is the envelope's): a mismatched row is an error, never an answer. Whether a
 record is reusable is decided from the envelope, not the index columns: tier >= 1, deterministic
-sampling (temperature 0 or a seed) and not ``aborted``. Of several reusable records under one
-key the earliest in log order (lowest log index) is the answer. The 404 ``cache_miss`` says why
-when records exist but none qualifies. An erasure deletes a record's keys with its content (a
-key is derived from the prompt), so erased content is a miss, never an answer.
+sampling (temperature 0, or a seed other than -1) and not ``aborted``. Of several reusable
+records under one key the earliest in log order (lowest log index) is the answer. The 404
+``cache_miss`` says why when records exist but none qualifies. An erasure deletes a record's
+keys with its content (a key is derived from the prompt), so erased content is a miss, never an
+answer.
 """
 
 from __future__ import annotations
@@ -273,8 +274,8 @@ def find_reusable(session: Session, key: str, pool: str | None = None) -> Found:
 def miss_message(found: Found) -> str:
     return (
         f"{found.rows} record(s) have this key, none reusable ({', '.join(sorted(found.reasons))})"
-        ": a cache answer needs tier >= 1, temperature 0 or a seed, and a record that was not "
-        "aborted (and, looked up by pool, one recorded in that pool)"
+        ": a cache answer needs tier >= 1, temperature 0 or a seed other than -1, and a record "
+        "that was not aborted (and, looked up by pool, one recorded in that pool)"
     )
 
 

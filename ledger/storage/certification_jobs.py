@@ -272,6 +272,36 @@ def _expire_in(s: Session, at: datetime, only: str | None = None) -> list[str]:
     return [r.certification_id for r in rows]
 
 
+CANCELLED = "cancelled"
+
+
+def cancel(db: Database, certification_id: str, now: datetime | None = None) -> Job:
+    """Fail a running job as ``cancelled``, freeing its pool: its runner finds the job lost at
+    its next renewal (within seconds), stops probing and logs no certificate (one already being
+    logged wins: the job is done). NotFound; Conflict ``job_finished`` when it had ended."""
+    at = now or utcnow()
+    with db.write() as s:
+        _expire_in(s, at, only=certification_id)
+        row = s.get(CertificationJob, certification_id)
+        if row is None:
+            raise NotFound(f"no certification {certification_id!r}", code="job_not_found")
+        if row.state != RUNNING:
+            raise Conflict(
+                f"certification {certification_id} has already ended ({row.state})",
+                code="job_finished",
+                details={"certification_id": certification_id, "status": row.state},
+            )
+        row.error = json.dumps(
+            {
+                "code": CANCELLED,
+                "message": "cancelled (POST /v1/certifications/{id}/cancel) before it finished",
+                "details": {"runner": row.runner, "done": row.done, "total": row.total},
+            }
+        )
+        row.state, row.updated_at = FAILED, at
+    return get(db, certification_id, at)
+
+
 def _held(certification_id: str, runner: str) -> Any:
     return (
         (CertificationJob.certification_id == certification_id)

@@ -4,14 +4,15 @@ API on SQLite and Postgres, with a real HTTP worker answering the order.
 The record holds only the start of the output the engine was making; a replay runs the whole
 request. Its verdict compares that start alone: an engine that reproduces it bit for bit is
 ``bitwise`` (with a reason saying what was compared), never ``diverged`` for the tokens the
-record never had; a token or logprob that differs inside it still counts.
+record never had; a token or logprob that differs inside it still counts. A record cut before
+its first token is ``not_comparable``: there is nothing to reproduce.
 """
 
 from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,14 +31,6 @@ from tests.support.workers import (
 )
 
 CUT = "the record was cut mid-answer (aborted): only its recorded tokens are compared"
-
-
-@pytest.fixture
-def fakes() -> Iterator[list[FakeWorker]]:
-    started: list[FakeWorker] = []
-    yield started
-    for fake in started:
-        fake.close()
 
 
 def _cut(body: dict[str, Any], keep: list[int]) -> dict[str, Any]:
@@ -102,12 +95,18 @@ def test_a_cut_record_reproduced_is_bitwise_over_what_it_recorded(
     assert (choice["logprobs_compared"], choice["logprobs_differing"]) == (4, 0)
 
 
-def test_a_cut_record_cut_before_any_token_is_no_divergence(
+def test_a_record_cut_before_any_token_is_not_comparable(
     api: Harness, fakes: list[FakeWorker], whole: tuple[SigningKey, str, dict[str, Any]]
 ) -> None:
+    """Nothing recorded, nothing reproduced: never ``bitwise`` (a search by verdict, and
+    ``ledger replay``'s exit status, would count it reproduced)."""
     key, fp, body = whole
     verdict = _replay(api, fakes, key, fp, _cut(body, [0]), body)
-    assert verdict["verdict"] == "bitwise" and verdict["reason"] == CUT
+    assert verdict["verdict"] == "not_comparable"
+    assert verdict["reason"] == (
+        "the record was cut before its first output token (aborted): nothing to compare"
+    )
+    assert verdict["comparison"]["choices"][0]["logprobs_compared"] == 0
 
 
 @pytest.mark.parametrize(

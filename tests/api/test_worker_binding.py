@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -70,14 +71,6 @@ def _replay(api: Harness, request_id: str, pool: str) -> dict[str, Any]:
 def _error(response: Any, status: int, code: str) -> None:
     assert response.status_code == status, response.text
     assert response.json()["error"]["code"] == code, response.text
-
-
-@pytest.fixture
-def fakes() -> Iterator[list[FakeWorker]]:
-    started: list[FakeWorker] = []
-    yield started
-    for fake in started:
-        fake.close()
 
 
 def _fake(
@@ -302,6 +295,45 @@ def test_a_certification_of_any_signed_engine_section_starts_with_bounded_probes
     assert again.json()["error"]["details"] == {
         "certification_id": response.json()["certification_id"]
     }
+
+
+def test_a_running_certification_can_be_cancelled_which_frees_its_pool(
+    api: Harness, fakes: list[FakeWorker]
+) -> None:
+    """A replay token (not a reader) cancels a job whose worker holds its first probe: the job
+    fails as ``cancelled`` and the pool takes another certification at once."""
+    key = api.collector()
+    fp = register_fingerprint(api, key, serial_engine())
+    release = threading.Event()
+
+    def held(order: dict[str, Any]) -> Response:
+        release.wait(30)
+        return JSONResponse({"error": {"code": "x", "message": "released"}}, 503)
+
+    try:
+        worker = _register(api, key, fp, _fake(fakes, key, {}, respond=held).url)
+        started = api.client().post("/v1/certifications", json={"pool": worker["pool"]})
+        assert started.status_code == 202, started.text
+        job = started.json()["certification_id"]
+        reader = api.client(api.token("records:read"))
+        _error(reader.post(f"/v1/certifications/{job}/cancel"), 403, "insufficient_scope")
+        replay = api.client(api.token("replay"))
+        cancelled = replay.post(f"/v1/certifications/{job}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        assert cancelled.json()["status"] == "failed"
+        assert cancelled.json()["error"]["code"] == "cancelled"
+        assert api.client().get(f"/v1/certifications/{job}").json() == cancelled.json()
+        _error(replay.post(f"/v1/certifications/{job}/cancel"), 409, "job_finished")
+        _error(replay.post("/v1/certifications/cert-x/cancel"), 422, "invalid_parameters")
+        unknown = replay.post("/v1/certifications/cert-" + "0" * 32 + "/cancel")
+        _error(unknown, 404, "job_not_found")
+        after = api.client().post("/v1/certifications", json={"pool": worker["pool"]})
+        assert after.status_code == 202, after.text
+        assert replay.post(
+            f"/v1/certifications/{after.json()['certification_id']}/cancel"
+        ).is_success
+    finally:
+        release.set()
 
 
 def test_a_certification_sends_a_bounded_number_of_probes(

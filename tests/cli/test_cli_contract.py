@@ -303,6 +303,8 @@ def test_a_token_file_that_holds_no_token_says_so(tmp_path: Path, bad: str):
 def test_audit_seconds_must_be_finite_and_not_negative(tmp_path: Path, option: str, value: str):
     proc = ledger("audit", "--db", f"sqlite:///{tmp_path}/l.db", option, value, check=False)
     assert proc.returncode == 2 and option in proc.stderr, proc.stderr
+    said = {"inf": "not a finite", "nan": "not a finite", "-1": "negative", "1e308": "31 years"}
+    assert said[value] in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "this is a bug" not in proc.stderr
 
 
@@ -558,6 +560,10 @@ def test_serve_and_collect_on_a_port_in_use_say_so_and_create_nothing(tmp_path: 
         )
         assert f"cannot listen on 127.0.0.1:{port}" in serve_line, serve_line
         assert "[cannot_listen]" in serve_line and not data.exists()
+        demo_line = one_error_line(
+            ledger("demo", "--once", "--port", str(port), "--data-dir", str(data), check=False)
+        )
+        assert "[cannot_listen]" in demo_line and not data.exists()  # no ledger, key or token
         (tmp_path / "m").mkdir()
         (tmp_path / "t").write_text("lgr_x\n")
         (tmp_path / "c.pem").write_bytes(SigningKey.generate().private_pem())

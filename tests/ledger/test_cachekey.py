@@ -164,6 +164,11 @@ def test_seed_minus_one_samples_at_random_as_vllm_reads_it() -> None:
     for seed in (0, 7, "7", 2**63 - 1, True, "x", [1]):
         assert not samples_at_random({"temperature": 0.8, "seed": seed}), seed
     assert is_deterministic({"temperature": 0.8, "seed": -1})
+    # the temperature as vLLM (and the collector's tier check) reads it: "0" and false are 0
+    for greedy in (0, 0.0, "0", " 0.0 ", False):
+        assert not samples_at_random({"temperature": greedy}), greedy
+    for sampled in (0.7, "0.7", True, "x", "\u0660"):
+        assert samples_at_random({"temperature": sampled}), sampled
 
 
 params = st.fixed_dictionaries(

@@ -296,6 +296,25 @@ def test_one_certification_runs_per_pool_and_a_bounded_number_in_all(
     assert full.value.details["max_running"] == running + 1
 
 
+def test_a_cancelled_job_fails_frees_its_pool_and_its_runner_lets_go(db: Database) -> None:
+    job = _create(db)
+    cancelled = jobs.cancel(db, job.certification_id)
+    assert cancelled.state == "failed" and cancelled.error is not None
+    assert cancelled.error["code"] == "cancelled" and cancelled.certificate is None
+    # the runner finds the job lost at its next renewal, and stops
+    assert not jobs.renew(db, job.certification_id, "host:1:a", done=3, lease=LEASE)
+    assert not jobs.finish(db, job.certification_id, "host:1:a", done=3, error={"code": "x"})
+    assert jobs.get(db, job.certification_id) == cancelled
+    _create(db, pool=job.pool)  # the pool is free
+    with pytest.raises(Conflict) as ended:
+        jobs.cancel(db, job.certification_id)
+    assert ended.value.code == "job_finished"
+    assert ended.value.details == {"certification_id": job.certification_id, "status": "failed"}
+    with pytest.raises(NotFound) as unknown:
+        jobs.cancel(db, "cert-" + "0" * 32)
+    assert unknown.value.code == "job_not_found"
+
+
 def test_a_certificate_logged_after_the_lease_ran_out_still_makes_the_job_done(
     db: Database,
 ) -> None:
