@@ -146,7 +146,8 @@ def unusable(record: StoredRecord, pool: str | None = None) -> str | None:
         return "aborted"
     if record.tier < 1:
         return "tier 0"
-    if samples_at_random(record.record.sampling):
+    sampling = record.record.sampling
+    if not is_deterministic(sampling) or samples_at_random(sampling):  # as indexed; as vLLM ran it
         return "non-deterministic sampling"
     return None
 
