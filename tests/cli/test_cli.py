@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sqlite3
 import subprocess
@@ -81,6 +82,8 @@ def test_read_only_commands_never_create_a_ledger(tmp_path: Path):
 def test_demo_once(tmp_path: Path):
     proc = ledger("demo", "--once", "--port", "0", "--data-dir", str(tmp_path))
     assert "logprobs bit-exact" in proc.stdout and "signature verified" in proc.stdout
+    assert "…" not in proc.stdout  # IDs in full, never cut
+    assert re.search(r"sha256:[0-9a-f]{64} \(created\)", proc.stdout), proc.stdout
     assert (tmp_path / "admin.token").read_text().startswith("lgr_")
     # the demo registers its collector key as production should: scoped to its one pool
     with sqlite3.connect(tmp_path / "ledger.db") as conn:

@@ -665,6 +665,33 @@ def test_json_output_is_json(running):
 
 
 @pytest.mark.parametrize(
+    "args, env, says",
+    [
+        # an option given is named as given, a variable as set; a validator's words once
+        (["serve", "--port", "99999"], {}, "invalid settings: --port: "),
+        (["serve"], {"LEDGER_PORT": "abc"}, "invalid settings: LEDGER_PORT: "),
+        (
+            ["serve"],
+            {"LEDGER_WORKER_NETWORKS": "garbage"},
+            "invalid settings: LEDGER_WORKER_NETWORKS: worker network 'garbage'",
+        ),
+    ],
+)
+def test_an_invalid_setting_names_the_option_or_variable_that_set_it(
+    tmp_path: Path, args: list[str], env: dict[str, str], says: str
+) -> None:
+    data = {"LEDGER_DATA_DIR": str(tmp_path / "data"), **env}
+    line = one_error_line(ledger(*args, env=data, check=False))
+    assert line.startswith(f"error: {says}"), line
+    assert "Value error" not in line and not (tmp_path / "data").exists()
+
+
+def test_ledger_alone_prints_its_help_and_nothing_on_stderr() -> None:
+    proc = ledger(check=False)
+    assert proc.returncode == 2 and "Usage: ledger" in proc.stdout and proc.stderr == ""
+
+
+@pytest.mark.parametrize(
     "args, says",
     [
         (["verify"], "Missing argument 'bundle'. (see 'ledger verify --help')"),

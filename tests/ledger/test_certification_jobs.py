@@ -19,8 +19,9 @@ from sqlalchemy import text
 
 from ledger.clock import parse_rfc3339
 from ledger.errors import Conflict, IndexMismatch, NotFound
+from ledger.signing import SigningKey
 from ledger.storage import certification_jobs as jobs
-from ledger.storage import log
+from ledger.storage import log, verdicts
 from ledger.storage.database import Database, utcnow
 from tests.support.certification_worker import add_worker
 from tests.support.cli import ledger
@@ -59,6 +60,16 @@ def _certificate(job: jobs.Job, invariant: bool = True) -> dict[str, Any]:
         "invariant_observed": invariant,
         "issued_at": ISSUED_AT,
     }
+
+
+def _conclude(
+    db: Database, log_key: SigningKey, job: jobs.Job, invariant: bool = True
+) -> verdicts.Stored:
+    """``job``'s runner logs its certificate (all 10 probes done)."""
+    return jobs.conclude(
+        db, log_key, job.certification_id, "host:1:a", done=10,
+        certificate=_certificate(job, invariant),
+    )  # fmt: skip
 
 
 def test_a_job_is_created_running_and_read_back_as_written(db: Database) -> None:
@@ -155,10 +166,7 @@ def test_a_certificate_is_logged_only_with_its_job_marked_done(
 
     monkeypatch.setattr(jobs, "update", broken)
     with pytest.raises(RuntimeError):
-        jobs.conclude(
-            db, seeded.log_key, job.certification_id, "host:1:a", done=10,
-            certificate=_certificate(job),
-        )  # fmt: skip
+        _conclude(db, seeded.log_key, job)
     monkeypatch.undo()
     with db.read() as s:
         assert log.log_size(s) == before
@@ -173,10 +181,7 @@ def test_a_done_job_pointed_at_another_leaf_is_never_answered(db: Database) -> N
     done: list[tuple[jobs.Job, int]] = []
     for _ in range(2):
         job = _create(db)
-        stored = jobs.conclude(
-            db, seeded.log_key, job.certification_id, "host:1:a", done=10,
-            certificate=_certificate(job),
-        )  # fmt: skip
+        stored = _conclude(db, seeded.log_key, job)
         done.append((job, stored.log_index))
     (first, _), (second, second_leaf) = done
     edits = [
@@ -210,10 +215,7 @@ def test_a_done_jobs_facts_are_its_certificates_and_a_logged_certificate_is_neve
     certificate is in the log, so the job is answered done with it."""
     seeded = seed_ledger(db)
     job = _create(db)
-    stored = jobs.conclude(
-        db, seeded.log_key, job.certification_id, "host:1:a", done=10,
-        certificate=_certificate(job),
-    )  # fmt: skip
+    stored = _conclude(db, seeded.log_key, job)
     honest = jobs.get(db, job.certification_id)
 
     def edit(**values: object) -> None:
@@ -248,10 +250,7 @@ def test_a_done_jobs_progress_and_end_are_its_certificates(db: Database) -> None
     the job answers every probe its signed parameters send, and its certificate leaf's time."""
     seeded = seed_ledger(db)
     job = _create(db)
-    stored = jobs.conclude(
-        db, seeded.log_key, job.certification_id, "host:1:a", done=10,
-        certificate=_certificate(job),
-    )  # fmt: skip
+    stored = _conclude(db, seeded.log_key, job)
     with db.engine.begin() as conn:
         conn.execute(
             text(
@@ -322,10 +321,7 @@ def test_a_certificate_logged_after_the_lease_ran_out_still_makes_the_job_done(
     seeded = seed_ledger(db)
     job = _create(db)
     jobs.get(db, job.certification_id, now=job.lease_until + timedelta(seconds=1))
-    stored = jobs.conclude(
-        db, seeded.log_key, job.certification_id, "host:1:a", done=10,
-        certificate=_certificate(job, invariant=False),
-    )  # fmt: skip
+    stored = _conclude(db, seeded.log_key, job, invariant=False)
     done = jobs.get(db, job.certification_id)
     assert done.state == "done" and done.error is None and done.certificate == stored.envelope
 
