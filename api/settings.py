@@ -119,7 +119,7 @@ class Settings(BaseSettings):
         try:
             UrlPolicy.parse(value)
         except InvalidInput as exc:
-            raise ValueError(exc.message) from exc
+            raise ValueError(f"LEDGER_WORKER_NETWORKS: {exc.message}") from exc
         return value
 
     @field_validator("log_origin")

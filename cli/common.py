@@ -76,6 +76,8 @@ def load_settings(**overrides: Any) -> Settings:
         else:
             name = f"LEDGER_{field.upper()}: " if field else ""
         message = str(first.get("msg")).removeprefix("Value error, ")  # pydantic's prefix
+        if message.startswith(name):  # a validator that names its variable itself
+            name = ""
         fail(f"invalid settings: {name}{message}")
 
 
