@@ -40,6 +40,7 @@ from ledger.replay import output_generation
 from ledger.storage import cache, certification_jobs, queries, workers
 from ledger.storage.certification_jobs import INTERRUPTED, Job
 from ledger.storage.workers import WorkerInfo
+from ledger.tokens import Principal
 
 logger = logging.getLogger("ledger.certify")
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -103,6 +104,7 @@ def start(
     concurrency: list[int],
     max_tokens: list[int],
     seed: int,
+    started_by: str | None = None,
 ) -> Run:
     """Check the request, choose the worker and write the job, running, leased to this
     process (blocking: call it in a thread); :func:`launch` then runs it."""
@@ -153,6 +155,7 @@ def start(
         total=total,
         runner=state.runner_id,
         lease=LEASE,
+        started_by=started_by,
     )
     return Run(job, worker)
 
@@ -176,10 +179,11 @@ def get(state: AppState, job_id: str) -> dict[str, Any]:
     return to_dict(certification_jobs.get(state.db, job_id))
 
 
-def cancel(state: AppState, job_id: str) -> dict[str, Any]:
-    """Cancel a running job, whichever process runs it (blocking)."""
+def cancel(state: AppState, job_id: str, by: Principal) -> dict[str, Any]:
+    """Cancel a running job, whichever process runs it, for the token that started it or an
+    admin token (blocking)."""
     queries.check_name(job_id, _JOB_ID, "a certification ID is cert- and 32 hex digits")
-    return to_dict(certification_jobs.cancel(state.db, job_id))
+    return to_dict(certification_jobs.cancel(state.db, job_id, by))
 
 
 def sweep(state: AppState) -> None:
@@ -362,4 +366,5 @@ async def _probes(state: AppState, run: Run) -> dict[str, Any]:
         batch_invariance=run.worker.batch_invariance,
         parameters=p,
         results=results,
+        started_at=rfc3339(run.job.created_at),
     )

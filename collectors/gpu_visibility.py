@@ -5,14 +5,18 @@ Two variables of the engine's environment narrow the list, in this order:
 
 ``NVIDIA_VISIBLE_DEVICES``
     The NVIDIA container runtime's choice of devices for the engine's container: ``all``,
-    ``none``/``void``/empty (no device), or a comma-separated list of ``GPU-`` UUIDs, ``MIG-``
-    UUIDs of MIG instances, host indexes ``N`` and MIG devices ``N:M`` (GPU ``N``'s MIG device
-    ``M``). Applied only when it differs from the collector's own value: a collector whose
-    container holds the same devices (compose gives both the same ``device_ids``) already
-    enumerates exactly those. Host indexes apply only when the collector's NVML numbers devices
-    as the host does (its own value unset or ``all``); in a container of its own they would name
-    other devices, so they are reported and not applied. A path (the runtime's volume-mounts
-    strategy) is reported and not applied.
+    ``none``/empty (no device), or a comma-separated list of ``GPU-`` UUIDs, ``MIG-`` UUIDs of
+    MIG instances, host indexes ``N`` and MIG devices ``N:M`` (GPU ``N``'s MIG device ``M``).
+    Applied only when it differs from the collector's own value: a collector whose container
+    holds the same devices (compose gives both the same ``device_ids``) already enumerates
+    exactly those. Both values are read as the runtime reads them: a name given twice takes its
+    last value (Docker appends the reserved ``device_ids`` after the CUDA image's ``all``), so
+    the collector reads its own from ``/proc/self/environ`` as it reads the engine's, not from
+    ``os.environ`` (which keeps the first). Host indexes apply only when the collector's NVML
+    numbers devices as the host does (its own value unset or ``all``); in a container of its
+    own they would name other devices, so they are reported and not applied. A path (the
+    runtime's volume-mounts strategy) and ``void`` (the devices are injected another way, as
+    CDI specs say) are reported and not applied.
 ``CUDA_VISIBLE_DEVICES``
     What CUDA shows the process, relative to that list, in the order given: device ordinals,
     ``GPU-`` UUIDs or unique prefixes of them, and ``MIG-`` UUIDs of MIG instances. Unset: every
@@ -26,13 +30,14 @@ or one MIG instance of it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from collectors.procinfo import own_environ
+
 CUDA = "CUDA_VISIBLE_DEVICES"
 CONTAINER = "NVIDIA_VISIBLE_DEVICES"
-_NO_DEVICES = ("none", "void", "")
+_NO_DEVICES = ("none", "")
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,7 @@ class Visibility:
         is reported, and the caller says why)."""
         if env is None:
             return None
-        own = os.environ if own is None else own
+        own = own_environ() if own is None else own
         container = env.get(CONTAINER)
         mine = own.get(CONTAINER)
         if container is not None and container.strip() == (mine or "").strip():
@@ -111,6 +116,12 @@ def _container(
     if value.startswith("/"):
         reasons.append(
             f"{CONTAINER} is {value!r}: the runtime gives the devices as volume mounts, which "
+            "the collector does not read; every device NVML lists is reported"
+        )
+        return [Chosen(d.index) for d in devices]
+    if value.lower() == "void":
+        reasons.append(
+            f"{CONTAINER} is 'void': the devices are injected another way (a CDI spec), which "
             "the collector does not read; every device NVML lists is reported"
         )
         return [Chosen(d.index) for d in devices]

@@ -7,6 +7,7 @@ descriptors; the caller gets :class:`ProcessUnreadable` with the reason, never a
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +109,29 @@ def find_pid_by_port(port: int, proc: Path = PROC) -> int:
     raise ProcessUnreadable(message, reason)
 
 
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """A process's ``environ`` (``NAME=value`` entries, NUL-separated) as a mapping; a name
+    given twice takes its last value, as the NVIDIA container runtime reads a container's
+    variables (Docker appends ``NVIDIA_VISIBLE_DEVICES=<device_ids>`` after an image's own
+    ``NVIDIA_VISIBLE_DEVICES=all``, and that last value chose the devices)."""
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def own_environ(proc: Path = PROC) -> Mapping[str, str]:
+    """This process's environment as it was started, read as :func:`parse_environ` reads
+    another's (``os.environ`` keeps a name's first value); ``os.environ`` where ``/proc`` is
+    not readable."""
+    try:
+        return parse_environ((proc / "self" / "environ").read_bytes())
+    except OSError:
+        return os.environ
+
+
 def read_process(pid: int, proc: Path = PROC) -> EngineProcess:
     """argv, environment and executable of ``pid``."""
     base = proc / str(pid)
@@ -132,11 +156,7 @@ def read_process(pid: int, proc: Path = PROC) -> EngineProcess:
         ) from exc
     except FileNotFoundError as exc:
         raise ProcessUnreadable(f"process {pid} exited", "the engine process exited") from exc
-    env: dict[str, str] = {}
-    for item in raw_env.split(b"\0"):
-        name, sep, value = item.partition(b"=")
-        if sep:
-            env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    env = parse_environ(raw_env)
     links: dict[str, str | None] = {}
     for link in ("exe", "cwd"):
         try:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ledger.cachekey import CHAT, GREEDY_IRRELEVANT, IGNORED, samples_at_random
+from ledger.cachekey import CHAT, GREEDY_IRRELEVANT, IGNORED
 from ledger.clock import parse_rfc3339
 from ledger.compact_json import compact_json
 from ledger.inference_record import InferenceRecord, RecordChoice
@@ -127,7 +127,8 @@ def not_servable(
 ) -> str | None:
     """Why this record cannot be rebuilt as the answer to ``request`` (None: it can);
     ``chat_unservable``: why no chat answer of the record's environment is (its fingerprint
-    says the engine parses reasoning out of the text, or the template reads the date)."""
+    says the engine parses reasoning out of the text, or the template reads the date). A
+    request that samples at random is its callers' to refuse first (``not_deterministic``)."""
     if endpoint == CHAT and chat_unservable is not None:
         return chat_unservable
     for flag in _FLAGS:
@@ -139,8 +140,6 @@ def not_servable(
     refused = _refused_by_vllm(endpoint, request)
     if refused is not None:
         return refused
-    if samples_at_random(request):
-        return "the request samples at random (no seed, or seed -1, which vLLM reads as none)"
     why = _unlike_recorded(endpoint, request, record.request)
     if why is not None:
         return why

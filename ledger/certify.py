@@ -10,7 +10,7 @@ Certificate body (schema version 1, kind ``pool_certificate``, signed by the log
 
     {"schema_version", "certificate_id", "pool", "worker_id", "fingerprint_id",
      "batch_invariance", "parameters": {"prompts", "concurrency", "max_tokens", "seed",
-     "prompt_chars"}, "results": [<cell>], "invariant_observed", "issued_at"}
+     "prompt_chars"}, "results": [<cell>], "invariant_observed", "started_at"?, "issued_at"}
     cell: {"max_tokens", "concurrency", "requests", "exact_tokens", "bitwise",
            "exact_token_rate", "bitwise_rate", "first_divergences", "min_margin",
            "min_margin_at_divergence"}
@@ -192,8 +192,11 @@ def certificate(
     batch_invariance: str,
     parameters: dict[str, Any],
     results: list[dict[str, Any]],
+    started_at: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    """The certificate of a finished run; ``started_at``: when its job was created (RFC 3339),
+    which a poll of the done job then answers from this signed body."""
+    body = {
         "schema_version": SCHEMA_VERSION,
         "certificate_id": certificate_id,
         "pool": pool,
@@ -205,3 +208,6 @@ def certificate(
         "invariant_observed": bool(results) and all(r["bitwise"] == r["requests"] for r in results),
         "issued_at": utc_now(),
     }
+    if started_at is not None:
+        body["started_at"] = started_at
+    return body

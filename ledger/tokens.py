@@ -63,15 +63,20 @@ def parse_expiry(text: str, now: datetime) -> datetime:
         elif m := _RFC3339.fullmatch(value):
             date, clock, fraction, zone = m.groups()
             micros = (fraction or "")[:6].ljust(6, "0")  # finer digits are dropped
+            if len(zone) == 6 and zone[-2:] > "59":  # datetime would read +00:99 as 1 h 39 min
+                raise ValueError("its offset's minutes are over 59")
             zone = "+00:00" if zone in ("Z", "z") else zone
             expires = datetime.fromisoformat(f"{date}T{clock}.{micros}{zone}").astimezone(UTC)
         else:
             raise ValueError("not a duration or an RFC 3339 time")
-    except OverflowError as exc:  # well formed, but past the last time a datetime holds
+    except OverflowError as exc:  # well formed, but outside the times a datetime holds
+        where = (
+            "before 0001-01-01T00:00:00Z, long past"
+            if _RFC3339.fullmatch(value) and value[:4] == "0001"
+            else "after 9999-12-31T23:59:59Z, the latest time the ledger can store"
+        )
         raise InvalidInput(
-            f"invalid expiry {text!r}: it lies after 9999-12-31T23:59:59Z, the latest time "
-            "the ledger can store",
-            code="invalid_expiry",
+            f"invalid expiry {text!r}: it lies {where}", code="invalid_expiry"
         ) from exc
     except ValueError as exc:  # not either form, or a date that does not exist (02-30)
         why = str(exc) if _RFC3339.fullmatch(value) else f"expected {EXPIRY_FORMS}"

@@ -27,7 +27,9 @@ router = APIRouter(tags=["certifications"], responses={**ERRORS, **UPSTREAM_ERRO
     openapi_extra=body_doc(CertifyCreate),
 )
 async def start(
-    _: ReplayScope, payload: Annotated[CertifyCreate, json_body(CertifyCreate)], state: StateDep
+    principal: ReplayScope,
+    payload: Annotated[CertifyCreate, json_body(CertifyCreate)],
+    state: StateDep,
 ) -> dict[str, Any]:
     run = await run_in_threadpool(
         certifier.start,
@@ -37,6 +39,7 @@ async def start(
         payload.concurrency,
         payload.max_tokens,
         payload.seed,
+        principal.token_id,
     )
     return certifier.launch(state, run)
 
@@ -51,10 +54,11 @@ async def status(certification_id: str, state: StateDep, _: ReadRecords) -> dict
     summary="Cancel a running job (it fails as cancelled; no certificate is logged)",
     description="Frees the pool for another certification at once; the process running the "
     "job stops its probes within seconds. 409 `job_finished` when the job had already ended "
-    "(a job already logging its certificate finishes). Scope `replay`.",
+    "(a job already logging its certificate finishes). Scope `replay`: the token that started "
+    "the job, or an admin token (403 `not_job_starter` for another).",
 )
-async def cancel(certification_id: str, state: StateDep, _: ReplayScope) -> dict[str, Any]:
-    return await run_in_threadpool(certifier.cancel, state, certification_id)
+async def cancel(certification_id: str, state: StateDep, principal: ReplayScope) -> dict[str, Any]:
+    return await run_in_threadpool(certifier.cancel, state, certification_id, principal)
 
 
 @router.get("/v1/certificates/{certificate_id}", summary="A logged pool certificate")

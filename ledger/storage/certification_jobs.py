@@ -31,13 +31,14 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session, aliased
 
 from ledger.certify import probe_count
-from ledger.clock import rfc3339
-from ledger.errors import Conflict, IndexMismatch, NotFound
+from ledger.clock import parse_rfc3339, rfc3339
+from ledger.errors import Conflict, IndexMismatch, NotFound, PermissionDenied
 from ledger.signing import SigningKey
 from ledger.storage import verdicts
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import Certificate, CertificationJob, LogEntry
 from ledger.storage.verdicts import CERTIFICATE_KIND
+from ledger.tokens import Principal
 
 RUNNING, DONE, FAILED = "running", "done", "failed"
 MAX_RUNNING = 16  # jobs running at once, over every pool and process
@@ -95,7 +96,10 @@ def _checked(
             row.worker_id,
             row.fingerprint_id,
         )
-        ok = ok and body["parameters"] == json.loads(row.parameters)
+        # as JSON, not as Python values: True == 1 and 2.0 == 2 are no match
+        ok = ok and _json(body["parameters"]) == _json(json.loads(row.parameters))
+        if ok and "started_at" in body:
+            parse_rfc3339(body["started_at"])  # ValueError: not a start this ledger signed
     except (ValueError, KeyError, TypeError):
         ok = False
     if not ok:
@@ -105,6 +109,18 @@ def _checked(
             details={"certification_id": row.certification_id, "log_index": log_index},
         )
     return bytes(envelope), body
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _code(error: str | None) -> Any:
+    """The code of a row's stored error (None: none, or not one the ledger wrote)."""
+    try:
+        return json.loads(error).get("code") if error is not None else None
+    except (ValueError, AttributeError):
+        return None
 
 
 def _job(
@@ -120,9 +136,11 @@ def _job(
     row says is running or failed makes it done (a runner between logging its certificate and
     recording it, or an edited row: the leaf is the fact). A done job's progress and end are
     its certificate's (every probe its parameters send; its leaf's append time), not the
-    row's."""
+    row's; its parameters, and when the certificate names it its start, are the certificate's
+    too."""
     state, log_index, done, total, error = row.state, row.log_index, row.done, row.total, row.error
-    updated_at = as_utc(row.updated_at)
+    parameters = json.loads(row.parameters)
+    updated_at, created_at = as_utc(row.updated_at), as_utc(row.created_at)
     certificate, appended = None, None
     if row.state == DONE:
         if pointed is None or (logged_at is not None and logged_at != row.log_index):
@@ -137,15 +155,18 @@ def _job(
         certificate, signed = _checked(row, logged, logged_at)
         state, log_index, error, appended = DONE, logged_at, None, logged_time
     if certificate is not None:
-        done = total = probe_count(signed["parameters"])
+        parameters, error = signed["parameters"], None
+        done = total = probe_count(parameters)
         assert appended is not None  # read with the leaf
         updated_at = as_utc(appended)
+        if isinstance(signed.get("started_at"), str):
+            created_at = parse_rfc3339(signed["started_at"])
     return Job(
         certification_id=row.certification_id,
         pool=row.pool,
         worker_id=row.worker_id,
         fingerprint_id=row.fingerprint_id,
-        parameters=json.loads(row.parameters),
+        parameters=parameters,
         state=state,
         done=done,
         total=total,
@@ -154,7 +175,7 @@ def _job(
         log_index=log_index,
         runner=row.runner,
         lease_until=as_utc(row.lease_until),
-        created_at=as_utc(row.created_at),
+        created_at=created_at,
         updated_at=updated_at,
         certificate=certificate,
     )
@@ -171,9 +192,11 @@ def create(
     total: int,
     runner: str,
     lease: timedelta,
+    started_by: str | None = None,
     now: datetime | None = None,
 ) -> Job:
-    """A new job, running and leased to ``runner`` from the start."""
+    """A new job, running and leased to ``runner`` from the start; ``started_by``: the
+    display ID of the token that started it (the one that may cancel it, besides admins)."""
     at = now or utcnow()
     values = {
         "certification_id": certification_id,
@@ -188,6 +211,7 @@ def create(
         "certificate_id": None,
         "log_index": None,
         "runner": runner,
+        "started_by": started_by,
         "lease_until": at + lease,
         "created_at": at,
         "updated_at": at,
@@ -275,16 +299,25 @@ def _expire_in(s: Session, at: datetime, only: str | None = None) -> list[str]:
 CANCELLED = "cancelled"
 
 
-def cancel(db: Database, certification_id: str, now: datetime | None = None) -> Job:
+def cancel(db: Database, certification_id: str, by: Principal, now: datetime | None = None) -> Job:
     """Fail a running job as ``cancelled``, freeing its pool: its runner finds the job lost at
     its next renewal (within seconds), stops probing and logs no certificate (one already being
-    logged wins: the job is done). NotFound; Conflict ``job_finished`` when it had ended."""
+    logged wins: the job is done). Only the token that started the job, or an admin token,
+    cancels it. NotFound; PermissionDenied ``not_job_starter``; Conflict ``job_finished``
+    when it had ended."""
     at = now or utcnow()
     with db.write() as s:
         _expire_in(s, at, only=certification_id)
         row = s.get(CertificationJob, certification_id)
         if row is None:
             raise NotFound(f"no certification {certification_id!r}", code="job_not_found")
+        if row.started_by != by.token_id and not by.allows("admin"):
+            raise PermissionDenied(
+                f"certification {certification_id} was started by another token: only that "
+                "token, or an admin token, cancels it",
+                code="not_job_starter",
+                details={"certification_id": certification_id},
+            )
         if row.state != RUNNING:
             raise Conflict(
                 f"certification {certification_id} has already ended ({row.state})",
@@ -295,7 +328,12 @@ def cancel(db: Database, certification_id: str, now: datetime | None = None) -> 
             {
                 "code": CANCELLED,
                 "message": "cancelled (POST /v1/certifications/{id}/cancel) before it finished",
-                "details": {"runner": row.runner, "done": row.done, "total": row.total},
+                "details": {
+                    "runner": row.runner,
+                    "done": row.done,
+                    "total": row.total,
+                    "cancelled_by": by.token_id,
+                },
             }
         )
         row.state, row.updated_at = FAILED, at
@@ -373,6 +411,15 @@ def conclude(
     """
 
     def mark_done(s: Session, log_index: int) -> None:
+        row = s.get(CertificationJob, certification_id)
+        if row is not None and row.state == FAILED and _code(row.error) == CANCELLED:
+            # cancelled between the runner's last renewal and now: the cancel was answered
+            # as final, so no certificate is logged (raising here appends nothing)
+            raise Conflict(
+                f"certification {certification_id} was cancelled: no certificate is logged",
+                code="job_finished",
+                details={"certification_id": certification_id, "status": FAILED},
+            )
         s.execute(
             update(CertificationJob)
             .where(

@@ -237,6 +237,8 @@ class CertificationJob(Base):
     certificate_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     log_index: Mapped[int | None] = mapped_column(ForeignKey("log_entries.idx"), nullable=True)
     runner: Mapped[str] = mapped_column(String(200))  # the process that runs it
+    # the display ID of the token that started it (None: started before revision 0012)
+    started_by: Mapped[str | None] = mapped_column(String(100), nullable=True)
     lease_until: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -120,6 +120,8 @@ def test_expiry_forms():
         "2027-01-31T00:00:00",  # no zone
         "2027-02-30T00:00:00Z",
         "2027-01-31T00:00:00+24:00",
+        "2099-01-31T00:00:00+00:60",  # no minute 60 in an offset (datetime reads +01:00)
+        "2099-01-31T00:00:00-05:99",
         "2026-12-01T11:59:59Z",  # past
         "2026-12-01T12:00:00Z",  # now
         "9999-12-31T23:59:59-01:00",  # beyond the calendar
@@ -138,6 +140,10 @@ def test_an_expiry_past_the_calendar_or_an_impossible_date_says_so():
             parse_expiry(beyond, now)
     with pytest.raises(InvalidInput, match="day is out of range"):
         parse_expiry("2027-02-30T00:00:00Z", now)
+    with pytest.raises(InvalidInput, match="before 0001-01-01T00:00:00Z"):
+        parse_expiry("0001-01-01T00:00:00+01:00", now)  # before the calendar, not after it
+    with pytest.raises(InvalidInput, match="minutes are over 59"):
+        parse_expiry("2099-01-31T00:00:00+00:99", now)
 
 
 def test_tokens_cli_expires_and_lists_expiry(tmp_path: Path):

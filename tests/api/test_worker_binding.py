@@ -300,8 +300,9 @@ def test_a_certification_of_any_signed_engine_section_starts_with_bounded_probes
 def test_a_running_certification_can_be_cancelled_which_frees_its_pool(
     api: Harness, fakes: list[FakeWorker]
 ) -> None:
-    """A replay token (not a reader) cancels a job whose worker holds its first probe: the job
-    fails as ``cancelled`` and the pool takes another certification at once."""
+    """The replay token that started a job whose worker holds its first probe cancels it
+    (not a reader, nor another replay token): the job fails as ``cancelled`` and the pool
+    takes another certification at once. An admin token cancels any job."""
     key = api.collector()
     fp = register_fingerprint(api, key, serial_engine())
     release = threading.Event()
@@ -312,12 +313,15 @@ def test_a_running_certification_can_be_cancelled_which_frees_its_pool(
 
     try:
         worker = _register(api, key, fp, _fake(fakes, key, {}, respond=held).url)
-        started = api.client().post("/v1/certifications", json={"pool": worker["pool"]})
+        replay = api.client(api.token("replay"))
+        started = replay.post("/v1/certifications", json={"pool": worker["pool"]})
         assert started.status_code == 202, started.text
         job = started.json()["certification_id"]
         reader = api.client(api.token("records:read"))
         _error(reader.post(f"/v1/certifications/{job}/cancel"), 403, "insufficient_scope")
-        replay = api.client(api.token("replay"))
+        another = api.client(api.token("replay"))
+        _error(another.post(f"/v1/certifications/{job}/cancel"), 403, "not_job_starter")
+        assert api.client().get(f"/v1/certifications/{job}").json()["status"] == "running"
         cancelled = replay.post(f"/v1/certifications/{job}/cancel")
         assert cancelled.status_code == 200, cancelled.text
         assert cancelled.json()["status"] == "failed"
@@ -327,11 +331,15 @@ def test_a_running_certification_can_be_cancelled_which_frees_its_pool(
         _error(replay.post("/v1/certifications/cert-x/cancel"), 422, "invalid_parameters")
         unknown = replay.post("/v1/certifications/cert-" + "0" * 32 + "/cancel")
         _error(unknown, 404, "job_not_found")
-        after = api.client().post("/v1/certifications", json={"pool": worker["pool"]})
+        after = another.post("/v1/certifications", json={"pool": worker["pool"]})
         assert after.status_code == 202, after.text
-        assert replay.post(
-            f"/v1/certifications/{after.json()['certification_id']}/cancel"
-        ).is_success
+        assert (
+            api.client()
+            .post(  # an admin's
+                f"/v1/certifications/{after.json()['certification_id']}/cancel"
+            )
+            .is_success
+        )
     finally:
         release.set()
 

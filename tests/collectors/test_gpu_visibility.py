@@ -3,13 +3,16 @@ what NVML lists (the project's NVML fake mirrors pynvml's calls and an HGX H200 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pynvml
 import pytest
 
+from collectors import gpu_visibility
 from collectors.gpu import snapshot_gpus
 from collectors.gpu_visibility import Visibility
+from collectors.procinfo import own_environ, parse_environ
 from tests.support.fake_nvml import FakeMig, FakeNvml, h200
 
 BOARD = [h200(i) for i in range(4)]
@@ -134,7 +137,7 @@ def test_mig_instances_by_uuid_with_their_profile() -> None:
         ("1,3", None, "1", [3]),  # CUDA_VISIBLE_DEVICES counts within them
         (BOARD[2].uuid, None, None, [2]),
         ("none", None, None, []),
-        ("void", None, None, []),
+        ("void", None, None, [0, 1, 2, 3]),  # devices injected by CDI: not said here
         ("all", None, "2", [2]),
         ("2", "2", None, [0, 1, 2, 3]),  # the collector's own container: NVML already agrees
     ],
@@ -144,6 +147,34 @@ def test_the_engines_container_devices(
 ) -> None:
     s = snap(visible(cuda, container, own))
     assert s.identity["nvml_indexes"] == expected
+
+
+def test_void_is_reported_and_not_read_as_no_device() -> None:
+    s = snap(visible(None, "void"))
+    assert s.identity["nvml_indexes"] == [0, 1, 2, 3]
+    assert "CDI" in s.body["unknown"]["visible_devices"]
+
+
+def test_a_variable_given_twice_is_read_as_the_runtime_reads_it(tmp_path, monkeypatch) -> None:
+    """Compose reserves device 1 for both containers of a pod whose images set
+    NVIDIA_VISIBLE_DEVICES=all: Docker appends ``=1``, the runtime gives each container host
+    GPU 1 (its NVML index 0 there). Both environments read the same, last value wins: the
+    collector's NVML already lists the engine's device, so nothing is narrowed further."""
+    raw = b"PATH=/usr/bin\0NVIDIA_VISIBLE_DEVICES=all\0NVIDIA_VISIBLE_DEVICES=1\0X\0"
+    assert parse_environ(raw) == {"PATH": "/usr/bin", "NVIDIA_VISIBLE_DEVICES": "1"}
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "environ").write_bytes(raw)
+    own = own_environ(tmp_path)
+    assert own["NVIDIA_VISIBLE_DEVICES"] == "1"
+    in_container = [h200(1)]  # what NVML lists in a container holding host GPU 1
+    monkeypatch.setattr(gpu_visibility, "own_environ", lambda: own)  # the collector's /proc
+    v = Visibility.of_engine(parse_environ(raw))
+    assert v is not None and v.container is None  # the same devices as the collector's
+    assert snap(v, in_container).identity["gpu_uuids"] == [in_container[0].uuid]
+    # os.environ's reading (the first value, all) would have looked for host index 1 here
+    assert snap(visible(None, "1", "all"), in_container).body["gpus"] == []
+    # without /proc, the process's own variables
+    assert own_environ(tmp_path / "absent") is os.environ
 
 
 def test_an_unreadable_environment_is_not_a_visibility() -> None:

@@ -18,11 +18,12 @@ import pytest
 from sqlalchemy import text
 
 from ledger.clock import parse_rfc3339
-from ledger.errors import Conflict, IndexMismatch, NotFound
+from ledger.errors import Conflict, IndexMismatch, NotFound, PermissionDenied
 from ledger.signing import SigningKey
 from ledger.storage import certification_jobs as jobs
 from ledger.storage import log, verdicts
 from ledger.storage.database import Database, utcnow
+from ledger.tokens import Principal
 from tests.support.certification_worker import add_worker
 from tests.support.cli import ledger
 from tests.support.harness import Harness
@@ -31,6 +32,8 @@ from tests.support.seed import seed_ledger
 LEASE = timedelta(seconds=15)
 PARAMS = {"prompts": 3, "concurrency": [1, 4], "max_tokens": [8], "seed": 0, "model": None}
 ISSUED_AT = "2026-12-07T08:00:00.000000Z"
+STARTER = Principal("tok-starter", "starter", ("replay",))
+ADMIN = Principal("tok-admin", "admin", ("admin",))
 
 
 def _create(db: Database, runner: str = "host:1:a", **kw: object) -> jobs.Job:
@@ -43,6 +46,7 @@ def _create(db: Database, runner: str = "host:1:a", **kw: object) -> jobs.Job:
         "total": 10,
         "runner": runner,
         "lease": LEASE,
+        "started_by": STARTER.token_id,
         **kw,
     }
     return jobs.create(db, **values)  # type: ignore[arg-type]
@@ -58,6 +62,7 @@ def _certificate(job: jobs.Job, invariant: bool = True) -> dict[str, Any]:
         "fingerprint_id": job.fingerprint_id,
         "parameters": job.parameters,
         "invariant_observed": invariant,
+        "started_at": "2026-12-07T07:59:00.000000Z",
         "issued_at": ISSUED_AT,
     }
 
@@ -231,6 +236,10 @@ def test_a_done_jobs_facts_are_its_certificates_and_a_logged_certificate_is_neve
         ("worker_id", "w9"),
         ("fingerprint_id", "sha256:" + "cd" * 32),
         ("parameters", json.dumps({**PARAMS, "prompts": 99}, sort_keys=True)),
+        # equal to the signed ones as Python values, not as JSON: True == 1, 3.0 == 3
+        ("parameters", json.dumps({**PARAMS, "seed": False}, sort_keys=True)),
+        ("parameters", json.dumps({**PARAMS, "concurrency": [True, 4]}, sort_keys=True)),
+        ("parameters", json.dumps({**PARAMS, "prompts": 3.0}, sort_keys=True)),
     ):
         edit(**{column: value})
         with pytest.raises(IndexMismatch):
@@ -243,6 +252,9 @@ def test_a_done_jobs_facts_are_its_certificates_and_a_logged_certificate_is_neve
     shown = jobs.get(db, job.certification_id)
     assert shown.state == "done" and shown.error is None
     assert shown.certificate == stored.envelope and shown.log_index == stored.log_index
+    # done, and an error beside it: the job is done, and a done job has no error
+    edit(state="done", log_index=stored.log_index, certificate_id=job.certification_id)
+    assert jobs.get(db, job.certification_id) == honest
 
 
 def test_a_done_jobs_progress_and_end_are_its_certificates(db: Database) -> None:
@@ -262,6 +274,14 @@ def test_a_done_jobs_progress_and_end_are_its_certificates(db: Database) -> None
     shown = jobs.get(db, job.certification_id)
     assert (shown.done, shown.total) == (10, 10)  # 3 prompts: twice alone, one wave of 4
     assert shown.updated_at == parse_rfc3339(stored.created_at)  # the leaf's append time
+    # and its start is the one its certificate signs, whatever the row says
+    with db.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE certification_jobs SET created_at = :t WHERE certification_id = :i"),
+            {"t": utcnow() - timedelta(days=9000), "i": job.certification_id},
+        )
+    started = _certificate(job)["started_at"]
+    assert jobs.get(db, job.certification_id).created_at == parse_rfc3339(started)
 
 
 def test_one_certification_runs_per_pool_and_a_bounded_number_in_all(
@@ -297,21 +317,56 @@ def test_one_certification_runs_per_pool_and_a_bounded_number_in_all(
 
 def test_a_cancelled_job_fails_frees_its_pool_and_its_runner_lets_go(db: Database) -> None:
     job = _create(db)
-    cancelled = jobs.cancel(db, job.certification_id)
+    cancelled = jobs.cancel(db, job.certification_id, STARTER)
     assert cancelled.state == "failed" and cancelled.error is not None
     assert cancelled.error["code"] == "cancelled" and cancelled.certificate is None
+    assert cancelled.error["details"]["cancelled_by"] == STARTER.token_id
     # the runner finds the job lost at its next renewal, and stops
     assert not jobs.renew(db, job.certification_id, "host:1:a", done=3, lease=LEASE)
     assert not jobs.finish(db, job.certification_id, "host:1:a", done=3, error={"code": "x"})
     assert jobs.get(db, job.certification_id) == cancelled
     _create(db, pool=job.pool)  # the pool is free
     with pytest.raises(Conflict) as ended:
-        jobs.cancel(db, job.certification_id)
+        jobs.cancel(db, job.certification_id, STARTER)
     assert ended.value.code == "job_finished"
     assert ended.value.details == {"certification_id": job.certification_id, "status": "failed"}
     with pytest.raises(NotFound) as unknown:
-        jobs.cancel(db, "cert-" + "0" * 32)
+        jobs.cancel(db, "cert-" + "0" * 32, STARTER)
     assert unknown.value.code == "job_not_found"
+
+
+def test_only_the_token_that_started_a_job_or_an_admin_cancels_it(db: Database) -> None:
+    """Another replay token may start jobs of its own, not end this one; a job started before
+    the ledger kept its starter (no ``started_by``) is an admin's to cancel."""
+    job = _create(db)
+    other = Principal("tok-other", "other", ("replay",))
+    with pytest.raises(PermissionDenied) as refused:
+        jobs.cancel(db, job.certification_id, other)
+    assert refused.value.code == "not_job_starter"
+    assert refused.value.details == {"certification_id": job.certification_id}
+    assert jobs.get(db, job.certification_id).state == "running"
+    by_admin = jobs.cancel(db, job.certification_id, ADMIN)
+    assert by_admin.error is not None and by_admin.error["details"]["cancelled_by"] == "tok-admin"
+    older = _create(db, started_by=None)
+    with pytest.raises(PermissionDenied):
+        jobs.cancel(db, older.certification_id, STARTER)
+    assert jobs.cancel(db, older.certification_id, ADMIN).state == "failed"
+
+
+def test_a_job_cancelled_before_its_certificate_is_logged_logs_none(db: Database) -> None:
+    """The cancel lands between the runner's last renewal and its logging: the cancel was
+    answered as final, so the certificate is refused and nothing is appended."""
+    seeded = seed_ledger(db)
+    job = _create(db)
+    cancelled = jobs.cancel(db, job.certification_id, STARTER)
+    with db.read() as s:
+        size = log.log_size(s)
+    with pytest.raises(Conflict) as refused:
+        _conclude(db, seeded.log_key, job)
+    assert refused.value.code == "job_finished"
+    with db.read() as s:
+        assert log.log_size(s) == size
+    assert jobs.get(db, job.certification_id) == cancelled
 
 
 def test_a_certificate_logged_after_the_lease_ran_out_still_makes_the_job_done(
