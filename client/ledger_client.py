@@ -49,6 +49,21 @@ _BY_STATUS: dict[int, type[LedgerError]] = {
 }
 
 
+def check_token(token: str) -> str:
+    """``token`` without surrounding whitespace (a token read from a file keeps its line's
+    end), checked to be a bearer token. InvalidInput ``no_token`` names what is wrong and never
+    quotes the token: sent as it is, a line break or NUL would have httpx refuse the header and
+    quote it in the error, which a cache logs."""
+    bare = token.strip() if isinstance(token, str) else ""
+    if not _BEARER_TOKEN.fullmatch(bare):
+        raise InvalidInput(
+            "the token given is not a bearer token (it is not shown here): expected one line "
+            "of letters, digits and - . _ ~ + / (as `ledger tokens create` writes)",
+            code="no_token",
+        )
+    return bare
+
+
 def read_token_file(path: Path) -> str:
     """The bearer token in ``path``: one line of the characters a bearer token may hold
     (RFC 6750), surrounding white space ignored."""
@@ -101,7 +116,7 @@ class LedgerClient:
         ledger or a proxy in front of it answers: past it the request is abandoned, its
         connection closed, and it fails with :class:`Pushback` ``ledger_too_slow``. A client
         with a deadline takes no proxy from the environment (``client.deadline``)."""
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"Authorization": f"Bearer {check_token(token)}"} if token else {}
         # http(s), a host, no userinfo (httpx would send it as Basic credentials beside the
         # token), no query or fragment: refused here with invalid_url, not at the first request
         # as "unreachable".

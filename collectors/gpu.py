@@ -166,9 +166,10 @@ class _Reader:
             return Device(index, None), None, f"nvmlDeviceGetHandleByIndex: {exc}"
         (h,) = found
         uuid = self._quiet(lambda: _text(nvml.nvmlDeviceGetUUID(h)))
+        name = self._quiet(lambda: _text(nvml.nvmlDeviceGetName(h)))
         mig_enable = _nvml_attr(nvml, "NVML_DEVICE_MIG_ENABLE")
         if self._quiet(lambda: nvml.nvmlDeviceGetMigMode(h)[0]) != mig_enable:
-            return Device(index, uuid), found, None
+            return Device(index, uuid, name=name), found, None
         slots = self._quiet(lambda: int(nvml.nvmlDeviceGetMaxMigDeviceCount(h))) or 0
         instances: list[tuple[int, str | None]] = []
         for slot in range(slots):
@@ -177,7 +178,7 @@ class _Reader:
             except self.nvml_error:  # NVML_ERROR_NOT_FOUND: an empty slot
                 continue
             instances.append((slot, self._quiet(partial(_uuid_of, nvml, mig))))
-        return Device(index, uuid, tuple(instances)), found, None
+        return Device(index, uuid, tuple(instances), name), found, None
 
     def device(
         self,

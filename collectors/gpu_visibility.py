@@ -5,7 +5,7 @@ Two variables of the engine's environment narrow the list, in this order:
 
 ``NVIDIA_VISIBLE_DEVICES``
     The NVIDIA container runtime's choice of devices for the engine's container: ``all``,
-    ``none``/empty (no device), or a comma-separated list of ``GPU-`` UUIDs, ``MIG-`` UUIDs of
+    ``none`` (no device), or a comma-separated list of ``GPU-`` UUIDs, ``MIG-`` UUIDs of
     MIG instances, host indexes ``N`` and MIG devices ``N:M`` (GPU ``N``'s MIG device ``M``).
     Applied only when it differs from the collector's own value: a collector whose container
     holds the same devices (compose gives both the same ``device_ids``) already enumerates
@@ -15,14 +15,21 @@ Two variables of the engine's environment narrow the list, in this order:
     ``os.environ`` (which keeps the first). Host indexes apply only when the collector's NVML
     numbers devices as the host does (its own value unset or ``all``); in a container of its
     own they would name other devices, so they are reported and not applied. A path (the
-    runtime's volume-mounts strategy) and ``void`` (the devices are injected another way, as
-    CDI specs say) are reported and not applied.
+    runtime's volume-mounts strategy) is reported and not applied; so are ``void`` and an
+    empty value, which the runtime reads as unset (it exposes no device itself: any the engine
+    has were injected another way, as CDI specs say with ``void``).
 ``CUDA_VISIBLE_DEVICES``
     What CUDA shows the process, relative to that list, in the order given: device ordinals,
     ``GPU-`` UUIDs or unique prefixes of them, and ``MIG-`` UUIDs of MIG instances. Unset: every
     device. Empty: none. As CUDA does, parsing stops at the first entry that names no device
     (or names one twice): the entries before it count, the rest do not, and the reason is
     reported.
+
+CUDA numbers devices fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; NVML numbers them
+by PCI bus. The two agree when the devices are of one model (ties go by bus). Among devices of
+different models (told apart by name, as vLLM warns of them) without ``PCI_BUS_ID``, CUDA's
+ordinals are not mapped: an ordinal entry leaves ``CUDA_VISIBLE_DEVICES`` unapplied (every
+device of the list is reported), and without one the order is reported as unsure.
 
 The result is the engine's devices in the engine's order (``cuda:0`` first), each a whole GPU
 or one MIG instance of it.
@@ -37,7 +44,10 @@ from collectors.procinfo import own_environ
 
 CUDA = "CUDA_VISIBLE_DEVICES"
 CONTAINER = "NVIDIA_VISIBLE_DEVICES"
-_NO_DEVICES = ("none", "")
+ORDER = "CUDA_DEVICE_ORDER"
+BUS_ORDER = "PCI_BUS_ID"  # the value that makes CUDA number devices as NVML does
+_NO_DEVICES = ("none",)
+_NOT_SAID = ("void", "")  # read by the runtime as unset
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,7 @@ class Visibility:
     cuda: str | None = None
     container: str | None = None
     host_indexes: bool = True  # whether NVML's indexes here are the host's
+    bus_order: bool = False  # CUDA_DEVICE_ORDER=PCI_BUS_ID: CUDA numbers devices as NVML does
 
     @classmethod
     def of_engine(
@@ -62,7 +73,12 @@ class Visibility:
         if container is not None and container.strip() == (mine or "").strip():
             container = None  # the collector's container holds the same devices
         host = mine is None or mine.strip().lower() == "all"
-        return cls(cuda=env.get(CUDA), container=container, host_indexes=host)
+        return cls(
+            cuda=env.get(CUDA),
+            container=container,
+            host_indexes=host,
+            bus_order=env.get(ORDER) == BUS_ORDER,
+        )
 
     def describe(self) -> dict[str, str | None]:
         return {CUDA: self.cuda, CONTAINER: self.container}
@@ -76,6 +92,7 @@ class Device:
     index: int
     uuid: str | None
     mig: Sequence[tuple[int, str | None]] = ()
+    name: str | None = None  # the model, as NVML names it
 
 
 @dataclass(frozen=True)
@@ -96,9 +113,27 @@ def select(
         return units, reasons
     if visibility.container is not None:
         units = _container(devices, visibility, reasons)
+    by_index = {d.index: d for d in devices}
+    names = {by_index[u.index].name for u in units} - {None}
+    mixed = len(names) > 1 and not visibility.bus_order
     if visibility.cuda is None:
+        if mixed:
+            reasons.append(_MIXED + ": the engine's order of them (each index) is unsure")
+        return units, reasons
+    if mixed and any(_digits(entry) for entry in _entries(visibility.cuda)):
+        reasons.append(
+            f"{CUDA} is {visibility.cuda!r}: {_MIXED}, so its ordinals may name other devices "
+            f"than NVML's: every device is reported (name devices by UUID, or set {ORDER}="
+            f"{BUS_ORDER})"
+        )
         return units, reasons
     return _cuda(devices, units, visibility.cuda, reasons), reasons
+
+
+_MIXED = (
+    f"the devices are of different models and {ORDER} is not {BUS_ORDER}: CUDA numbers them "
+    "fastest first, NVML by PCI bus"
+)
 
 
 def _entries(value: str) -> list[str]:
@@ -119,10 +154,11 @@ def _container(
             "the collector does not read; every device NVML lists is reported"
         )
         return [Chosen(d.index) for d in devices]
-    if value.lower() == "void":
+    if value.lower() in _NOT_SAID:
         reasons.append(
-            f"{CONTAINER} is 'void': the devices are injected another way (a CDI spec), which "
-            "the collector does not read; every device NVML lists is reported"
+            f"{CONTAINER} is {value!r}, which the runtime reads as unset: the devices are "
+            "injected another way (a CDI spec), which the collector does not read; every "
+            "device NVML lists is reported"
         )
         return [Chosen(d.index) for d in devices]
     kept: list[Chosen] = []

@@ -110,16 +110,24 @@ def find_pid_by_port(port: int, proc: Path = PROC) -> int:
 
 
 def parse_environ(raw: bytes) -> dict[str, str]:
-    """A process's ``environ`` (``NAME=value`` entries, NUL-separated) as a mapping; a name
-    given twice takes its last value, as the NVIDIA container runtime reads a container's
-    variables (Docker appends ``NVIDIA_VISIBLE_DEVICES=<device_ids>`` after an image's own
-    ``NVIDIA_VISIBLE_DEVICES=all``, and that last value chose the devices)."""
+    """A process's ``environ`` (``NAME=value`` entries, NUL-separated) as it and the container
+    runtime read it. A name given twice: the process's ``getenv`` (and ``os.environ``) takes
+    its first value, but the NVIDIA container runtime, which reads the ``NVIDIA_*`` variables
+    before the process starts, takes the last (Docker appends ``NVIDIA_VISIBLE_DEVICES=
+    <device_ids>`` after the CUDA image's ``NVIDIA_VISIBLE_DEVICES=all``, and that last value
+    chose the devices)."""
     env: dict[str, str] = {}
     for item in raw.split(b"\0"):
-        name, sep, value = item.partition(b"=")
-        if sep:
-            env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+        raw_name, sep, value = item.partition(b"=")
+        if not sep:
+            continue
+        name = raw_name.decode("utf-8", "replace")
+        if name not in env or name.startswith(_RUNTIME_READ):
+            env[name] = value.decode("utf-8", "replace")
     return env
+
+
+_RUNTIME_READ = "NVIDIA_"  # variables the container runtime reads (the last value wins there)
 
 
 def own_environ(proc: Path = PROC) -> Mapping[str, str]:

@@ -6,6 +6,7 @@ any environment that can run vLLM, and says why a value is missing instead of fa
 
 from __future__ import annotations
 
+import importlib
 import json
 import platform
 import sys
@@ -48,6 +49,25 @@ def _cpu_model() -> str | None:
     return None
 
 
+def ordered(names: tuple[str, ...], cuda_major: int | None) -> tuple[str, ...]:
+    """One library's package names, those built for torch's CUDA major version first: an
+    image may hold wheels for two (``-cu12`` beside CUDA 13's), and the library torch loads is
+    the one of its own version."""
+    if cuda_major is None:
+        return names
+    own = tuple(n for n in names if n.endswith(f"-cu{cuda_major}"))
+    return own + tuple(n for n in names if n not in own)
+
+
+def cudnn_text(version: int) -> str:
+    """``torch.backends.cudnn.version()`` as text: cuDNN 9 and later encode it as
+    major*10000 + minor*100 + patch (90100 is 9.1.0), cuDNN 8 and before as
+    major*1000 + minor*100 + patch (8902 is 8.9.2)."""
+    if version >= 10000:
+        return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+    return f"{version // 1000}.{version // 100 % 10}.{version % 100}"
+
+
 def probe() -> dict[str, Any]:
     out: dict[str, Any] = {
         "python": platform.python_version(),
@@ -56,27 +76,35 @@ def probe() -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "unknown": {},
     }
+    torch: Any = None
+    cuda_major: int | None = None
+    if _version(PACKAGES["torch"]) is not None:
+        try:
+            torch = importlib.import_module("torch")
+            major = str(torch.version.cuda or "").split(".")[0]
+            cuda_major = int(major) if major.isdigit() else None
+        except Exception as exc:  # report, never fail: the probe explains what it could not read
+            torch = None
+            out["unknown"]["torch"] = f"importing torch failed: {type(exc).__name__}: {exc}"
     for field, names in PACKAGES.items():
-        out[field] = _version(names)
+        out[field] = _version(ordered(names, cuda_major))
     out["torch_cuda"] = None
     out["cpu_capability"] = None
-    if out["torch"] is not None:
+    if torch is not None:
         try:
-            import torch
-
             out["torch_cuda"] = torch.version.cuda
             out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
             if torch.version.cuda:
                 cudnn = torch.backends.cudnn.version()
                 if cudnn and out["cudnn"] is None:
-                    out["cudnn"] = f"{cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}"
+                    out["cudnn"] = cudnn_text(cudnn)
                 if out["nccl"] is None:
                     nccl = torch.cuda.nccl.version()
                     out["nccl"] = ".".join(str(p) for p in nccl) if nccl else None
                 if out["cuda_runtime"] is None:
                     out["cuda_runtime"] = torch.version.cuda
         except Exception as exc:  # report, never fail: the probe explains what it could not read
-            out["unknown"]["torch"] = f"importing torch failed: {type(exc).__name__}: {exc}"
+            out["unknown"]["torch"] = f"reading torch failed: {type(exc).__name__}: {exc}"
     return out
 
 

@@ -169,7 +169,20 @@ def not_servable(
 
 
 def _refused_by_vllm(endpoint: str, request: Mapping[str, Any]) -> str | None:
-    """Shapes vLLM answers with a 400 although their key is a valid request's."""
+    """Shapes vLLM answers with a 400 although their key is a valid request's (the key
+    ignores these members, so their types are checked here as vLLM's request models do)."""
+    user = request.get("user")
+    if user is not None and not isinstance(user, str):
+        return "vLLM refuses a user that is not a string"
+    if "request_id" in request and not isinstance(request["request_id"], str):
+        return "vLLM refuses a request_id that is not a string"
+    options = request.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            return "vLLM refuses stream_options that are not an object"
+        for flag in ("include_usage", "continuous_usage_stats"):
+            if options.get(flag) is not None and type(options.get(flag)) is not bool:
+                return f"stream_options.{flag} must be true or false to be answered from the cache"
     if request.get("stream_options") and request.get("stream") is not True:
         return "vLLM refuses stream_options without stream"
     if endpoint == CHAT:

@@ -203,9 +203,19 @@ def cache_key(
 
     ``prompt_token_ids`` (completions only) keys the prompt by the IDs the engine saw instead
     of the request's text; ``chat_template`` is the template digest of the fingerprint's model.
+    A request whose prompt is itself token IDs is run as those IDs: other ``prompt_token_ids``
+    are refused (InvalidInput), never keyed in their place.
     """
     if not isinstance(request, dict):
         raise InvalidInput("the request must be a JSON object", code="invalid_request")
+    if endpoint == COMPLETIONS and prompt_token_ids is not None:
+        own = _token_ids(request.get("prompt"))
+        if own is not None and own != list(prompt_token_ids):
+            raise InvalidInput(
+                "prompt_token_ids differ from the request's own prompt, which is token IDs: "
+                "vLLM runs the prompt's IDs (send them, or no prompt_token_ids)",
+                code="invalid_request",
+            )
     prompt = _prompt(endpoint, request, prompt_token_ids, chat_template)
     return _key(_head(endpoint, request, fingerprint_id), prompt)
 

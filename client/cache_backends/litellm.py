@@ -184,7 +184,6 @@ class LedgerLiteLLMCache(Cache):
             ledger_url, token, pool=pool, fingerprint_id=fingerprint_id, timeout=timeout
         )
         self._requests = _Recent()  # handle -> (endpoint, body)
-        self._calls = _Recent()  # litellm_call_id -> handle (a call asks for its key 2-3 times)
         super().__init__(
             _backend=_LedgerBackend(self),
             mode=mode,
@@ -198,9 +197,8 @@ class LedgerLiteLLMCache(Cache):
         return found
 
     def get_cache_key(self, **kwargs: Any) -> str:
-        call_id = kwargs.get("litellm_call_id")
-        if isinstance(call_id, str) and (known := self._calls.get(call_id)) is not None:
-            return str(known)
+        # Rebuilt from these arguments every time, never looked up by litellm_call_id: an
+        # application may pass one trace ID to several calls, and each call is its own body.
         rebuilt = self.request_for(**kwargs)
         if rebuilt is None:
             handle = f"ledger:none:{uuid.uuid4().hex}"  # never kept: the backend misses
@@ -215,8 +213,6 @@ class LedgerLiteLLMCache(Cache):
             else:
                 handle = f"ledger:{digest}"
                 self._requests.put(handle, rebuilt)
-        if isinstance(call_id, str):
-            self._calls.put(call_id, handle)
         return handle
 
     def request_for(self, **kwargs: Any) -> tuple[str, dict[str, Any]] | None:

@@ -6,6 +6,9 @@ and the evidence (request ID, log index, ``ck1`` key), or a miss with the ledger
 never raises for what the ledger or the network does: a cache must not break the application,
 so a ledger that cannot answer (down, 401, 409 ``no_live_worker``, a request it cannot key) is
 a miss with reason ``error``, logged as a warning on the ``client.cache_backends`` logger.
+``timeout`` bounds a whole lookup, however slowly the ledger (or a proxy in front of it)
+answers; lookups take no proxy from the environment (``client.deadline``). A token that is not
+a bearer token is refused when the lookup is made, never quoted.
 
 Two checks on the client's side, so a hit is never the wrong answer:
 
@@ -18,6 +21,7 @@ Two checks on the client's side, so a hit is never the wrong answer:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -25,6 +29,8 @@ from typing import Any
 
 import httpx
 
+from client.deadline import DeadlineTransport, within
+from client.ledger_client import check_token
 from ledger.errors import InvalidInput
 
 LOG = logging.getLogger("client.cache_backends")
@@ -83,9 +89,14 @@ class LedgerLookup:
         self.target: dict[str, str] = (
             {"pool": pool} if pool is not None else {"fingerprint_id": str(fingerprint_id)}
         )
-        self._headers = {"Authorization": f"Bearer {token}"}
+        self._headers = {"Authorization": f"Bearer {check_token(token)}"}
         self._timeout = timeout
-        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=timeout)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=self._headers,
+            timeout=timeout,
+            transport=DeadlineTransport(),  # the timeout bounds each lookup in all
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -95,23 +106,43 @@ class LedgerLookup:
         return {"endpoint": endpoint, "request": asked, **self.target}
 
     def lookup(self, endpoint: str, request: dict[str, Any]) -> Answer:
+        payload = self.payload(endpoint, request)
         try:
-            response = self._http.post("/v1/cache/lookup", json=self.payload(endpoint, request))
+            with within(self._timeout):
+                response = self._http.post("/v1/cache/lookup", json=payload)
         except httpx.HTTPError as exc:
-            return _miss("error", f"cannot reach the ledger at {self.base_url}: {exc}")
+            return self._unanswered(exc)
         return self._answer(request, response)
 
     async def alookup(self, endpoint: str, request: dict[str, Any]) -> Answer:
         # One client per call: an AsyncClient belongs to the event loop it was first used in,
         # and an application may run several loops (asyncio.run per task).
-        try:
+        payload = self.payload(endpoint, request)
+
+        async def post() -> httpx.Response:
             async with httpx.AsyncClient(
-                base_url=self.base_url, headers=self._headers, timeout=self._timeout
+                base_url=self.base_url,
+                headers=self._headers,
+                timeout=self._timeout,
+                trust_env=False,  # as the synchronous lookups: no proxy from the environment
             ) as http:
-                response = await http.post("/v1/cache/lookup", json=self.payload(endpoint, request))
+                return await http.post("/v1/cache/lookup", json=payload)
+
+        try:
+            response = await asyncio.wait_for(post(), self._timeout)
+        except TimeoutError as exc:
+            return self._unanswered(exc)
         except httpx.HTTPError as exc:
-            return _miss("error", f"cannot reach the ledger at {self.base_url}: {exc}")
+            return self._unanswered(exc)
         return self._answer(request, response)
+
+    def _unanswered(self, exc: Exception) -> Answer:
+        if isinstance(exc, (TimeoutError, httpx.TimeoutException)):
+            return _miss(
+                "error",
+                f"the ledger at {self.base_url} did not answer within {self._timeout:g} s",
+            )
+        return _miss("error", f"cannot reach the ledger at {self.base_url}: {exc}")
 
     def _answer(self, request: dict[str, Any], response: httpx.Response) -> Answer:
         try:

@@ -407,7 +407,8 @@ def conclude(
 
     The job is marked done even when the runner no longer held it (the leaf is a fact,
     whatever the row said meanwhile): ``interrupted`` is replaced by ``done`` if the runner
-    turns out to have finished after all.
+    turns out to have finished after all. A job cancelled meanwhile is not: its cancel was
+    answered as final, so Conflict ``job_finished`` and nothing is logged.
     """
 
     def mark_done(s: Session, log_index: int) -> None:

@@ -156,6 +156,14 @@ def _disagrees(what: str, index: int) -> IndexMismatch:
     return IndexMismatch(f"the {what} index disagrees with log entry {index}; run `ledger audit`")
 
 
+def _missing(what: str, request_id: str) -> IndexMismatch:
+    return IndexMismatch(
+        f"{what}, which record {request_id!r} names, has no row in the ledger's index although "
+        "ingest logged it first: the index was edited; run `ledger audit`",
+        details={"request_id": request_id},
+    )
+
+
 def _check_checkpoint(tree_size: int, note: str) -> None:
     """The latest checkpoint row's size is the one its note signs (the bundle's proofs are
     computed at that size)."""
@@ -254,12 +262,14 @@ def _evidence(
         if erasure is not None and erasure.log_index >= row.tree_size:
             return None
         disclosures = queries.disclosures_at(s, [row.log_index]).get(row.log_index, [])
+        # ingest refuses a record whose key or fingerprint is not logged, so a row missing
+        # here was deleted: an edited index, never a database to retry
         if row.key_index is None or row.registration is None:
-            raise StorageError(f"signing key {row.key_id} missing from the registry or the log")
+            raise _missing(f"signing key {row.key_id}", request_id)
         if row.fp_index is None or row.fp_envelope is None:
-            raise StorageError(f"fingerprint {row.fingerprint_id} missing from the ledger")
+            raise _missing(f"fingerprint {row.fingerprint_id}", request_id)
         if row.fp_key_index is None or row.fp_registration is None:
-            raise StorageError(f"signing key {row.fp_key_id} missing from the registry or the log")
+            raise _missing(f"signing key {row.fp_key_id}", request_id)
         replays = (
             s.execute(
                 select(Replay.log_index, LogEntry.envelope)

@@ -402,6 +402,49 @@ def test_bad_lookups_are_refused_with_a_clear_error(api: Harness) -> None:
     )
 
 
+def test_prompt_token_ids_never_stand_in_for_a_token_id_prompt(api: Harness) -> None:
+    """vLLM runs a prompt of token IDs as those IDs: other ``prompt_token_ids`` beside it are
+    refused (the key would be another prompt's), on both paths; the same IDs are a hit."""
+    key = api.collector()
+    fp = _fingerprint(api, key, f"m-{uuid.uuid4().hex[:8]}")
+    c = api.client()
+    request = {"model": "m", "prompt": [11, 12, 13], "max_tokens": 2, **GREEDY}
+    body = build_record_body(
+        request_id=f"req-ids-{uuid.uuid4().hex[:8]}",
+        fingerprint_id=fp,
+        worker_id="w1",
+        pool="p1",
+        tier=1,
+        endpoint=COMPLETIONS,
+        model="m",
+        request=request,
+        prompt_token_ids=[11, 12, 13],
+        choices=[Choice([4, 5], [-0.5, -0.25], None, None, finish_reason="length", text="ab")],
+        started_at="2026-11-29T09:00:00.123456Z",
+        ttft_ns=1,
+        total_ns=2,
+        system_fingerprint=None,
+    )
+    [(rid, _)] = _post(api, key, body)
+    other = {**request, "prompt": [99, 98, 97]}
+    for _ in range(2):  # the first lookup and a kept answer's
+        refused = _one_call(c, other, fingerprint_id=fp, prompt_token_ids=[11, 12, 13])
+        assert_error(refused, 422, "invalid_request")
+        assert "prompt_token_ids" in refused.json()["error"]["message"]
+        hit = _one_call(c, request, fingerprint_id=fp, prompt_token_ids=[11, 12, 13]).json()
+        assert hit["hit"] is True and hit["request_id"] == rid
+    made = c.post(
+        "/v1/cache/key",
+        json={
+            "endpoint": COMPLETIONS,
+            "request": other,
+            "fingerprint_id": fp,
+            "prompt_token_ids": [11, 12, 13],
+        },
+    )
+    assert_error(made, 422, "invalid_request")
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def tampered(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -829,6 +872,16 @@ def test_requests_vllm_would_answer_otherwise_are_not_served(api: Harness) -> No
     miss({**request, "priority": 5}, "priority")
     miss({**request, "priority": None}, "priority")
     miss({**request, "stream_options": {"include_usage": True}}, "stream_options without stream")
+    # members the key ignores, of types vLLM's request models refuse (400)
+    miss({**request, "user": {"a": [1]}}, "user that is not a string")
+    miss({**request, "request_id": [1]}, "request_id that is not a string")
+    miss({**request, "request_id": None}, "request_id that is not a string")
+    streamed = {**request, "stream": True}
+    miss({**streamed, "stream_options": "x"}, "stream_options that are not an object")
+    miss({**streamed, "stream_options": {"include_usage": [1]}}, "include_usage must be true")
+    assert _one_call(c, {**request, "user": "u", "request_id": "r"}, fingerprint_id=fp).json()[
+        "hit"
+    ]
     # completions: vLLM fills an absent limit with 16, so 16 given is the same request
     sixteen = record_body(fp, seed=7093, text_prompt=True, request_extra=GREEDY)
     sixteen["request"]["max_tokens"] = 16

@@ -603,6 +603,21 @@ def test_litellm_completion_is_answered_from_the_ledger(
     assert litellm.completion(**long).choices[0].message.content == "six turns"
 
 
+def test_litellm_keys_every_call_by_its_own_body_whatever_its_call_id(
+    pool: Pool, openai_server: OpenAIStandIn, litellm_cache: LedgerLiteLLMCache
+) -> None:
+    """An application may pass one trace ID as ``litellm_call_id`` to several calls: the
+    second question is never answered with the first one's record."""
+    trace = f"trace-{uuid.uuid4().hex}"
+    first = chat_call(openai_server, unique("First question?"), temperature=0, max_tokens=6)
+    litellm.completion(**first, litellm_call_id=trace)
+    pool.record(CHAT, openai_server.last(), "the first answer")
+    hit = litellm.completion(**first, litellm_call_id=trace)
+    assert hit.choices[0].message.content == "the first answer"
+    second = chat_call(openai_server, unique("Another question?"), temperature=0, max_tokens=6)
+    assert litellm.completion(**second, litellm_call_id=trace).choices[0].message.content == LIVE
+
+
 def test_litellm_text_completion_is_answered_from_the_ledger(
     pool: Pool,
     openai_server: OpenAIStandIn,

@@ -3,6 +3,7 @@ errors (one line from the CLI), never a traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from client.cache_backends.lookup import LedgerLookup
 from client.ledger_client import LedgerClient, segment
 from ledger.errors import InvalidInput, NotFound, Pushback
 from tests.support.harness import Harness
@@ -130,3 +132,79 @@ def test_a_ledger_that_reads_the_request_slowly_is_given_up_on_at_the_deadline()
         listener.close()
     assert err.value.code == "ledger_too_slow", err.value.message
     assert 1.0 <= elapsed < 2.0, elapsed
+
+
+@pytest.mark.parametrize(
+    "token", ["S3CR3T\nX-Evil: 1", "S3CR3T\r\n\r\nGET /", "S3CR3T\x00x", "S3CR3T x", " "]
+)
+def test_a_token_that_is_no_bearer_token_is_refused_and_never_quoted(token: str):
+    """Sent as it is, httpx would refuse the header and quote it in its error, which a cache
+    backend logs as a warning: refused when the client is made, without the token."""
+    for make in (LedgerClient, LedgerLookup):
+        with pytest.raises(InvalidInput) as err:
+            make("http://127.0.0.1:9", token, pool="p") if make is LedgerLookup else make(
+                "http://127.0.0.1:9", token
+            )
+        assert err.value.code == "no_token"
+        assert "S3CR3T" not in err.value.message
+
+
+def test_a_token_read_with_its_line_end_is_sent_without_it(api: Harness):
+    """``open("cache.token").read()`` keeps the file's newline: the token is the line."""
+    request = {"model": "m", "prompt": "x", "temperature": 0}
+    with LedgerClient(api.url, api.admin_token + "\n") as client:
+        assert client.pools() is not None
+    answer = LedgerLookup(api.url, api.admin_token + "\n", pool="p").lookup(
+        "/v1/completions", request
+    )
+    assert answer.reason != "error" or "401" not in answer.message, answer.message
+
+
+def trickling_server() -> tuple[str, threading.Event]:
+    """A server that sends an answer's headers, then one byte of its body every 0.2 s: each
+    read is within any per-read timeout, and the answer never ends."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 100000\r\n\r\n"
+                )
+                while not stop.wait(0.2):
+                    try:
+                        conn.sendall(b" ")
+                    except OSError:
+                        break
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", stop
+
+
+def test_a_cache_lookup_is_a_miss_at_its_timeout_however_slowly_the_ledger_answers():
+    """``timeout`` bounds the whole lookup (sync and async), not each read: the application's
+    call goes on to the model at the timeout with a miss, never waits on a trickling ledger."""
+    url, stop = trickling_server()
+    request = {"model": "m", "prompt": "x", "temperature": 0}
+    try:
+        lookup = LedgerLookup(url, "tok", pool="p", timeout=1.0)
+        for run in (
+            lambda: lookup.lookup("/v1/completions", request),
+            lambda: asyncio.run(lookup.alookup("/v1/completions", request)),
+        ):
+            started = time.monotonic()
+            answer = run()
+            elapsed = time.monotonic() - started
+            assert not answer.hit and answer.reason == "error"
+            assert "did not answer within 1 s" in answer.message, answer.message
+            assert 1.0 <= elapsed < 3.0, elapsed
+    finally:
+        stop.set()

@@ -149,8 +149,11 @@ def test_the_engines_container_devices(
     assert s.identity["nvml_indexes"] == expected
 
 
-def test_void_is_reported_and_not_read_as_no_device() -> None:
-    s = snap(visible(None, "void"))
+@pytest.mark.parametrize("value", ["void", "VOID", " "])
+def test_void_or_empty_is_reported_and_not_read_as_no_device(value: str) -> None:
+    """The runtime reads both as unset (it exposes no device itself): devices the engine has
+    were injected another way (CDI writes void), so none is ruled out."""
+    s = snap(visible(None, value, "all"))
     assert s.identity["nvml_indexes"] == [0, 1, 2, 3]
     assert "CDI" in s.body["unknown"]["visible_devices"]
 
@@ -162,6 +165,9 @@ def test_a_variable_given_twice_is_read_as_the_runtime_reads_it(tmp_path, monkey
     collector's NVML already lists the engine's device, so nothing is narrowed further."""
     raw = b"PATH=/usr/bin\0NVIDIA_VISIBLE_DEVICES=all\0NVIDIA_VISIBLE_DEVICES=1\0X\0"
     assert parse_environ(raw) == {"PATH": "/usr/bin", "NVIDIA_VISIBLE_DEVICES": "1"}
+    # what the process reads itself (getenv, os.environ) takes the first value
+    twice = b"CUDA_VISIBLE_DEVICES=0\0CUDA_VISIBLE_DEVICES=1\0"
+    assert parse_environ(twice) == {"CUDA_VISIBLE_DEVICES": "0"}
     (tmp_path / "self").mkdir()
     (tmp_path / "self" / "environ").write_bytes(raw)
     own = own_environ(tmp_path)
@@ -228,3 +234,32 @@ def test_a_container_given_mig_instances_or_host_indexes_it_cannot_map() -> None
     mounted = snap(visible(None, "/var/run/nvidia-container-devices"))
     assert mounted.identity["nvml_indexes"] == [0, 1, 2, 3]
     assert "volume mounts" in mounted.body["unknown"]["visible_devices"]
+
+
+def test_ordinals_among_devices_of_different_models_are_not_guessed() -> None:
+    """CUDA numbers devices fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML by bus:
+    on a host mixing models (vLLM warns of it) an ordinal may name another device, so it is
+    not applied and the reason says how to name devices; UUIDs still are, and PCI_BUS_ID
+    makes the ordinals NVML's."""
+    board = [h200(0, name="NVIDIA L40S"), h200(1), h200(2)]
+
+    def with_order(cuda: str | None, order: str | None = None) -> Visibility:
+        env = {} if cuda is None else {"CUDA_VISIBLE_DEVICES": cuda}
+        if order is not None:
+            env["CUDA_DEVICE_ORDER"] = order
+        v = Visibility.of_engine(env, {})
+        assert v is not None
+        return v
+
+    guessed = snap(with_order("0"), board)
+    assert guessed.identity["nvml_indexes"] == [0, 1, 2]
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in guessed.body["unknown"]["visible_devices"]
+    assert snap(with_order("0", "PCI_BUS_ID"), board).identity["nvml_indexes"] == [0]
+    by_uuid = snap(with_order(board[2].uuid), board)
+    assert by_uuid.identity["nvml_indexes"] == [2] and not by_uuid.body["unknown"]
+    every = snap(with_order(None), board)
+    assert every.identity["nvml_indexes"] == [0, 1, 2]
+    assert "order of them" in every.body["unknown"]["visible_devices"]
+    # one model: CUDA's ties go by bus, as NVML's order does
+    same = snap(with_order("2,0"), [h200(0), h200(1), h200(2)])
+    assert same.identity["nvml_indexes"] == [2, 0] and not same.body["unknown"]

@@ -282,6 +282,12 @@ def test_a_done_jobs_progress_and_end_are_its_certificates(db: Database) -> None
         )
     started = _certificate(job)["started_at"]
     assert jobs.get(db, job.certification_id).created_at == parse_rfc3339(started)
+    # a certificate logged before the ledger signed a start: the row's, as documented
+    older = _create(db)
+    body = {k: v for k, v in _certificate(older).items() if k != "started_at"}
+    jobs.conclude(db, seeded.log_key, older.certification_id, "host:1:a", done=10,
+                  certificate=body)  # fmt: skip
+    assert jobs.get(db, older.certification_id).created_at == older.created_at
 
 
 def test_one_certification_runs_per_pool_and_a_bounded_number_in_all(
