@@ -114,8 +114,9 @@ def select(
     if visibility.container is not None:
         units = _container(devices, visibility, reasons)
     by_index = {d.index: d for d in devices}
-    names = {by_index[u.index].name for u in units} - {None}
-    mixed = len(names) > 1 and not visibility.bus_order
+    # a model that cannot be read may be another: unsure as well
+    names = [by_index[i].name for i in {u.index for u in units}]
+    mixed = not visibility.bus_order and len(names) > 1 and (None in names or len(set(names)) > 1)
     if visibility.cuda is None:
         if mixed:
             reasons.append(_MIXED + ": the engine's order of them (each index) is unsure")
@@ -131,8 +132,8 @@ def select(
 
 
 _MIXED = (
-    f"the devices are of different models and {ORDER} is not {BUS_ORDER}: CUDA numbers them "
-    "fastest first, NVML by PCI bus"
+    f"the devices are of different models (or one's model cannot be read) and {ORDER} is not "
+    f"{BUS_ORDER}: CUDA numbers them fastest first, NVML by PCI bus"
 )
 
 

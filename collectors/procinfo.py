@@ -112,22 +112,31 @@ def find_pid_by_port(port: int, proc: Path = PROC) -> int:
 def parse_environ(raw: bytes) -> dict[str, str]:
     """A process's ``environ`` (``NAME=value`` entries, NUL-separated) as it and the container
     runtime read it. A name given twice: the process's ``getenv`` (and ``os.environ``) takes
-    its first value, but the NVIDIA container runtime, which reads the ``NVIDIA_*`` variables
-    before the process starts, takes the last (Docker appends ``NVIDIA_VISIBLE_DEVICES=
-    <device_ids>`` after the CUDA image's ``NVIDIA_VISIBLE_DEVICES=all``, and that last value
-    chose the devices)."""
+    its first value, but the NVIDIA container runtime, which reads its variables
+    (:data:`RUNTIME_READ`) before the process starts, takes the last: Docker appends
+    ``NVIDIA_VISIBLE_DEVICES=<device_ids>`` after the CUDA image's
+    ``NVIDIA_VISIBLE_DEVICES=all``, and that last value chose the devices."""
     env: dict[str, str] = {}
     for item in raw.split(b"\0"):
         raw_name, sep, value = item.partition(b"=")
         if not sep:
             continue
         name = raw_name.decode("utf-8", "replace")
-        if name not in env or name.startswith(_RUNTIME_READ):
+        if name not in env or name.startswith(RUNTIME_READ):
             env[name] = value.decode("utf-8", "replace")
     return env
 
 
-_RUNTIME_READ = "NVIDIA_"  # variables the container runtime reads (the last value wins there)
+# The variables the NVIDIA container runtime reads, where the last value wins (names and
+# prefixes); NVIDIA_TF32_OVERRIDE and the like are read in the process by getenv: the first.
+RUNTIME_READ = (
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_REQUIRE_",
+    "NVIDIA_DISABLE_REQUIRE",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+)
 
 
 def own_environ(proc: Path = PROC) -> Mapping[str, str]:

@@ -210,7 +210,10 @@ def cache_key(
         raise InvalidInput("the request must be a JSON object", code="invalid_request")
     if endpoint == COMPLETIONS and prompt_token_ids is not None:
         own = _token_ids(request.get("prompt"))
-        if own is not None and own != list(prompt_token_ids):
+        ids = list(prompt_token_ids)
+        if own is not None and request.get("truncate_prompt_tokens") is not None:
+            own = own[-len(ids) :] if ids else own  # vLLM keeps the prompt's last tokens
+        if own is not None and own != ids:
             raise InvalidInput(
                 "prompt_token_ids differ from the request's own prompt, which is token IDs: "
                 "vLLM runs the prompt's IDs (send them, or no prompt_token_ids)",

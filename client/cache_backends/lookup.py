@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,12 +86,20 @@ class LedgerLookup:
             raise InvalidInput(
                 "name a pool or a fingerprint_id (one of them)", code="invalid_parameters"
             )
+        if type(timeout) not in (int, float) or not 0 < timeout < math.inf:
+            raise InvalidInput(
+                f"timeout must be a number of seconds above 0, not {timeout!r}: it bounds each "
+                "lookup in all",
+                code="invalid_parameters",
+            )
         self.base_url = ledger_url.rstrip("/")
         self.target: dict[str, str] = (
             {"pool": pool} if pool is not None else {"fingerprint_id": str(fingerprint_id)}
         )
         self._headers = {"Authorization": f"Bearer {check_token(token)}"}
         self._timeout = timeout
+        # read once, here (SSL_CERT_FILE, SSL_CERT_DIR): a lookup never fails on building it
+        self._tls = httpx.create_ssl_context()
         self._http = httpx.Client(
             base_url=self.base_url,
             headers=self._headers,
@@ -124,7 +133,9 @@ class LedgerLookup:
                 base_url=self.base_url,
                 headers=self._headers,
                 timeout=self._timeout,
-                trust_env=False,  # as the synchronous lookups: no proxy from the environment
+                # a transport of its own: no proxy from the environment, as the synchronous
+                # lookups; the certificates those read too
+                transport=httpx.AsyncHTTPTransport(verify=self._tls),
             ) as http:
                 return await http.post("/v1/cache/lookup", json=payload)
 

@@ -208,3 +208,31 @@ def test_a_cache_lookup_is_a_miss_at_its_timeout_however_slowly_the_ledger_answe
             assert 1.0 <= elapsed < 3.0, elapsed
     finally:
         stop.set()
+
+
+@pytest.mark.parametrize("timeout", [None, 0, -1, float("inf"), float("nan"), "5", True])
+def test_a_lookup_timeout_is_a_number_of_seconds(timeout: object):
+    """It bounds each lookup in all: refused when the cache is made, never a TypeError from a
+    lookup (which would break the application's call)."""
+    with pytest.raises(InvalidInput) as err:
+        LedgerLookup("http://127.0.0.1:9", "tok", pool="p", timeout=timeout)  # type: ignore[arg-type]
+    assert err.value.code == "invalid_parameters"
+
+
+def test_a_lookup_reads_the_certificate_variables_when_it_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """No proxy from the environment, but the CAs SSL_CERT_FILE names are the ones the
+    ledger's certificate is checked against, read when the cache is made: a lookup (sync or
+    async) never fails on them later, it misses."""
+    monkeypatch.setenv("SSL_CERT_FILE", "/nonexistent/ca.pem")
+    with pytest.raises(FileNotFoundError):
+        LedgerLookup("https://127.0.0.1:9", "tok", pool="p")
+    monkeypatch.delenv("SSL_CERT_FILE")
+    lookup = LedgerLookup("https://127.0.0.1:9", "tok", pool="p", timeout=2.0)
+    monkeypatch.setenv("SSL_CERT_FILE", "/nonexistent/ca.pem")
+    for answer in (
+        lookup.lookup("/v1/completions", {"prompt": "x"}),
+        asyncio.run(lookup.alookup("/v1/completions", {"prompt": "x"})),
+    ):
+        assert answer.reason == "error" and "cannot reach the ledger" in answer.message

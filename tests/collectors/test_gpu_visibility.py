@@ -165,9 +165,13 @@ def test_a_variable_given_twice_is_read_as_the_runtime_reads_it(tmp_path, monkey
     collector's NVML already lists the engine's device, so nothing is narrowed further."""
     raw = b"PATH=/usr/bin\0NVIDIA_VISIBLE_DEVICES=all\0NVIDIA_VISIBLE_DEVICES=1\0X\0"
     assert parse_environ(raw) == {"PATH": "/usr/bin", "NVIDIA_VISIBLE_DEVICES": "1"}
-    # what the process reads itself (getenv, os.environ) takes the first value
-    twice = b"CUDA_VISIBLE_DEVICES=0\0CUDA_VISIBLE_DEVICES=1\0"
-    assert parse_environ(twice) == {"CUDA_VISIBLE_DEVICES": "0"}
+    # what the process reads itself (getenv, os.environ) takes the first value, NVIDIA's
+    # variables for cuBLAS too: only those the runtime reads take the last
+    twice = (
+        b"CUDA_VISIBLE_DEVICES=0\0CUDA_VISIBLE_DEVICES=1\0"
+        b"NVIDIA_TF32_OVERRIDE=0\0NVIDIA_TF32_OVERRIDE=1\0"
+    )
+    assert parse_environ(twice) == {"CUDA_VISIBLE_DEVICES": "0", "NVIDIA_TF32_OVERRIDE": "0"}
     (tmp_path / "self").mkdir()
     (tmp_path / "self" / "environ").write_bytes(raw)
     own = own_environ(tmp_path)
@@ -260,6 +264,11 @@ def test_ordinals_among_devices_of_different_models_are_not_guessed() -> None:
     every = snap(with_order(None), board)
     assert every.identity["nvml_indexes"] == [0, 1, 2]
     assert "order of them" in every.body["unknown"]["visible_devices"]
+    # a model that cannot be read may be another one
+    unread = [h200(0), h200(1, not_supported=frozenset({"nvmlDeviceGetName"}))]
+    unsure = snap(with_order("1"), unread)
+    assert unsure.identity["nvml_indexes"] == [0, 1]
+    assert "cannot be read" in unsure.body["unknown"]["visible_devices"]
     # one model: CUDA's ties go by bus, as NVML's order does
     same = snap(with_order("2,0"), [h200(0), h200(1), h200(2)])
     assert same.identity["nvml_indexes"] == [2, 0] and not same.body["unknown"]

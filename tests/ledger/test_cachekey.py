@@ -299,3 +299,21 @@ def test_remembered_parameters_are_a_snapshot() -> None:
     assert key(request) != first
     assert key(request) == reference_key(COMPLETIONS, request, FP, {"text": "hi"})
     assert key({"prompt": "hi", "stop": ["a"], "temperature": 0.5}) == first
+
+
+def test_prompt_token_ids_must_be_the_token_id_prompt_vllm_runs() -> None:
+    """Beside a prompt of token IDs, ``prompt_token_ids`` are those IDs, or with
+    ``truncate_prompt_tokens`` their last ones (vLLM keeps the end); anything else is another
+    prompt's key, refused."""
+    fp = "sha256:" + "ab" * 32
+    ids = {"prompt": [1, 2, 3, 11, 12, 13], "temperature": 0}
+    assert cache_key(COMPLETIONS, ids, fp, prompt_token_ids=[1, 2, 3, 11, 12, 13])
+    with pytest.raises(InvalidInput) as err:
+        cache_key(COMPLETIONS, ids, fp, prompt_token_ids=[11, 12, 13])
+    assert err.value.code == "invalid_request"
+    cut = {**ids, "truncate_prompt_tokens": 3}
+    assert cache_key(COMPLETIONS, cut, fp, prompt_token_ids=[11, 12, 13])
+    with pytest.raises(InvalidInput):
+        cache_key(COMPLETIONS, cut, fp, prompt_token_ids=[1, 2, 3])
+    # a text prompt: the IDs are the engine's reading of it, which the ledger cannot check
+    assert cache_key(COMPLETIONS, {"prompt": "x", "temperature": 0}, fp, prompt_token_ids=[9])
