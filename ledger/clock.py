@@ -31,9 +31,8 @@ def parse_rfc3339(text: object, *, round_up: bool = False) -> datetime:
         raise ValueError(f"{str(text)[:64]!r} is not an RFC 3339 time with a zone (Z for UTC)")
     date, clock, fraction, zone = found.groups()
     micros = (fraction or "")[:6].ljust(6, "0")
-    if (
-        len(zone) == 6 and zone[-2:] > "59"
-    ):  # datetime reads +00:99 as 1 h 39 min; RFC 3339 has no minute 99
+    # datetime reads +00:99 as 1 h 39 min; RFC 3339 has no minute 99
+    if len(zone) == 6 and zone[-2:] > "59":
         raise ValueError(f"{text!r} is not a valid time (its offset's minutes are over 59)")
     zone = "+00:00" if zone in ("Z", "z") else zone
     finer = round_up and (fraction or "")[6:].strip("0") != ""
