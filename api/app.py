@@ -28,6 +28,7 @@ from api.routes import (
     log,
     records,
     replays,
+    tokens,
     workers,
 )
 from api.settings import Settings
@@ -144,7 +145,12 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
     # The gate (token, scope, body size and time) runs before the router reads any body; the
     # metrics around it count its refusals too.
     app.add_middleware(CacheFastPath, state=state)  # inside the gate: see api/cache_fast.py
-    app.add_middleware(Gate, routes=app.router.routes, state=state)
+    app.add_middleware(
+        Gate,
+        routes=app.router.routes,
+        state=state,
+        console_headers=ui.routes.SECURITY_HEADERS,
+    )
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     errors.install(app, pages=ui.routes.error_page, page_headers=ui.routes.SECURITY_HEADERS)
     app.add_middleware(errors.UnexpectedErrors, handler=app.state.unexpected_error)
@@ -161,6 +167,7 @@ def create_app(settings: Settings, db: Database, log_key: SigningKey) -> FastAPI
         cache,
         certifications,
         erasure,
+        tokens,
     ):
         app.include_router(module.router)
     ui.install(app, settings, log_key)

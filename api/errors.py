@@ -120,6 +120,11 @@ PageRenderer = Callable[[Request, int, str, str], Response]
 PAGES_PREFIX = "/ui/"
 
 
+def console_path(path: str) -> bool:
+    """Whether ``path`` is the console's (its answers carry the console's headers)."""
+    return path.startswith(PAGES_PREFIX) or path == PAGES_PREFIX[:-1]
+
+
 def install(
     app: FastAPI, pages: PageRenderer | None = None, page_headers: Mapping[str, str] | None = None
 ) -> None:
@@ -128,8 +133,7 @@ def install(
     security headers: a download's error is no less the console's answer)."""
 
     def in_console(request: Request) -> bool:
-        path = request.url.path
-        return pages is not None and (path.startswith(PAGES_PREFIX) or path == PAGES_PREFIX[:-1])
+        return pages is not None and console_path(request.url.path)
 
     def as_page(request: Request) -> PageRenderer | None:
         if not in_console(request) or request.url.path.endswith((".json", ".csv", ".ndjson")):

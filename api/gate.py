@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args, get_origin
 from urllib.parse import parse_qsl
@@ -204,10 +204,17 @@ class _Exchange:
     """One request as the gate sees it: the body read so far and the answer sent so far."""
 
     def __init__(
-        self, scope: Scope, receive: Receive, send: Send, limit: int, timeout: float
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        limit: int,
+        timeout: float,
+        headers: Mapping[str, str],
     ) -> None:
         self.scope, self._receive, self._send = scope, receive, send
         self.limit, self.timeout = limit, timeout
+        self.headers = headers  # added to the gate's own answers (the console's)
         self.declared, self.has_body = _declared_length(scope)
         self.size = 0
         self.body_done = not self.has_body
@@ -286,6 +293,7 @@ class _Exchange:
         if self.started:
             return
         response = errors.ledger_error_response(exc)
+        response.headers.update(self.headers)
         self.refused = exc.code
         self.started = True
         if not self.body_done:
@@ -303,10 +311,20 @@ def too_large(limit: int, declared: int | None = None) -> TooLarge:
 
 
 class Gate:
-    """Pure ASGI middleware; see the module docstring. ``routes`` is the app's route list."""
+    """Pure ASGI middleware; see the module docstring. ``routes`` is the app's route list;
+    ``console_headers`` go on the gate's answers under the console's paths, as on the
+    console's own (``api.errors``)."""
 
-    def __init__(self, app: ASGIApp, *, routes: list[BaseRoute], state: AppState) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        routes: list[BaseRoute],
+        state: AppState,
+        console_headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.app, self.routes, self.state = app, routes, state
+        self.console_headers = dict(console_headers or {})
         self._rules: RouteRules | None = None
 
     @property
@@ -321,7 +339,10 @@ class Gate:
             return
         settings = self.state.settings
         state = scope.setdefault("state", {})
-        exchange = _Exchange(scope, receive, send, settings.max_body_bytes, settings.body_timeout)
+        headers = self.console_headers if errors.console_path(scope["path"]) else {}
+        exchange = _Exchange(
+            scope, receive, send, settings.max_body_bytes, settings.body_timeout, headers
+        )
         rule = self.rules.match(scope)
         if rule is not None:
             scope["route"] = rule.route  # for the metrics of a refusal; the router sets it too

@@ -72,6 +72,9 @@ def document(schema: dict[str, Any], rules: RouteRules, settings: Settings) -> d
                 if rule.scope is not None:
                     op["x-required-scope"] = rule.scope
                     _append(op, f"Requires a token with the `{rule.scope}` scope (or `admin`).")
+                else:
+                    _append(op, "Requires a valid token, of any scope.")
+                    responses.pop("403", None)
             else:
                 responses.pop("401", None)
                 responses.pop("403", None)

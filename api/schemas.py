@@ -85,6 +85,13 @@ class KeyList(StrictOutput):
     items: list[KeyPublic]
 
 
+class TokenSelf(StrictOutput):
+    token_id: str = Field(description="the token's display ID (never its secret)")
+    name: str
+    scopes: list[str]
+    expires_at: str | None = Field(description="RFC 3339; null: never")
+
+
 class FingerprintCreated(StrictOutput):
     fingerprint_id: str
     status: str = Field(description="created | duplicate")

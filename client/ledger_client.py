@@ -308,6 +308,11 @@ class LedgerClient:
         result: dict[str, Any] = self._request("POST", "/v1/log/checkpoint")
         return result
 
+    def token_self(self) -> dict[str, Any]:
+        """What the ledger makes of this client's token: its ID, name, scopes and expiry."""
+        result: dict[str, Any] = self._request("GET", "/v1/tokens/self")
+        return result
+
     def log_key(self) -> dict[str, Any]:
         result: dict[str, Any] = self._request("GET", "/v1/log/key")
         return result

@@ -27,7 +27,7 @@ from collectors.snapshot import Snapshot, is_local, take_snapshot
 from collectors.spool import Spool
 from collectors.tokens import TokenRenderer
 from collectors.worker_state import WorkerState
-from ledger.errors import LedgerError
+from ledger.errors import AuthenticationError, LedgerError, PermissionDenied
 from ledger.heartbeat import HEARTBEAT_KIND, build_heartbeat, check_name
 from ledger.signing import Envelope, SigningKey, load_public_key, sign_envelope
 from ledger.worker_url import parse_worker_url
@@ -73,6 +73,35 @@ def expected_system_fingerprint(snapshot: Snapshot) -> str | None:
     return answered if isinstance(answered, str) else None
 
 
+WRITE_SCOPE = "records:write"
+
+
+def check_token(config: CollectorConfig) -> None:
+    """Refuse to start with a token the ledger refuses, or one that may not write records
+    (``GET /v1/tokens/self``, within 5 s). A ledger that cannot be reached now is no reason
+    not to start: records wait in the spool, and the token is used at the first heartbeat."""
+    with LedgerClient(config.ledger_url, config.ledger_token, timeout=5, deadline=5) as client:
+        try:
+            token = client.token_self()
+        except AuthenticationError as exc:
+            raise AuthenticationError(
+                f"the ledger at {client.base_url} refuses this collector's token: {exc.message}",
+                code=exc.code,
+                details=exc.details,
+            ) from exc
+        except LedgerError as exc:  # away, too slow, or a ledger without the route
+            logger.info("the token was not checked at start: %s", exc.message)
+            return
+    scopes = token.get("scopes")
+    if not isinstance(scopes, list) or not {WRITE_SCOPE, "admin"} & set(scopes):
+        raise PermissionDenied(
+            f"this collector's token ({token.get('name')!r}) lacks the {WRITE_SCOPE!r} scope "
+            f"(it has {scopes}): the ledger would refuse every record it ships",
+            code="insufficient_scope",
+            details={"required": WRITE_SCOPE},
+        )
+
+
 class Collector:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
@@ -92,8 +121,11 @@ class Collector:
         self._beat_client = LedgerClient(
             config.ledger_url, config.ledger_token, timeout=10, deadline=30
         )
+        check_token(config)
         self.metrics = CollectorMetrics()
         self.cache = DigestCache(config.digest_cache)
+        if self.cache.error:
+            logger.warning("%s", self.cache.error)
         self.snapshot = self._snapshot()  # an engine away, or no model here: no spool made
         self.spool = Spool(config.spool_path)
         self.state = WorkerState(
@@ -223,6 +255,8 @@ class Collector:
                 # Finding a process by port scans /proc: only when the engine came back.
                 self._engine_pid = self._find_pid()
                 self.resnapshot()
+            elif self.state.fingerprint_unsure is not None:
+                self.resnapshot()  # the last one failed: again, at every poll, until one holds
             away = False
 
     def _same_process(self) -> bool:
@@ -230,12 +264,26 @@ class Collector:
         return self._engine_pid is None or Path(f"/proc/{self._engine_pid}").exists()
 
     def resnapshot(self) -> None:
-        """Snapshot again (the engine restarted); switch to the new fingerprint if it changed."""
+        """Snapshot again (the engine restarted); switch to the new fingerprint if it changed.
+
+        While a re-snapshot fails, what the engine now runs is unknown: the proxy refuses the
+        requests it would record (503 ``fingerprint_unsure``) rather than sign them under the
+        fingerprint of the engine that was, and the watcher tries again at every poll."""
         try:
             snapshot = self._snapshot()
-        except LedgerError as exc:
-            logger.error("re-snapshot failed: %s", exc.message)
+        except Exception as exc:  # whatever it is, the watcher must live on
+            why = exc.message if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
+            if why != self.state.fingerprint_unsure:
+                if isinstance(exc, LedgerError):
+                    logger.error("re-snapshot failed (retried at each poll): %s", why)
+                else:
+                    logger.exception("re-snapshot failed (retried at each poll)")
+            self.state.fingerprint_unsure = why
+            self.metrics.snapshot_failures.inc()
             return
+        if self.state.fingerprint_unsure is not None:
+            logger.warning("re-snapshot succeeded: recording again")
+        self.state.fingerprint_unsure = None
         if snapshot.fingerprint_id != self.state.fingerprint_id:
             logger.warning(
                 "engine fingerprint changed: %s -> %s",

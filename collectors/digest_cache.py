@@ -6,7 +6,10 @@ change time is in the stamp because the modification time is not enough: ``cp -p
 ``rsync -t``, ``tar -x`` and ``touch -r`` rewrite a file and then set its mtime back, while
 no user can set a file's ctime. The cache is a
 SQLite file (WAL) under the user's cache directory. It is an optimisation only: if the file
-cannot be opened or written, snapshots still work and hash everything.
+cannot be opened or written, snapshots still work and hash everything. A cache file another
+user could write (group- or other-writable, owned by someone else, or in a directory others
+may write to) is not read: an entry written there would make a fingerprint claim a digest of
+content that is not on disk.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import sqlite3
 import threading
 from dataclasses import astuple, dataclass
 from pathlib import Path
+
+from ledger.secretfile import writable_by_others
 
 CACHE_ENV = "LEDGER_DIGEST_CACHE"
 _TABLE = "file_stamps"
@@ -58,7 +63,9 @@ class DigestCache:
 
     def _open(self, path: Path) -> None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            # made private whatever the umask (002 would make them group-writable: untrusted)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -70,8 +77,13 @@ class DigestCache:
                 " size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,"
                 " sha256 TEXT NOT NULL)"
             )
+            others = writable_by_others(path)
         except (OSError, sqlite3.Error) as exc:
             self.error = f"digest cache {path} unusable ({exc}); hashing every file"
+            return
+        if others is not None:
+            conn.close()
+            self.error = f"digest cache {path} not trusted: {others}; hashing every file"
             return
         self._conn = conn
 
@@ -85,7 +97,7 @@ class DigestCache:
                     " WHERE path = ?",
                     (real_path,),
                 ).fetchone()
-            except sqlite3.Error:
+            except (sqlite3.Error, UnicodeEncodeError):  # a name that is not UTF-8
                 return None
         if row is None or FileStamp(*row[:5]) != stamp:
             return None
@@ -100,6 +112,8 @@ class DigestCache:
                     f"INSERT OR REPLACE INTO {_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (real_path, *astuple(stamp), sha256_hex),
                 )
+            except UnicodeEncodeError:
+                pass  # a name that is not UTF-8: never cached
             except sqlite3.Error as exc:
                 self.error = f"digest cache write failed ({exc})"
 

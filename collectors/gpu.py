@@ -280,6 +280,12 @@ class _Reader:
                     "gpu_instance_slices": int(attributes.gpuInstanceSliceCount),
                     "compute_instance_slices": int(attributes.computeInstanceSliceCount),
                     "memory_mib": int(attributes.memorySizeMB),
+                    # the media engines tell a profile from its +me variant (1g.18gb+me)
+                    "copy_engines": int(attributes.sharedCopyEngineCount),
+                    "decoders": int(attributes.sharedDecoderCount),
+                    "encoders": int(attributes.sharedEncoderCount),
+                    "jpeg_decoders": int(attributes.sharedJpegCount),
+                    "ofa_engines": int(attributes.sharedOfaCount),
                 }
                 if attributes is not None and mig is not None
                 else None

@@ -65,6 +65,11 @@ class CollectorMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.snapshot_failures = Counter(
+            "collector_snapshot_failures",
+            "Re-snapshots that failed (requests are refused until one holds)",
+            registry=r,
+        )
         self.fingerprint_changes = Counter(
             "collector_fingerprint_changes", "Re-snapshots that changed the fingerprint", registry=r
         )

@@ -62,7 +62,14 @@ from collectors.vllm_request import (
     read_request_json,
 )
 from collectors.worker_state import WorkerState
-from ledger.errors import Conflict, InvalidInput, LedgerError, StorageError, Unreachable
+from ledger.errors import (
+    Conflict,
+    InvalidInput,
+    LedgerError,
+    Pushback,
+    StorageError,
+    Unreachable,
+)
 from ledger.logs import REQUEST_ID
 
 _OTHER_METHODS = ["GET", "HEAD", "PUT", "PATCH", "DELETE"]  # OPTIONS: vLLM's CORS
@@ -225,6 +232,13 @@ async def generate(request: Request) -> Response:
             raise Conflict(
                 f"request ID {request_id!r} was already used with this collector",
                 code="request_id_in_use",
+            )
+        if state.fingerprint_unsure is not None:
+            raise Pushback(
+                "the engine restarted and its environment could not be fingerprinted again "
+                f"({state.fingerprint_unsure}); requests are not recorded, so not answered, "
+                "until it is",
+                code="fingerprint_unsure",
             )
     except LedgerError as exc:
         state.metrics.refusals.labels(exc.code).inc()

@@ -31,6 +31,9 @@ class WorkerState:
     spool: Spool
     fingerprint_id: str
     batch_invariance: str
+    # Why the engine's environment is unknown since it restarted (a re-snapshot failed; the
+    # watcher retries it): requests that would be recorded are refused meanwhile. None: known.
+    fingerprint_unsure: str | None = None
     # What the engine's responses should carry as system_fingerprint (None: not checked).
     expected_system_fingerprint: str | None = None
     # The ledger's log key: replay orders must be signed by it (None: no replays taken).

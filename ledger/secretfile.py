@@ -269,6 +269,24 @@ def check_private_file(path: Path, *, setting: str) -> None:
         raise _refusal(path, setting, problem + via)
 
 
+def writable_by_others(path: Path) -> str | None:
+    """Why a user other than this process's could write or replace the file at ``path``
+    (None: none could): group- or other-writable, owned by another user, or in a directory
+    others may write to without the sticky bit."""
+    try:
+        st = os.stat(path)
+        real = Path(os.path.realpath(path))
+        problem = _open_directory(real.parent)
+    except OSError as exc:
+        return f"cannot check it: {exc.strerror or exc}"
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        return f"it is writable by group or others (mode {mode:04o})"
+    if st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not this process's {os.geteuid()}"
+    return problem
+
+
 def check_private_location(path: Path, *, setting: str) -> None:
     """Before creating a private file at ``path``: refuse a directory others may write to."""
     directory = Path(os.path.realpath(path.parent))

@@ -141,9 +141,7 @@ class LedgerLookup:
 
         try:
             response = await asyncio.wait_for(post(), self._timeout)
-        except TimeoutError as exc:
-            return self._unanswered(exc)
-        except httpx.HTTPError as exc:
+        except (TimeoutError, httpx.HTTPError) as exc:
             return self._unanswered(exc)
         return self._answer(request, response)
 

@@ -114,9 +114,15 @@ class _LoggedHold:
     released_at: int | None
 
 
-def _leaf_body(envelope: bytes, kind: str) -> dict[str, Any] | None:
+def _leaf_body(idx: int, envelope: object, kind: str) -> dict[str, Any] | None:
     """The body of a leaf whose envelope is of ``kind`` (None for any other leaf: its
-    ``log_entries.kind`` was edited, which the audit names)."""
+    ``log_entries.kind`` was edited, which the audit names). An envelope SQLite hands back as
+    another type than bytes (stored as text by an edit) is index_mismatch: read as no hold, it
+    would let a held record be erased."""
+    if not isinstance(envelope, bytes | memoryview):
+        raise mismatch(
+            f"a {kind} leaf", idx, f"its envelope is stored as {type(envelope).__name__}"
+        )
     try:
         leaf = json.loads(bytes(envelope))
         body = leaf["body"] if leaf["kind"] == kind else None
@@ -136,7 +142,7 @@ def _logged_holds(session: Session) -> dict[str, _LoggedHold]:
         .where(text(HOLD_LEAVES))
         .order_by(LogEntry.idx)
     ):
-        body = _leaf_body(envelope, kind)
+        body = _leaf_body(idx, envelope, kind)
         if body is None:
             continue
         hold_id = body["hold_id"]

@@ -417,6 +417,39 @@ def sqlite_erasure_guard(table: str) -> str:
     )
 
 
+# The log's byte columns, which the ledger writes as BLOBs only. SQLite keeps any type in any
+# column: the same bytes written back as text read as equal to the audit (which reads every
+# column as bytes) but not to the routes. (table, column, what names the row)
+_BLOB_COLUMNS = (
+    ("log_entries", "envelope", "idx"),
+    ("log_entries", "leaf_hash", "idx"),
+    ("signing_keys", "public_key", "log_index"),
+    ("checkpoints", "root_hash", "tree_size"),
+    ("merkle_nodes", "hash", "level || ':' || idx"),
+)
+
+
+def _sqlite_storage(conn: Connection) -> list[tuple[str | None, str]]:
+    """Byte columns stored as another type, and what ``PRAGMA integrity_check`` finds (an
+    index whose entries are not its table's: a partial index rewritten through
+    ``writable_schema`` hides rows from every query that uses it, and from no full scan)."""
+    found: list[tuple[str | None, str]] = []
+    for table, column, row in _BLOB_COLUMNS:
+        for name, kind in conn.execute(
+            text(
+                f"SELECT {row}, typeof({column}) FROM {table} "
+                f"WHERE typeof({column}) != 'blob' LIMIT 5"
+            )
+        ):
+            found.append(
+                (table, f"{column} of row {name} is stored as {kind}, not as the ledger's bytes")
+            )
+    problems = [str(r[0]) for r in conn.execute(text("PRAGMA integrity_check(20)"))]
+    if problems != ["ok"]:
+        found.append((None, "PRAGMA integrity_check: " + "; ".join(problems)))
+    return found
+
+
 def _sqlite(conn: Connection) -> list[tuple[str | None, str]]:
     stored = {
         row.name: (row.tbl_name, row.sql)
@@ -435,4 +468,4 @@ def _sqlite(conn: Connection) -> list[tuple[str | None, str]]:
                 found.append((table, f"trigger {name} is missing: the table can be edited"))
             elif got != (table, sql):
                 found.append((table, f"trigger {name} is not the ledger's: it was replaced"))
-    return found
+    return found + _sqlite_storage(conn)

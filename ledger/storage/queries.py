@@ -257,8 +257,11 @@ def record_leaf(
 _STRINGS = ("request_id", "fingerprint_id", "model", "pool", "worker_id", "endpoint")
 
 
-def from_log(log_index: int, data: bytes, appended_at: datetime) -> StoredRecord:
-    """The record log entry ``log_index`` holds; IndexMismatch if it holds none."""
+def from_log(log_index: int, data: object, appended_at: datetime) -> StoredRecord:
+    """The record log entry ``log_index`` holds; IndexMismatch if it holds none (or SQLite
+    hands its envelope back as another type than bytes: stored so by an edit)."""
+    if not isinstance(data, bytes | memoryview):
+        raise mismatch("a record", log_index, f"its envelope is stored as {type(data).__name__}")
     data = bytes(data)
     env, body_bytes = logged_envelope(data, log_index, RECORD_KIND)
     body = env["body"]

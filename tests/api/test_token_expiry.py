@@ -177,3 +177,36 @@ def test_tokens_cli_expires_and_lists_expiry(tmp_path: Path):
         proc = ledger("tokens", "create", "--scope", "admin", "--expires", bad, *db, check=False)
         assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
     assert len(json.loads(ledger("tokens", "list", *db, "--json").stdout)) == 3
+
+
+def test_a_token_is_told_what_the_ledger_makes_of_it(cached_api: tuple[str, Database]):
+    """GET /v1/tokens/self: any valid token learns its ID, name, scopes and expiry, never its
+    secret; an unknown or expired token is refused as on every route."""
+    url, db = cached_api
+    expires = datetime.now(UTC) + timedelta(seconds=6)
+    brief, info = tokenstore.create_token(db, "ingest-a", ["records:write"], expires)
+    reader, reader_info = tokenstore.create_token(db, "reader", ["records:read", "holds"])
+
+    def me(secret: str | None) -> httpx.Response:
+        auth = {"Authorization": f"Bearer {secret}"} if secret else {}
+        return httpx.get(url + "/v1/tokens/self", headers=auth, timeout=30)
+
+    got = me(brief)
+    assert got.status_code == 200, got.text
+    assert got.json() == {
+        "token_id": info.token_id,
+        "name": "ingest-a",
+        "scopes": ["records:write"],
+        "expires_at": expires.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+    }
+    assert brief not in got.text
+    assert me(reader).json() == {
+        "token_id": reader_info.token_id,
+        "name": "reader",
+        "scopes": ["holds", "records:read"],  # as stored: sorted
+        "expires_at": None,
+    }
+    assert_error(me(None), 401, "missing_token")
+    assert_error(me("lgr_" + "x" * 40), 401, "invalid_token")
+    time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.2)
+    assert_error(me(brief), 401, "token_expired")

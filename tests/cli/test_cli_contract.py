@@ -24,6 +24,7 @@ from cli.main import COMMANDS, load_command, main
 from ledger.checkpoint import Checkpoint, sign_checkpoint
 from ledger.signing import SigningKey
 from tests.support.cli import ledger, serve
+from tests.support.harness import Harness
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -500,6 +501,36 @@ def test_what_the_collector_cannot_use_is_refused_before_the_spool_or_the_model(
         assert f"[{code}]" in line, (args, line)
         flag = next((a for a in ("--pool", "--worker-id", "--advertise-url") if a in line), None)
         assert flag is None or flag == args[-2], line
+    assert not list(tmp_path.glob("spool*"))
+
+
+def test_the_collector_does_not_start_with_a_token_the_ledger_refuses(tmp_path: Path, api: Harness):
+    """A token the ledger does not know, or one that may not write records, is named before
+    the collector starts (before the engine is asked or the spool made); a good one gets as
+    far as the engine (here away)."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "c.pem").write_bytes(SigningKey.generate().private_pem())
+    tokens = {
+        "unknown": ("lgr_" + "x" * 40, "invalid_token"),
+        "reader": (api.token("records:read", "cache:read"), "insufficient_scope"),
+        "writer": (api.token("records:write"), "engine_unreachable"),
+        "admin": (api.admin_token, "engine_unreachable"),
+    }
+    for name, (secret, code) in tokens.items():
+        (tmp_path / name).write_text(secret + "\n")
+        args = [
+            *("collect", "--ledger", api.url, "--token-file", str(tmp_path / name)),
+            *("--key", str(tmp_path / "c.pem"), "--pool", "p", "--worker-id", "w"),
+            *("--spool", str(tmp_path / "spool.sqlite"), "--engine-url", DOWN),
+            *("--model-dir", str(tmp_path / "m"), "--listen", f"127.0.0.1:{_free_port()}"),
+        ]
+        env = {"LEDGER_DIGEST_CACHE": str(tmp_path / "cache" / "digests.sqlite")}
+        line = one_error_line(ledger(*args, check=False, env=env))
+        assert f"[{code}]" in line, (name, line)
+        assert secret not in line
+        if code == "insufficient_scope":
+            assert "records:write" in line, line
     assert not list(tmp_path.glob("spool*"))
 
 

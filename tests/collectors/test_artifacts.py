@@ -355,3 +355,56 @@ def test_a_file_truncated_while_it_is_hashed_is_model_changed_not_a_crash(tmp_pa
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-500:])
     assert done.stdout.strip() == "model_changed"
+
+
+def test_a_name_that_is_not_utf8_is_the_same_clear_answer_with_the_cache(
+    model: Path, cache: DigestCache
+):
+    """The cache keys files by their path as text: a name that is not UTF-8 raised
+    UnicodeEncodeError out of the cache (a traceback from `ledger fingerprint`, and a dead
+    engine watcher in the collector). With or without the cache, the answer is the same."""
+    os.close(os.open(os.fsencode(model) + b"/odd-\xff.txt", os.O_CREAT | os.O_WRONLY, 0o644))
+
+    def outcome(with_cache: DigestCache | None) -> object:
+        try:
+            return manifest(model, with_cache).body
+        except InvalidInput as exc:
+            return exc.code
+
+    assert outcome(cache) == outcome(None)
+
+
+def test_a_cache_others_could_write_is_not_read(model: Path, tmp_path: Path):
+    """An entry written by another user would make the fingerprint claim a digest of content
+    that is not on disk: a cache file others could write is not read (every file hashed)."""
+    path = tmp_path / "shared" / "digests.sqlite"
+    first = manifest(model, DigestCache(path))
+    weights = next(f for f in first.body["files"] if f["path"].endswith(".safetensors"))
+    with sqlite3.connect(path) as conn:  # as any writer could
+        conn.execute("UPDATE file_stamps SET sha256 = ?", ("ab" * 32,))
+    os.chmod(path, 0o666)
+    opened = DigestCache(path)
+    assert opened.error is not None and "not trusted" in opened.error and "0666" in opened.error
+    again = manifest(model, opened)
+    assert again.cached_files == 0 and again.body == first.body
+    by_path = {f["path"]: f["sha256"] for f in again.body["files"]}
+    assert by_path[weights["path"]] == weights["sha256"]
+    os.chmod(path, 0o600)
+    os.chmod(path.parent, 0o777)  # a directory others may write to: the file could be replaced
+    assert "could be replaced" in str(DigestCache(path).error)
+    os.chmod(path.parent, 0o700)
+    assert DigestCache(path).error is None
+
+
+def test_a_new_cache_is_private_whatever_the_umask(model: Path, tmp_path: Path):
+    path = tmp_path / "fresh" / "digests.sqlite"
+    old = os.umask(0o002)
+    try:
+        cache = DigestCache(path)
+    finally:
+        os.umask(old)
+    assert cache.error is None
+    assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+    assert oct(path.parent.stat().st_mode & 0o777) == oct(0o700)
+    manifest(model, cache)
+    assert manifest(model, cache).cached_files > 0

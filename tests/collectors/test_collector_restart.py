@@ -8,6 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from collectors.replay import REPLAY_PATH
+from ledger.errors import InvalidInput
 from tests.support.collector import start_collector, wait_for_record
 from tests.support.engine import EngineServer, engine_python
 from tests.support.harness import Harness
@@ -44,3 +46,52 @@ def test_an_engine_restart_is_resnapshotted(
     finally:
         running.close()
         engine.stop()
+
+
+@pytest.mark.parametrize("api", ["sqlite"], indirect=True)
+def test_a_failed_resnapshot_refuses_requests_until_one_holds(
+    tiny_engine: EngineServer, api: Harness, tmp_path: Path
+):
+    """A re-snapshot that fails after an engine restart (the model being replaced, a name the
+    fingerprint cannot hold) left records signed under the old fingerprint, and was never
+    tried again; one that raised anything but a LedgerError killed the watcher. Now requests
+    that would be recorded, and replays, are refused (503 fingerprint_unsure) while the
+    environment is unknown, and the watcher tries again at every poll until one holds."""
+    running = start_collector(tiny_engine, api, tmp_path, pool="unsure")
+    collector = running.collector
+    real = collector._snapshot
+    failures = [
+        InvalidInput("model file config.json changed while it was hashed", code="model_changed"),
+        UnicodeEncodeError("utf-8", "odd-\udcff", 4, 5, "surrogates not allowed"),
+    ]
+
+    def failing() -> object:
+        if failures:
+            raise failures.pop(0)
+        return real()
+
+    try:
+        before = collector.state.fingerprint_id
+        collector._snapshot = failing  # type: ignore[method-assign]
+        collector.resnapshot()  # as the watcher does when the engine came back
+        refused = httpx.post(f"{running.url}/v1/completions", json=BODY, timeout=60)
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "fingerprint_unsure" and "changed while" in error["message"]
+        assert not collector.spool.holds(refused.headers["x-request-id"])
+        replay = httpx.post(f"{running.url}{REPLAY_PATH}", content=b"{}", timeout=60)
+        assert replay.status_code == 503 and "fingerprint_unsure" in replay.text
+        # the watcher retries at its next polls: the second failure is no LedgerError, the
+        # third try holds
+        deadline = time.monotonic() + 30
+        while collector.state.fingerprint_unsure is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert collector.state.fingerprint_unsure is None and not failures
+        assert collector._watcher.is_alive()
+        assert collector.metrics.snapshot_failures._value.get() == 2
+        again = httpx.post(f"{running.url}/v1/completions", json=BODY, timeout=60)
+        assert again.status_code == 200, again.text
+        recorded = wait_for_record(api, again.headers["x-request-id"])
+        assert recorded["fingerprint_id"] == before  # the same engine: the same fingerprint
+    finally:
+        running.close()

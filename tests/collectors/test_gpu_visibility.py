@@ -99,6 +99,22 @@ def test_the_same_model_of_gpu_gives_the_same_body_whichever_slot() -> None:
     assert snap(visible("0,1")).body != a.body  # two GPUs are another environment
 
 
+def test_a_profile_and_its_media_extensions_are_told_apart() -> None:
+    """1g.18gb and 1g.18gb+me have the same slices, memory and multiprocessors; the +me
+    instance also has the GPU's optical-flow engine. Their fingerprints differ."""
+    parent = h200(
+        0,
+        mig_mode=MIG_ON,
+        mig_instances=(FakeMig(MIG_A), FakeMig(MIG_B, ofa_engines=1)),
+    )
+    plain = snap(visible(MIG_A), [parent]).body["gpus"][0]["mig_instance"]
+    media = snap(visible(MIG_B), [parent]).body["gpus"][0]["mig_instance"]
+    assert {k: v for k, v in media.items() if k != "ofa_engines"} == {
+        k: v for k, v in plain.items() if k != "ofa_engines"
+    }
+    assert (plain["ofa_engines"], media["ofa_engines"]) == (0, 1)
+
+
 def test_mig_instances_by_uuid_with_their_profile() -> None:
     parent = h200(
         0,
@@ -106,7 +122,7 @@ def test_mig_instances_by_uuid_with_their_profile() -> None:
         mig_instances=(
             FakeMig(MIG_A),
             None,  # an empty slot: NVML_ERROR_NOT_FOUND
-            FakeMig(MIG_B, 2, 2, 32768, 32),
+            FakeMig(MIG_B, 2, 2, 32768, 32, copy_engines=2, decoders=2, jpeg_decoders=2),
         ),
     )
     s = snap(visible(MIG_B), [parent, h200(1)])
@@ -119,6 +135,11 @@ def test_mig_instances_by_uuid_with_their_profile() -> None:
         "gpu_instance_slices": 2,
         "compute_instance_slices": 2,
         "memory_mib": 32768,
+        "copy_engines": 2,
+        "decoders": 2,
+        "encoders": 0,
+        "jpeg_decoders": 2,
+        "ofa_engines": 0,
     }
     small = snap(visible(MIG_A[:10]), [parent]).body["gpus"][0]
     assert small["mig_instance"]["gpu_instance_slices"] == 1

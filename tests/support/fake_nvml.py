@@ -65,13 +65,20 @@ class FakeGpu:
 @dataclass(frozen=True)
 class FakeMig:
     """One MIG instance (a GPU instance with one compute instance), as an H200 141 GB
-    creates them: ``1g.18gb`` is 1 of 7 slices, 16 SMs, 16,384 MiB."""
+    creates them: ``1g.18gb`` is 1 of 7 slices, 16 SMs, 16,384 MiB, one copy engine, one
+    video decoder and one JPEG decoder, no optical-flow engine (``1g.18gb+me``, the media
+    extensions: one OFA too)."""
 
     uuid: str
     gpu_instance_slices: int = 1
     compute_instance_slices: int = 1
     memory_mib: int = 16384
     multiprocessor_count: int = 16
+    copy_engines: int = 1
+    decoders: int = 1
+    encoders: int = 0
+    jpeg_decoders: int = 1
+    ofa_engines: int = 0
 
 
 MIG_SLOTS = 7
@@ -255,6 +262,11 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return pynvml.c_nvmlDeviceAttributes(
             multiprocessorCount=mig.multiprocessor_count,
+            sharedCopyEngineCount=mig.copy_engines,
+            sharedDecoderCount=mig.decoders,
+            sharedEncoderCount=mig.encoders,
+            sharedJpegCount=mig.jpeg_decoders,
+            sharedOfaCount=mig.ofa_engines,
             gpuInstanceSliceCount=mig.gpu_instance_slices,
             computeInstanceSliceCount=mig.compute_instance_slices,
             memorySizeMB=mig.memory_mib,

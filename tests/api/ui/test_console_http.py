@@ -24,7 +24,7 @@ from ledger.storage import tokenstore
 from ledger.storage.audit import audit
 from tests.api.test_read_paths import superuser
 from tests.support.documents import record_body, record_v2
-from tests.support.harness import Harness, start_harness
+from tests.support.harness import MAX_BODY, Harness, start_harness
 
 
 @dataclass
@@ -405,8 +405,14 @@ def test_error_answers_of_console_downloads_and_405s_carry_the_security_headers(
         c.get(f"/ui/records/{scene.rid}/evidence.json", params={"redact": "<b>"}),
         c.get("/ui/records/no-such-record/evidence.json"),
         c.put("/ui/records"),
+        # over the ledger's body limit: refused by the gate, before the console runs
+        c.post(
+            "/ui/signin",
+            content=b"token=" + b"x" * MAX_BODY,
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        ),
     ):
-        assert resp.status_code in (404, 405, 422), resp.text
+        assert resp.status_code in (404, 405, 413, 422), resp.text
         assert resp.headers["cache-control"] == "no-store", resp.headers
         assert resp.headers["x-content-type-options"] == "nosniff"
         assert "frame-ancestors 'none'" in resp.headers["content-security-policy"]
