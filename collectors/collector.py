@@ -27,9 +27,10 @@ from collectors.snapshot import Snapshot, is_local, take_snapshot
 from collectors.spool import Spool
 from collectors.tokens import TokenRenderer
 from collectors.worker_state import WorkerState
-from ledger.errors import AuthenticationError, LedgerError, PermissionDenied
+from ledger.errors import AuthenticationError, LedgerError, NotFound, PermissionDenied, Pushback
 from ledger.heartbeat import HEARTBEAT_KIND, build_heartbeat, check_name
 from ledger.signing import Envelope, SigningKey, load_public_key, sign_envelope
+from ledger.tokens import Principal
 from ledger.worker_url import parse_worker_url
 
 logger = logging.getLogger("ledger.collector")
@@ -74,26 +75,45 @@ def expected_system_fingerprint(snapshot: Snapshot) -> str | None:
 
 
 WRITE_SCOPE = "records:write"
+# The ledger's own answers to a token it refuses (a proxy's 401 in front of it is not one).
+_REFUSED = ("invalid_token", "token_expired", "missing_token")
 
 
 def check_token(config: CollectorConfig) -> None:
     """Refuse to start with a token the ledger refuses, or one that may not write records
     (``GET /v1/tokens/self``, within 5 s). A ledger that cannot be reached now is no reason
-    not to start: records wait in the spool, and the token is used at the first heartbeat."""
+    not to start: records wait in the spool, and the token is used at the first heartbeat.
+    Nor is an answer that is not the ledger's (a proxy's 401, an older ledger's 404): that is
+    a warning, and the token is not checked."""
     with LedgerClient(config.ledger_url, config.ledger_token, timeout=5, deadline=5) as client:
         try:
             token = client.token_self()
         except AuthenticationError as exc:
+            if exc.code not in _REFUSED:
+                logger.warning("the token was not checked at start: %s", exc.message)
+                return
             raise AuthenticationError(
                 f"the ledger at {client.base_url} refuses this collector's token: {exc.message}",
                 code=exc.code,
                 details=exc.details,
             ) from exc
-        except LedgerError as exc:  # away, too slow, or a ledger without the route
+        except NotFound:
+            logger.warning(
+                "the token was not checked at start: the ledger at %s predates GET /v1/tokens/self",
+                client.base_url,
+            )
+            return
+        except Pushback as exc:  # away or too slow now: the heartbeat says so at once
             logger.info("the token was not checked at start: %s", exc.message)
             return
-    scopes = token.get("scopes")
-    if not isinstance(scopes, list) or not {WRITE_SCOPE, "admin"} & set(scopes):
+        except LedgerError as exc:
+            logger.warning("the token was not checked at start: %s", exc.message)
+            return
+    scopes = token.get("scopes") if isinstance(token, dict) else None
+    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+        logger.warning("the token was not checked at start: the answer names no scopes")
+        return
+    if not Principal("", "", tuple(scopes)).allows(WRITE_SCOPE):
         raise PermissionDenied(
             f"this collector's token ({token.get('name')!r}) lacks the {WRITE_SCOPE!r} scope "
             f"(it has {scopes}): the ledger would refuse every record it ships",
@@ -113,6 +133,7 @@ class Collector:
         if config.advertise_url is not None:
             parse_worker_url(config.advertise_url, "--advertise-url")
         check_model_dir(config.model_dir)
+        check_token(config)
         self.client = LedgerClient(
             config.ledger_url, config.ledger_token, deadline=config.ship_deadline
         )
@@ -121,7 +142,6 @@ class Collector:
         self._beat_client = LedgerClient(
             config.ledger_url, config.ledger_token, timeout=10, deadline=30
         )
-        check_token(config)
         self.metrics = CollectorMetrics()
         self.cache = DigestCache(config.digest_cache)
         if self.cache.error:
@@ -158,6 +178,7 @@ class Collector:
         self._watcher = threading.Thread(target=self._watch, name="engine-watch", daemon=True)
         self._heart = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
         self.registered = threading.Event()
+        self._last_failure: str | None = None  # the last re-snapshot's failure, said once
         self._engine_pid = self._find_pid()
 
     def _expired(self, pending: int, dead: int) -> None:
@@ -204,6 +225,8 @@ class Collector:
                     self.state.log_public_key = load_public_key(self.client.log_key()["public_key"])
                 if self.config.advertise_url is None:
                     return
+                if self.state.fingerprint_unsure is not None:
+                    continue  # not offered for replays while the engine is not fingerprinted
                 self._beat_client.heartbeat(self.heartbeat_envelope())
             except LedgerError as exc:
                 self.metrics.heartbeat_failures.labels(self.metrics.code_label(exc.code)).inc()
@@ -243,21 +266,30 @@ class Collector:
         away = False
         while not self._stop.wait(self.config.watch_interval):
             try:
-                up = http.get(f"{self.state.engine_url}/v1/models").status_code == 200
-            except httpx.HTTPError:
-                up = False
-            if not up:
-                if not away:
-                    logger.warning("engine at %s is not answering", self.state.engine_url)
-                away = True
-                continue
-            if away or not self._same_process():
-                # Finding a process by port scans /proc: only when the engine came back.
-                self._engine_pid = self._find_pid()
-                self.resnapshot()
-            elif self.state.fingerprint_unsure is not None:
-                self.resnapshot()  # the last one failed: again, at every poll, until one holds
-            away = False
+                away = self._poll(http, away)
+            except Exception:  # a bug: logged; the watcher must live on
+                logger.exception("the engine watcher's poll failed")
+
+    def _poll(self, http: httpx.Client, away: bool) -> bool:
+        """One poll of the engine; whether it is away now."""
+        try:
+            up = http.get(f"{self.state.engine_url}/v1/models").status_code == 200
+        except httpx.HTTPError:
+            up = False
+        if not up:
+            if not away:
+                logger.warning("engine at %s is not answering", self.state.engine_url)
+            return True
+        if away or not self._same_process():
+            # From here until a snapshot holds, what the engine runs is unknown: nothing is
+            # recorded under the fingerprint of the engine that was.
+            self.state.fingerprint_unsure = "the engine restarted and is being fingerprinted"
+            # Finding a process by port scans /proc: only when the engine came back.
+            self._engine_pid = self._find_pid()
+            self.resnapshot()
+        elif self.state.fingerprint_unsure is not None:
+            self.resnapshot()  # the last one failed: again, at every poll, until one holds
+        return False
 
     def _same_process(self) -> bool:
         """Cheap check that the engine process we know still runs."""
@@ -266,37 +298,41 @@ class Collector:
     def resnapshot(self) -> None:
         """Snapshot again (the engine restarted); switch to the new fingerprint if it changed.
 
-        While a re-snapshot fails, what the engine now runs is unknown: the proxy refuses the
-        requests it would record (503 ``fingerprint_unsure``) rather than sign them under the
-        fingerprint of the engine that was, and the watcher tries again at every poll."""
+        Until a snapshot holds, what the engine runs is unknown: the proxy refuses the
+        requests it would record, and replays (503 ``fingerprint_unsure``), rather than sign
+        them under the fingerprint of the engine that was; heartbeats stop; the watcher tries
+        again at every poll. The flag is cleared last, once every field is the new
+        engine's."""
         try:
             snapshot = self._snapshot()
+            if snapshot.fingerprint_id != self.state.fingerprint_id:
+                logger.warning(
+                    "engine fingerprint changed: %s -> %s",
+                    self.state.fingerprint_id,
+                    snapshot.fingerprint_id,
+                )
+                self._queue_fingerprint(snapshot)
+                self.state.fingerprint_id = snapshot.fingerprint_id
+                self.state.batch_invariance = snapshot.body["engine"]["batch_invariance"]
+                self.metrics.fingerprint_changes.inc()
+                self.registered.clear()  # the next heartbeat re-registers under the new ID
+            self.state.expected_system_fingerprint = expected_system_fingerprint(snapshot)
+            self.snapshot = snapshot
         except Exception as exc:  # whatever it is, the watcher must live on
             why = exc.message if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
-            if why != self.state.fingerprint_unsure:
+            if why != self._last_failure:
                 if isinstance(exc, LedgerError):
                     logger.error("re-snapshot failed (retried at each poll): %s", why)
                 else:
                     logger.exception("re-snapshot failed (retried at each poll)")
+            self._last_failure = why
             self.state.fingerprint_unsure = why
             self.metrics.snapshot_failures.inc()
             return
-        if self.state.fingerprint_unsure is not None:
+        if self._last_failure is not None:
             logger.warning("re-snapshot succeeded: recording again")
+        self._last_failure = None
         self.state.fingerprint_unsure = None
-        if snapshot.fingerprint_id != self.state.fingerprint_id:
-            logger.warning(
-                "engine fingerprint changed: %s -> %s",
-                self.state.fingerprint_id,
-                snapshot.fingerprint_id,
-            )
-            self._queue_fingerprint(snapshot)
-            self.state.fingerprint_id = snapshot.fingerprint_id
-            self.state.batch_invariance = snapshot.body["engine"]["batch_invariance"]
-            self.metrics.fingerprint_changes.inc()
-            self.registered.clear()  # the next heartbeat re-registers under the new ID
-        self.state.expected_system_fingerprint = expected_system_fingerprint(snapshot)
-        self.snapshot = snapshot
 
     def close(self, drain_timeout: float = 5.0) -> None:
         self._stop.set()

@@ -20,7 +20,7 @@ import threading
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
-from ledger.secretfile import writable_by_others
+from ledger.secretfile import make_private_dirs, writable_by_others
 
 CACHE_ENV = "LEDGER_DIGEST_CACHE"
 _TABLE = "file_stamps"
@@ -63,9 +63,16 @@ class DigestCache:
 
     def _open(self, path: Path) -> None:
         try:
-            # made private whatever the umask (002 would make them group-writable: untrusted)
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # made private whatever the umask (002 would make them group-writable: untrusted),
+            # and judged before anything is written to it
+            make_private_dirs(path.parent)
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+            others = writable_by_others(path)
+            if others is not None:
+                self.error = (
+                    f"digest cache {path} not trusted: {others}, or delete it; hashing every file"
+                )
+                return
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -77,13 +84,8 @@ class DigestCache:
                 " size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,"
                 " sha256 TEXT NOT NULL)"
             )
-            others = writable_by_others(path)
         except (OSError, sqlite3.Error) as exc:
             self.error = f"digest cache {path} unusable ({exc}); hashing every file"
-            return
-        if others is not None:
-            conn.close()
-            self.error = f"digest cache {path} not trusted: {others}; hashing every file"
             return
         self._conn = conn
 

@@ -65,6 +65,12 @@ def error_response(exc: LedgerError, request_id: str | None = None) -> JSONRespo
         status_code=status,
         headers={
             **({REQUEST_ID_HEADER: request_id} if request_id is not None else {}),
+            # as the API writes it (api/errors.py): whole seconds, at least 1
+            **(
+                {"Retry-After": str(max(1, round(exc.retry_after)))}
+                if isinstance(exc, Pushback)
+                else {}
+            ),
             # no CORS headers for a browser while the engine does not answer (own_answers)
             **({ANSWER_MARK: UNASKED} if isinstance(exc, Unreachable) else {}),
         },

@@ -61,12 +61,11 @@ from collectors.vllm_request import (
     is_json_media_type,
     read_request_json,
 )
-from collectors.worker_state import WorkerState
+from collectors.worker_state import WorkerState, unsure
 from ledger.errors import (
     Conflict,
     InvalidInput,
     LedgerError,
-    Pushback,
     StorageError,
     Unreachable,
 )
@@ -234,12 +233,7 @@ async def generate(request: Request) -> Response:
                 code="request_id_in_use",
             )
         if state.fingerprint_unsure is not None:
-            raise Pushback(
-                "the engine restarted and its environment could not be fingerprinted again "
-                f"({state.fingerprint_unsure}); requests are not recorded, so not answered, "
-                "until it is",
-                code="fingerprint_unsure",
-            )
+            raise unsure()
     except LedgerError as exc:
         state.metrics.refusals.labels(exc.code).inc()
         return error_response(exc, request_id)

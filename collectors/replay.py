@@ -21,12 +21,11 @@ from starlette.responses import Response
 from collectors.errors import error_response
 from collectors.exchange import Accumulator
 from collectors.upstream import Upstream
-from collectors.worker_state import WorkerState
+from collectors.worker_state import WorkerState, unsure
 from ledger.clock import utc_now
 from ledger.errors import (
     InvalidInput,
     LedgerError,
-    Pushback,
     Unreachable,
     VerificationError,
 )
@@ -106,17 +105,13 @@ async def handle_replay(request: Request, state: WorkerState, engine: Upstream) 
     """The endpoint: the signed output, or the collector's error answer (``collectors/errors.py``:
     an order that does not verify is 403, a malformed one 400, an engine that fails it 502)."""
     try:
-        if state.fingerprint_unsure is not None:  # its output would be signed under the old one
-            raise Pushback(
-                "the engine's environment is unknown since it restarted "
-                f"({state.fingerprint_unsure}); no replay runs until it is fingerprinted again",
-                code="fingerprint_unsure",
-            )
         order = _order(await request.body(), state)
         try:
             raw = binascii.a2b_base64(order["request_raw"].encode("ascii"), strict_mode=True)
         except (binascii.Error, ValueError, AttributeError) as exc:
             raise InvalidInput("request_raw is not base64", code="invalid_order") from exc
+        if state.fingerprint_unsure is not None:  # its output would be signed under the old one
+            raise unsure()
         started = utc_now()
         fingerprint_id = state.fingerprint_id  # the environment the replay actually ran under
         acc, elapsed = await _run(engine, order["endpoint"], raw)

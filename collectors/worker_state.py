@@ -16,7 +16,19 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from collectors.metrics import CollectorMetrics
 from collectors.spool import Spool
 from collectors.tokens import TokenRenderer
+from ledger.errors import Pushback
 from ledger.signing import SigningKey
+
+
+def unsure() -> Pushback:
+    """The answer while ``WorkerState.fingerprint_unsure``: the reason (file names, an
+    exception) stays in the collector's log, not in an answer to whoever asks."""
+    return Pushback(
+        "the engine restarted and is not fingerprinted yet (the collector's log says why): "
+        "nothing is recorded, so nothing is answered, until it is",
+        code="fingerprint_unsure",
+        retry_after=2.0,
+    )
 
 
 @dataclass

@@ -155,7 +155,7 @@ def stage_secret_file(
     _check_target(path, overwrite)
     directory = path.parent
     try:
-        _make_private_dirs(directory)
+        make_private_dirs(directory)
     except OSError as exc:
         raise _unwritable(path, exc) from exc
     temp = directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
@@ -190,7 +190,7 @@ def stage_secret_file(
     return StagedSecret(path, temp, mode, overwrite, (st.st_dev, st.st_ino))
 
 
-def _make_private_dirs(directory: Path) -> None:
+def make_private_dirs(directory: Path) -> None:
     """Create ``directory`` and its missing parents, each mode 0700 (at most)."""
     missing = []
     while not directory.exists():
@@ -239,52 +239,44 @@ def _open_directory(directory: Path) -> str | None:
     return None
 
 
-def check_private_file(path: Path, *, setting: str) -> None:
-    """Refuse (``insecure_private_file``) a private file that anyone but this process's user
-    could read or replace: accessible to group or others (through a symbolic link too: the
-    file that would be read is checked), owned by another user, not a regular file, or in a
-    directory others may write to without the sticky bit. ``setting`` names the variable the
-    path came from, for the message."""
-    try:
-        st = os.stat(path)
-        real = Path(os.path.realpath(path))
-        problem = _open_directory(real.parent)
-    except OSError as exc:
-        raise _refusal(path, setting, f"cannot check it: {exc.strerror or exc}") from exc
-    via = f" (a symbolic link to {real})" if os.path.islink(path) else ""
-    if not stat.S_ISREG(st.st_mode):
-        raise _refusal(path, setting, f"not a regular file{via}")
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077:
-        raise _refusal(
-            path,
-            setting,
-            f"the private key is accessible to group or others (mode {mode:04o}){via}; "
-            f"run `chmod 600 {real}`",
-        )
-    uid = os.geteuid()
-    if st.st_uid != uid:
-        raise _refusal(path, setting, f"owned by uid {st.st_uid}, not this process's {uid}{via}")
-    if problem:
-        raise _refusal(path, setting, problem + via)
-
-
-def writable_by_others(path: Path) -> str | None:
-    """Why a user other than this process's could write or replace the file at ``path``
-    (None: none could): group- or other-writable, owned by another user, or in a directory
-    others may write to without the sticky bit."""
+def _others_could(path: Path, mask: int, what: str) -> str | None:
+    """Why someone but this process's user could read or replace the file at ``path`` (None:
+    nobody could): its mode has a bit of ``mask`` (``what`` says what that lets others do),
+    it is owned by another user or is no regular file, or its directory others may write to
+    without the sticky bit. Through a symbolic link, the file that would be read is judged."""
     try:
         st = os.stat(path)
         real = Path(os.path.realpath(path))
         problem = _open_directory(real.parent)
     except OSError as exc:
         return f"cannot check it: {exc.strerror or exc}"
+    via = f" (a symbolic link to {real})" if os.path.islink(path) else ""
+    if not stat.S_ISREG(st.st_mode):
+        return f"not a regular file{via}"
     mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o022:
-        return f"it is writable by group or others (mode {mode:04o})"
-    if st.st_uid != os.geteuid():
-        return f"it is owned by uid {st.st_uid}, not this process's {os.geteuid()}"
-    return problem
+    if mode & mask:
+        return f"{what} (mode {mode:04o}){via}; run `chmod 600 {real}`"
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not this process's {uid}{via}"
+    return problem + via if problem else None
+
+
+def check_private_file(path: Path, *, setting: str) -> None:
+    """Refuse (``insecure_private_file``) a private file that anyone but this process's user
+    could read or replace: accessible to group or others (through a symbolic link too: the
+    file that would be read is checked), owned by another user, not a regular file, or in a
+    directory others may write to without the sticky bit. ``setting`` names the variable the
+    path came from, for the message."""
+    problem = _others_could(path, 0o077, "the private key is accessible to group or others")
+    if problem:
+        raise _refusal(path, setting, problem)
+
+
+def writable_by_others(path: Path) -> str | None:
+    """Why a user other than this process's could write or replace the file at ``path``
+    (None: none could), judged as :func:`check_private_file` judges, reading allowed."""
+    return _others_could(path, 0o022, "it is writable by group or others")
 
 
 def check_private_location(path: Path, *, setting: str) -> None:

@@ -64,6 +64,7 @@ from ledger.storage.queries import (
     mismatch,
     record_erasure,
     record_in,
+    stored_bytes,
 )
 
 # Records erased per transaction by a bulk erasure or the retention purge.
@@ -119,12 +120,13 @@ def _leaf_body(idx: int, envelope: object, kind: str) -> dict[str, Any] | None:
     ``log_entries.kind`` was edited, which the audit names). An envelope SQLite hands back as
     another type than bytes (stored as text by an edit) is index_mismatch: read as no hold, it
     would let a held record be erased."""
-    if not isinstance(envelope, bytes | memoryview):
+    data = stored_bytes(envelope)
+    if data is None:
         raise mismatch(
             f"a {kind} leaf", idx, f"its envelope is stored as {type(envelope).__name__}"
         )
     try:
-        leaf = json.loads(bytes(envelope))
+        leaf = json.loads(data)
         body = leaf["body"] if leaf["kind"] == kind else None
         return body if isinstance(body, dict) and isinstance(body.get("hold_id"), str) else None
     except (ValueError, KeyError, TypeError):
@@ -134,9 +136,14 @@ def _leaf_body(idx: int, envelope: object, kind: str) -> dict[str, Any] | None:
 def _logged_holds(session: Session) -> dict[str, _LoggedHold]:
     """Every hold the log holds, in log order, read from the hold and release leaves alone
     (found through their kind's index): the ``holds`` and ``hold_releases`` rows are never
-    read for an answer, so a row deleted, inserted or edited changes no hold (the audit
-    names it). A release counts only for a hold placed before it."""
+    read for an answer. A release counts only for a hold placed before it.
+
+    Those rows are a tripwire, though: a hold or release leaf one of them names that the
+    kind's index does not find (``log_entries.kind`` or the index edited, to hide a hold from
+    an erasure) is index_mismatch, so hiding a hold takes a second edit, of the rows too
+    (either is named by the audit). A row naming a leaf that is no hold changes nothing."""
     holds: dict[str, _LoggedHold] = {}
+    found: set[int] = set()
     for idx, kind, envelope in session.execute(
         select(LogEntry.idx, LogEntry.kind, LogEntry.envelope)
         .where(text(HOLD_LEAVES))
@@ -145,12 +152,32 @@ def _logged_holds(session: Session) -> dict[str, _LoggedHold]:
         body = _leaf_body(idx, envelope, kind)
         if body is None:
             continue
+        found.add(idx)
         hold_id = body["hold_id"]
         if kind == HOLD_KIND:
             holds.setdefault(hold_id, _LoggedHold(idx, body, None))
         elif hold_id in holds and holds[hold_id].released_at is None:
             holds[hold_id] = replace(holds[hold_id], released_at=idx)
+    named = select(Hold.log_index).union_all(select(HoldRelease.log_index))
+    unfound = [i for i in session.execute(named).scalars() if i not in found and type(i) is int]
+    if unfound:  # rows an edit inserted (no hold: changes nothing), or holds hidden
+        for idx, envelope in session.execute(
+            select(LogEntry.idx, LogEntry.envelope).where(LogEntry.idx.in_(unfound))
+        ):
+            if _is_hold_leaf(envelope):
+                raise mismatch(
+                    "a legal hold", idx, "the hold leaves' index does not find this hold leaf"
+                )
     return holds
+
+
+def _is_hold_leaf(envelope: object) -> bool:
+    """Whether a leaf holds a hold or release envelope, however it is stored."""
+    try:
+        leaf = json.loads(envelope if isinstance(envelope, str) else stored_bytes(envelope) or b"")
+        return isinstance(leaf, dict) and leaf.get("kind") in (HOLD_KIND, RELEASE_KIND)
+    except ValueError:
+        return False
 
 
 def _placed(hold: Hold, envelope: bytes) -> dict[str, Any]:

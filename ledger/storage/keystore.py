@@ -42,7 +42,7 @@ from ledger.storage import log
 from ledger.storage.database import Database, as_utc, utcnow
 from ledger.storage.models import KeyRevocation, LogEntry
 from ledger.storage.models import SigningKey as KeyRow
-from ledger.storage.queries import mismatch
+from ledger.storage.queries import mismatch, stored_bytes
 
 REGISTRATION_KIND = "key_registration"
 REVOCATION_KIND = "key_revocation"
@@ -166,9 +166,9 @@ def _logged(key_id: str, envelope: bytes | None) -> _Registration:
     signed by it (an edited ``log_entries.envelope``) gives the key no role and no pool, so it
     signs nothing. An edited ``signing_keys`` column changes nothing. The audit names every
     such edit."""
-    if envelope is None:
+    data = stored_bytes(envelope)
+    if data is None:  # no leaf, or one stored as another type than bytes (an edit)
         return _UNVERIFIED
-    data = bytes(envelope)
     if (key_id, data) in _SCOPES:
         return _SCOPES[key_id, data]
     leaf = _leaf(data, REGISTRATION_KIND, key_id)
@@ -201,13 +201,14 @@ def _logged(key_id: str, envelope: bytes | None) -> _Registration:
 
 
 def _revocation(
-    key_id: str, registered: int, reason: str, log_index: int, envelope: bytes | None
+    key_id: str, registered: int, reason: str, log_index: int, envelope: object
 ) -> tuple[datetime, str] | IndexMismatch:
     """The time and reason of a key's revocation, from its leaf. A ``key_revocations`` row
     whose leaf is not the log key's revocation of this key, logged after its registration, is
     IndexMismatch: an inserted row is never answered "revoked" (nor a deleted one hidden, the
     audit names it)."""
-    leaf = _leaf(bytes(envelope), REVOCATION_KIND, key_id) if envelope is not None else None
+    data = stored_bytes(envelope)
+    leaf = _leaf(data, REVOCATION_KIND, key_id) if data is not None else None
     problem = "the leaf is not this key's revocation, logged after its registration"
     if envelope is None:
         problem = "the log holds no such leaf"

@@ -417,33 +417,36 @@ def sqlite_erasure_guard(table: str) -> str:
     )
 
 
-# The log's byte columns, which the ledger writes as BLOBs only. SQLite keeps any type in any
-# column: the same bytes written back as text read as equal to the audit (which reads every
-# column as bytes) but not to the routes. (table, column, what names the row)
-_BLOB_COLUMNS = (
-    ("log_entries", "envelope", "idx"),
-    ("log_entries", "leaf_hash", "idx"),
-    ("signing_keys", "public_key", "log_index"),
-    ("checkpoints", "root_hash", "tree_size"),
-    ("merkle_nodes", "hash", "level || ':' || idx"),
-)
+# Columns of the log the routes read as the ledger wrote them: bytes (BLOB), and the kind
+# its hold and release leaves are found by (TEXT). SQLite keeps any type in any column: the
+# same bytes written back as text read as equal to the audit, which reads every column as
+# bytes, but some routes read them as no envelope, and a kind stored as a BLOB hides a hold
+# from the kind's index. table: (what names a row, ((column, type), ...))
+_TYPED_COLUMNS = {
+    "log_entries": ("idx", (("envelope", "blob"), ("leaf_hash", "blob"), ("kind", "text"))),
+    "signing_keys": ("log_index", (("public_key", "blob"),)),
+    "checkpoints": ("tree_size", (("root_hash", "blob"),)),
+    "merkle_nodes": ("level || ':' || idx", (("hash", "blob"),)),
+}
 
 
 def _sqlite_storage(conn: Connection) -> list[tuple[str | None, str]]:
-    """Byte columns stored as another type, and what ``PRAGMA integrity_check`` finds (an
-    index whose entries are not its table's: a partial index rewritten through
-    ``writable_schema`` hides rows from every query that uses it, and from no full scan)."""
+    """Columns stored as another type than the ledger writes (one pass over each table), and
+    what ``PRAGMA integrity_check`` finds (an index whose entries are not its table's: a
+    partial index re-created without some rows and its SQL written back through
+    ``writable_schema`` hides them from every query that uses it, and from no full scan)."""
     found: list[tuple[str | None, str]] = []
-    for table, column, row in _BLOB_COLUMNS:
-        for name, kind in conn.execute(
-            text(
-                f"SELECT {row}, typeof({column}) FROM {table} "
-                f"WHERE typeof({column}) != 'blob' LIMIT 5"
-            )
+    for table, (row, columns) in _TYPED_COLUMNS.items():
+        types = ", ".join(f"typeof({c})" for c, _ in columns)
+        wrong = " OR ".join(f"typeof({c}) != '{t}'" for c, t in columns)
+        for name, *kinds in conn.execute(
+            text(f"SELECT {row}, {types} FROM {table} WHERE {wrong} LIMIT 5")
         ):
-            found.append(
-                (table, f"{column} of row {name} is stored as {kind}, not as the ledger's bytes")
-            )
+            for (column, want), kind in zip(columns, kinds, strict=True):
+                if kind != want:
+                    found.append(
+                        (table, f"{column} of row {name} is stored as {kind}, not as {want}")
+                    )
     problems = [str(r[0]) for r in conn.execute(text("PRAGMA integrity_check(20)"))]
     if problems != ["ok"]:
         found.append((None, "PRAGMA integrity_check: " + "; ".join(problems)))

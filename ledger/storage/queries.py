@@ -163,6 +163,16 @@ def mismatch(what: str, log_index: int, problem: str, **details: Any) -> IndexMi
     )
 
 
+def stored_bytes(value: object) -> bytes | None:
+    """A byte column's value as bytes; None when SQLite hands back another type (the same
+    bytes written back as text, say: only an edit stores one; the audit names it)."""
+    if type(value) is bytes:
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    return None
+
+
 def logged_envelope(data: bytes, log_index: int, kind: str) -> tuple[dict[str, Any], bytes]:
     """Parse a logged envelope of ``kind``: (envelope, canonical body bytes).
 
@@ -188,13 +198,16 @@ def logged_envelope(data: bytes, log_index: int, kind: str) -> tuple[dict[str, A
         raise mismatch(kind, log_index, "the entry is not canonical JSON") from None
 
 
-def fingerprint_leaf(fingerprint_id: str, log_index: int, envelope: bytes | None) -> dict[str, Any]:
+def fingerprint_leaf(fingerprint_id: str, log_index: int, envelope: object) -> dict[str, Any]:
     """The fingerprint envelope a ``fingerprints`` row points at; IndexMismatch unless the log
     holds that leaf and its body hashes to the row's ID."""
     what = f"fingerprint {fingerprint_id}"
     if envelope is None:
         raise mismatch(what, log_index, "the log holds no such leaf")
-    env, body_bytes = logged_envelope(bytes(envelope), log_index, FINGERPRINT_KIND)
+    data = stored_bytes(envelope)
+    if data is None:
+        raise mismatch(what, log_index, f"its envelope is stored as {type(envelope).__name__}")
+    env, body_bytes = logged_envelope(data, log_index, FINGERPRINT_KIND)
     if sha256_digest(body_bytes) != fingerprint_id:
         raise mismatch(what, log_index, "the entry is another fingerprint")
     return env
@@ -260,10 +273,10 @@ _STRINGS = ("request_id", "fingerprint_id", "model", "pool", "worker_id", "endpo
 def from_log(log_index: int, data: object, appended_at: datetime) -> StoredRecord:
     """The record log entry ``log_index`` holds; IndexMismatch if it holds none (or SQLite
     hands its envelope back as another type than bytes: stored so by an edit)."""
-    if not isinstance(data, bytes | memoryview):
+    stored = stored_bytes(data)
+    if stored is None:
         raise mismatch("a record", log_index, f"its envelope is stored as {type(data).__name__}")
-    data = bytes(data)
-    env, body_bytes = logged_envelope(data, log_index, RECORD_KIND)
+    env, body_bytes = logged_envelope(stored, log_index, RECORD_KIND)
     body = env["body"]
     key_id = env["signature"].get("key_id")
     tier = body.get("tier")
@@ -289,7 +302,7 @@ def from_log(log_index: int, data: object, appended_at: datetime) -> StoredRecor
         endpoint=body["endpoint"],
         aborted=aborted,
         received_at=as_utc(appended_at),
-        envelope=data,
+        envelope=stored,
         body=body,
     )
 

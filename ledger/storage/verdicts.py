@@ -25,6 +25,7 @@ from ledger.storage.queries import (
     logged_envelope,
     mismatch,
     record_in,
+    stored_bytes,
 )
 
 CERTIFICATE_KIND = "pool_certificate"
@@ -119,15 +120,17 @@ def _check_fresh(s: Session, salts: Sequence[bytes]) -> None:
         )
 
 
-def _logged(
-    envelope: bytes | None, log_index: int, kind: str, member: str, key: str
-) -> dict[str, Any]:
+def _logged(envelope: object, log_index: int, kind: str, member: str, key: str) -> dict[str, Any]:
     """The body of the leaf an index row names, which must be the ``kind`` whose ``member``
     is ``key`` (IndexMismatch otherwise, a leaf the log does not hold included: an edited row
     is never an answer, nor hidden)."""
     if envelope is None:
         raise mismatch(f"{kind} {key!r}", log_index, "the log holds no such leaf")
-    env, _ = logged_envelope(bytes(envelope), log_index, kind)
+    data = stored_bytes(envelope)
+    if data is None:
+        what = f"{kind} {key!r}"
+        raise mismatch(what, log_index, f"its envelope is stored as {type(envelope).__name__}")
+    env, _ = logged_envelope(data, log_index, kind)
     body: dict[str, Any] = env["body"]
     if body.get(member) != key:
         raise mismatch(f"{kind} {key!r}", log_index, f"the leaf is the {kind} of another {member}")
@@ -269,9 +272,10 @@ def latest_certificate(db: Database, pool: str) -> dict[str, Any] | None:
             .order_by(Certificate.log_index.desc())
             .limit(1)
         ).scalar_one_or_none()
-    if found is None:
+    data = stored_bytes(found)
+    if data is None:  # never certified, or its leaf stored as another type (an edit)
         return None
-    env = json.loads(bytes(found))
+    env = json.loads(data)
     body = env.get("body") if isinstance(env, dict) else None
     if (
         env.get("kind") != CERTIFICATE_KIND

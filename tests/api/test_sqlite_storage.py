@@ -1,7 +1,8 @@
 """SQLite keeps any type in any column and lets its schema be rewritten: edits a superuser
 with the database file can make that neither change a value nor any row, yet change what the
 routes read. Each is named by the audit now; where a route would have read a legal hold as
-absent, it refuses instead (index_mismatch), so a held record is never erased.
+absent, it refuses instead (index_mismatch: the ``holds`` rows name a leaf the hold leaves'
+index does not find), so hiding a hold from an erasure takes an edit of those rows too.
 """
 
 from __future__ import annotations
@@ -27,28 +28,51 @@ def _audit_names(api: Harness, *words: str) -> None:
     assert all(w in text for w in words), text
 
 
-def test_a_hold_leaf_stored_as_text_is_no_lifted_hold(fresh_api: Harness):
-    """`UPDATE log_entries SET envelope = CAST(envelope AS TEXT)` on a hold's leaf: the same
-    bytes, which the hold reader took for no hold (the erasure answered 201 and the content
-    was gone); the audit read them as bytes and passed."""
-    api = fresh_api
-    key, fp = api.setup_collector()
-    rid = _post_v2(api, key, fp)
-    leaf = _hold(api, rid)
-    assert audit(api.db, api.log_key.public_key).ok
-    superuser(
-        api,
-        ("log_entries",),
-        ("UPDATE log_entries SET envelope = CAST(envelope AS TEXT) WHERE idx = :i", {"i": leaf}),
-    )
+def _held_record_stays(api: Harness, rid: str) -> None:
+    """The erasure of a held record is refused, and its content is all there."""
     erase = api.client(api.token("erasure")).post(
         f"/v1/records/{rid}/erasure", json={"reason": "request"}
     )
     _mismatch(erase)
     _mismatch(api.client(api.token("holds")).get("/v1/holds"))
-    with api.db.read() as s:  # the content is all there
+    with api.db.read() as s:
         kept = s.scalar(select(func.count()).where(Disclosure.request_id == rid))
     assert kept and kept > 0
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        # the same bytes, which the hold reader took for no hold (the erasure answered 201
+        # and the content was gone); the audit read them as bytes and passed
+        ("envelope = CAST(envelope AS TEXT)", "envelope of row"),
+        # the kind as a BLOB: the hold leaves' index no longer finds it
+        ("kind = CAST(kind AS BLOB)", "kind of row"),
+    ],
+)
+def test_a_hold_leaf_stored_as_another_type_is_no_lifted_hold(
+    fresh_api: Harness, edit: str, named: str
+):
+    api = fresh_api
+    key, fp = api.setup_collector()
+    rid = _post_v2(api, key, fp)
+    leaf = _hold(api, rid)
+    assert audit(api.db, api.log_key.public_key).ok
+    superuser(api, ("log_entries",), (f"UPDATE log_entries SET {edit} WHERE idx = :i", {"i": leaf}))
+    _held_record_stays(api, rid)
+    _audit_names(api, named, "stored as")
+
+
+def test_a_fingerprint_leaf_stored_as_text_is_index_mismatch(fresh_api: Harness):
+    api = fresh_api
+    _, fp = api.setup_collector()
+    leaf = api.client().get(f"/v1/fingerprints/{fp}").json()["log_index"]
+    superuser(
+        api,
+        ("log_entries",),
+        ("UPDATE log_entries SET envelope = CAST(envelope AS TEXT) WHERE idx = :i", {"i": leaf}),
+    )
+    _mismatch(api.client().get(f"/v1/fingerprints/{fp}"))
     _audit_names(api, "envelope of row", "stored as text")
 
 
@@ -103,6 +127,8 @@ def test_an_index_rewritten_to_hide_rows_is_named_by_the_audit(
     key, fp = api.setup_collector()
     rid = _post_v2(api, key, fp)
     _hold(api, rid)
+    model = api.client().get(f"/v1/records/{rid}").json()["model"]
+    assert rid in api.client().get("/v1/records", params={"model": model}).text
     path = api.db.url.removeprefix("sqlite:///")
     with sqlite3.connect(path, isolation_level=None) as conn:
         original = conn.execute(
@@ -114,4 +140,8 @@ def test_an_index_rewritten_to_hide_rows_is_named_by_the_audit(
         conn.execute("PRAGMA writable_schema = ON")
         conn.execute("UPDATE sqlite_master SET sql = ? WHERE name = ?", (original, index))
         conn.execute("PRAGMA writable_schema = OFF")
+    if table == "log_entries":  # the hold is hidden from its index, not from its row
+        _held_record_stays(api, rid)
+    else:
+        assert rid not in api.client().get("/v1/records", params={"model": model}).text
     _audit_names(api, "integrity_check", index)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -10,6 +14,8 @@ import pytest
 
 from collectors.replay import REPLAY_PATH
 from ledger.errors import InvalidInput
+from ledger.replay import ORDER_KIND, build_order
+from ledger.signing import sign_envelope
 from tests.support.collector import start_collector, wait_for_record
 from tests.support.engine import EngineServer, engine_python
 from tests.support.harness import Harness
@@ -65,30 +71,52 @@ def test_a_failed_resnapshot_refuses_requests_until_one_holds(
         UnicodeEncodeError("utf-8", "odd-\udcff", 4, 5, "surrogates not allowed"),
     ]
 
+    replacing = threading.Event()  # set: the model is still being replaced
+    replacing.set()
+
     def failing() -> object:
         if failures:
             raise failures.pop(0)
+        if replacing.is_set():
+            raise InvalidInput("model file config.json changed again", code="model_changed")
         return real()
 
     try:
         before = collector.state.fingerprint_id
+        deadline = time.monotonic() + 30
+        while collector.state.log_public_key is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # learnt at start: replay orders are verified with it
         collector._snapshot = failing  # type: ignore[method-assign]
         collector.resnapshot()  # as the watcher does when the engine came back
         refused = httpx.post(f"{running.url}/v1/completions", json=BODY, timeout=60)
         assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"] == "2"
         error = refused.json()["error"]
-        assert error["code"] == "fingerprint_unsure" and "changed while" in error["message"]
+        assert error["code"] == "fingerprint_unsure"
+        assert "config.json" not in error["message"]  # the reason stays in the log
         assert not collector.spool.holds(refused.headers["x-request-id"])
-        replay = httpx.post(f"{running.url}{REPLAY_PATH}", content=b"{}", timeout=60)
+        # a replay order signed by the log key: verified, then refused (nothing run)
+        order = build_order(
+            replay_id=f"rpl-{uuid.uuid4().hex}",
+            request_id="req-unsure",
+            worker_id=collector.config.worker_id,
+            endpoint="/v1/completions",
+            request_raw=base64.b64encode(json.dumps(BODY).encode()).decode(),
+        )
+        signed = sign_envelope(ORDER_KIND, order, api.log_key).canonical
+        replay = httpx.post(f"{running.url}{REPLAY_PATH}", content=signed, timeout=60)
         assert replay.status_code == 503 and "fingerprint_unsure" in replay.text
-        # the watcher retries at its next polls: the second failure is no LedgerError, the
-        # third try holds
+        # the watcher retries at each poll (the second failure is no LedgerError) and lives
         deadline = time.monotonic() + 30
+        while failures and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not failures and collector.state.fingerprint_unsure is not None
+        replacing.clear()  # the model is in place: the next try holds
         while collector.state.fingerprint_unsure is not None and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert collector.state.fingerprint_unsure is None and not failures
+        assert collector.state.fingerprint_unsure is None
         assert collector._watcher.is_alive()
-        assert collector.metrics.snapshot_failures._value.get() == 2
+        assert collector.metrics.snapshot_failures._value.get() >= 2
         again = httpx.post(f"{running.url}/v1/completions", json=BODY, timeout=60)
         assert again.status_code == 200, again.text
         recorded = wait_for_record(api, again.headers["x-request-id"])
