@@ -99,7 +99,8 @@ def check_token(config: CollectorConfig) -> None:
             ) from exc
         except NotFound:
             logger.warning(
-                "the token was not checked at start: the ledger at %s predates GET /v1/tokens/self",
+                "the token was not checked at start: %s answers 404 to GET /v1/tokens/self "
+                "(a ledger before that route, or a wrong path in the URL)",
                 client.base_url,
             )
             return
@@ -120,6 +121,10 @@ def check_token(config: CollectorConfig) -> None:
             code="insufficient_scope",
             details={"required": WRITE_SCOPE},
         )
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
 
 
 class Collector:
@@ -180,6 +185,7 @@ class Collector:
         self.registered = threading.Event()
         self._last_failure: str | None = None  # the last re-snapshot's failure, said once
         self._engine_pid = self._find_pid()
+        self._gone: int | None = None  # an engine process seen gone and snapshotted as such
 
     def _expired(self, pending: int, dead: int) -> None:
         self.metrics.retention_deleted.labels("pending").inc(pending)
@@ -281,19 +287,26 @@ class Collector:
                 logger.warning("engine at %s is not answering", self.state.engine_url)
             return True
         if away or not self._same_process():
-            # From here until a snapshot holds, what the engine runs is unknown: nothing is
-            # recorded under the fingerprint of the engine that was.
-            self.state.fingerprint_unsure = "the engine restarted and is being fingerprinted"
+            before = self._engine_pid
+            alive = before is not None and _alive(before)
             # Finding a process by port scans /proc: only when the engine came back.
-            self._engine_pid = self._find_pid()
+            now = self._engine_pid = self._find_pid()
+            if not (away and alive and before is not None and now == before):
+                # Not merely unreachable for a while (the same process, alive): from here
+                # until a snapshot holds, what the engine runs is unknown, and nothing is
+                # recorded under the fingerprint of the engine that was.
+                self.state.fingerprint_unsure = "the engine restarted and is being fingerprinted"
             self.resnapshot()
+            if now is not None and not _alive(now):
+                self._gone = now  # a named --engine-pid that is gone: snapshotted as such, once
         elif self.state.fingerprint_unsure is not None:
             self.resnapshot()  # the last one failed: again, at every poll, until one holds
         return False
 
     def _same_process(self) -> bool:
-        """Cheap check that the engine process we know still runs."""
-        return self._engine_pid is None or Path(f"/proc/{self._engine_pid}").exists()
+        """Cheap check that the engine process we know still runs (or is the one known gone)."""
+        pid = self._engine_pid
+        return pid is None or pid == self._gone or _alive(pid)
 
     def resnapshot(self) -> None:
         """Snapshot again (the engine restarted); switch to the new fingerprint if it changed.

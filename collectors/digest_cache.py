@@ -69,9 +69,7 @@ class DigestCache:
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
             others = writable_by_others(path)
             if others is not None:
-                self.error = (
-                    f"digest cache {path} not trusted: {others}, or delete it; hashing every file"
-                )
+                self.error = f"digest cache {path} not trusted: {others}; hashing every file"
                 return
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")

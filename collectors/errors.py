@@ -50,6 +50,13 @@ def status_for(exc: LedgerError) -> int:
     return 500
 
 
+def _retry_after(exc: LedgerError) -> dict[str, str]:
+    """As the API writes it (api/errors.py): whole seconds, at least 1; a storage error 1."""
+    if isinstance(exc, Pushback):
+        return {"Retry-After": str(max(1, round(exc.retry_after)))}
+    return {"Retry-After": "1"} if isinstance(exc, StorageError) else {}
+
+
 def error_response(exc: LedgerError, request_id: str | None = None) -> JSONResponse:
     """The collector's own answer to ``exc``, with the request's ID when it has one."""
     status = status_for(exc)
@@ -65,12 +72,7 @@ def error_response(exc: LedgerError, request_id: str | None = None) -> JSONRespo
         status_code=status,
         headers={
             **({REQUEST_ID_HEADER: request_id} if request_id is not None else {}),
-            # as the API writes it (api/errors.py): whole seconds, at least 1
-            **(
-                {"Retry-After": str(max(1, round(exc.retry_after)))}
-                if isinstance(exc, Pushback)
-                else {}
-            ),
+            **_retry_after(exc),
             # no CORS headers for a browser while the engine does not answer (own_answers)
             **({ANSWER_MARK: UNASKED} if isinstance(exc, Unreachable) else {}),
         },

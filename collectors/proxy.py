@@ -224,6 +224,8 @@ async def generate(request: Request) -> Response:
     try:
         request_id = request_id_of(request)
         REQUEST_ID.set(request_id)  # this request's task: its log lines name it (ledger.logs)
+        if state.fingerprint_unsure is not None:  # before the tier is judged on stale facts
+            raise unsure()
         read = await _read(request, state, request_id)
         if isinstance(read, _Unread):
             return await forward_unchanged(request, read)
@@ -232,8 +234,6 @@ async def generate(request: Request) -> Response:
                 f"request ID {request_id!r} was already used with this collector",
                 code="request_id_in_use",
             )
-        if state.fingerprint_unsure is not None:
-            raise unsure()
     except LedgerError as exc:
         state.metrics.refusals.labels(exc.code).inc()
         return error_response(exc, request_id)

@@ -28,6 +28,13 @@ def _audit_names(api: Harness, *words: str) -> None:
     assert all(w in text for w in words), text
 
 
+AS_TEXT = "envelope = CAST(envelope AS TEXT)"  # the same bytes, stored as text
+
+
+def _edit_leaf(api: Harness, leaf: int, edit: str) -> None:
+    superuser(api, ("log_entries",), (f"UPDATE log_entries SET {edit} WHERE idx = :i", {"i": leaf}))
+
+
 def _held_record_stays(api: Harness, rid: str) -> None:
     """The erasure of a held record is refused, and its content is all there."""
     erase = api.client(api.token("erasure")).post(
@@ -45,7 +52,7 @@ def _held_record_stays(api: Harness, rid: str) -> None:
     [
         # the same bytes, which the hold reader took for no hold (the erasure answered 201
         # and the content was gone); the audit read them as bytes and passed
-        ("envelope = CAST(envelope AS TEXT)", "envelope of row"),
+        (AS_TEXT, "envelope of row"),
         # the kind as a BLOB: the hold leaves' index no longer finds it
         ("kind = CAST(kind AS BLOB)", "kind of row"),
     ],
@@ -58,7 +65,7 @@ def test_a_hold_leaf_stored_as_another_type_is_no_lifted_hold(
     rid = _post_v2(api, key, fp)
     leaf = _hold(api, rid)
     assert audit(api.db, api.log_key.public_key).ok
-    superuser(api, ("log_entries",), (f"UPDATE log_entries SET {edit} WHERE idx = :i", {"i": leaf}))
+    _edit_leaf(api, leaf, edit)
     _held_record_stays(api, rid)
     _audit_names(api, named, "stored as")
 
@@ -67,11 +74,7 @@ def test_a_fingerprint_leaf_stored_as_text_is_index_mismatch(fresh_api: Harness)
     api = fresh_api
     _, fp = api.setup_collector()
     leaf = api.client().get(f"/v1/fingerprints/{fp}").json()["log_index"]
-    superuser(
-        api,
-        ("log_entries",),
-        ("UPDATE log_entries SET envelope = CAST(envelope AS TEXT) WHERE idx = :i", {"i": leaf}),
-    )
+    _edit_leaf(api, leaf, AS_TEXT)
     _mismatch(api.client().get(f"/v1/fingerprints/{fp}"))
     _audit_names(api, "envelope of row", "stored as text")
 
@@ -81,11 +84,7 @@ def test_a_record_leaf_stored_as_text_is_index_mismatch_not_a_server_error(fresh
     key, fp = api.setup_collector()
     rid = _post_v2(api, key, fp)
     leaf = api.client().get(f"/v1/records/{rid}").json()["log_index"]
-    superuser(
-        api,
-        ("log_entries",),
-        ("UPDATE log_entries SET envelope = CAST(envelope AS TEXT) WHERE idx = :i", {"i": leaf}),
-    )
+    _edit_leaf(api, leaf, AS_TEXT)
     _mismatch(api.client().get(f"/v1/records/{rid}"))
     # a search passes over an entry it cannot read as the record its row names (as it does
     # over any edited row), and the audit names it

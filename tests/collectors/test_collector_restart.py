@@ -95,6 +95,14 @@ def test_a_failed_resnapshot_refuses_requests_until_one_holds(
         assert error["code"] == "fingerprint_unsure"
         assert "config.json" not in error["message"]  # the reason stays in the log
         assert not collector.spool.holds(refused.headers["x-request-id"])
+        # judged before the tier is, on facts that may be stale: retry, not a refusal
+        sampled = httpx.post(
+            f"{running.url}/v1/completions",
+            json={**BODY, "temperature": 0.7},
+            headers={"X-Reproducibility-Tier": "2"},
+            timeout=60,
+        )
+        assert sampled.status_code == 503 and "fingerprint_unsure" in sampled.text
         # a replay order signed by the log key: verified, then refused (nothing run)
         order = build_order(
             replay_id=f"rpl-{uuid.uuid4().hex}",

@@ -105,7 +105,7 @@ def test_a_token_that_may_not_write_records_stops_the_start(  # type: ignore[no-
     [
         (401, b"<html>Authorization Required</html>", "text/html", "not checked"),
         (401, _error("proxy_says_no"), "application/json", "not checked"),
-        (404, {"detail": "Not Found"}, "application/json", "predates"),
+        (404, {"detail": "Not Found"}, "application/json", "answers 404"),
         (200, {"scopes": "records:write"}, "application/json", "names no scopes"),
         (200, b"[1, 2]", "application/json", "names no scopes"),
     ],
